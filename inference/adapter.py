@@ -1,0 +1,291 @@
+"""One interface over Hugging Face decoder-only causal LMs, without copying modeling code.
+
+The adapter finds the embedding, the decoder layers, the final norm and the LM head of a loaded
+model and runs them itself, layer by layer. That gives every drafting method what it needs from
+the target: a forward over a range of layers with an explicit set of skipped layers (LayerSkip,
+Draft & Verify), hidden states of chosen layers (EAGLE, Medusa), a forward over a token tree with a
+custom 4-D mask and explicit position ids (tree verification), and a KV cache that can be cropped
+and branch-selected (:class:`~draftsmith.inference.kv_cache.KVCache`).
+
+Supported layouts: Llama-style (Llama, Qwen2, Mistral and their relatives: ``model.embed_tokens``,
+``model.layers``, ``model.norm``, ``model.rotary_emb``) and GPT-2 (``transformer.wte``/``wpe``,
+``transformer.h``, ``transformer.ln_f``). Nothing is patched or set on the wrapped modules; only
+their public forwards are called.
+
+Hidden-state indices follow transformers: index 0 is the embedding output, index ``i`` the output
+of decoder layer ``i - 1`` (before the final norm).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from draftsmith.inference.kv_cache import KVCache
+
+LLAMA_LIKE = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "gemma", "phi3", "olmo", "olmo2")
+
+
+class UnsupportedModelError(ValueError):
+    """The model's layout is not one the adapter knows."""
+
+
+@dataclass
+class AdapterOutput:
+    logits: torch.Tensor | None  # [B, T, V] (float32 unless keep_dtype)
+    last_hidden: torch.Tensor  # [B, T, H], after the final norm
+    hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)  # index -> [B, T, H]
+
+
+def causal_tree_mask(parents: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """Ancestor-or-self relation of a token tree, ``[n, n]`` bool: ``m[i, j]`` is True when node
+    ``j`` is node ``i`` or one of its ancestors. ``parents[i]`` is the index of node ``i``'s parent
+    (``-1`` for a child of the root); parents come before children."""
+    parents = torch.as_tensor(parents, dtype=torch.long).tolist()
+    n = len(parents)
+    m = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= i:
+            raise ValueError(f"tree node {i} has parent {p}: parents must come before children")
+        if p >= 0:
+            m[i] = m[p]
+        m[i, i] = True
+    return m
+
+
+def tree_depths(parents: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """Depth of every node (children of the root have depth 1), ``[n]`` long."""
+    parents = torch.as_tensor(parents, dtype=torch.long).tolist()
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return torch.tensor(depth, dtype=torch.long)
+
+
+def additive_mask(
+    visible: torch.Tensor,  # [T, L] bool: query t may attend to key l
+    dtype: torch.dtype,
+) -> torch.Tensor:  # [1, 1, T, L]
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def visibility(
+    past: int,
+    new_visible: torch.Tensor,  # [T, T] bool among the new tokens (causal or tree)
+    query_pos: torch.Tensor,  # [T] absolute positions of the new tokens
+    window: int | None = None,
+) -> torch.Tensor:  # [T, past + T] bool
+    t = new_visible.shape[0]
+    vis = torch.cat([new_visible.new_ones(t, past), new_visible], dim=1)
+    if window is not None:
+        key_pos = torch.cat([torch.arange(past, device=query_pos.device), query_pos])
+        vis = vis & ((query_pos[:, None] - key_pos[None, :]) < window)
+    return vis
+
+
+class ModelAdapter:
+    """Wraps a loaded ``*ForCausalLM`` and runs it piece by piece.
+
+    >>> adapter = ModelAdapter(model)
+    >>> cache = adapter.new_cache()
+    >>> out = adapter.forward(prompt_ids, cache=cache)   # prefill
+    >>> out.logits[:, -1]                                 # next-token logits
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.config = model.config
+        model_type = getattr(self.config, "model_type", "")
+        self.family: str
+        if model_type == "gpt2":
+            body = model.transformer
+            self.family = "gpt2"
+            self._embed, self._wpe = body.wte, body.wpe
+            self._layers, self._norm, self._rotary = body.h, body.ln_f, None
+        elif hasattr(model, "model") and hasattr(model.model, "layers") and hasattr(model.model, "embed_tokens"):
+            body = model.model
+            self.family = "llama" if model_type in LLAMA_LIKE else model_type
+            self._embed, self._wpe = body.embed_tokens, None
+            self._layers, self._norm = body.layers, body.norm
+            self._rotary = getattr(body, "rotary_emb", None)
+            if self._rotary is None:
+                raise UnsupportedModelError(f"{model_type}: no rotary embedding module found at model.rotary_emb")
+        else:
+            raise UnsupportedModelError(
+                f"model type {model_type!r} ({type(model).__name__}) is not supported: draftsmith handles "
+                "Llama-style (Llama, Qwen2, Mistral) and GPT-2 decoder-only models"
+            )
+        self._head = model.get_output_embeddings()
+        self.num_layers = len(self._layers)
+        self.vocab_size = int(self._head.weight.shape[0])
+        self.hidden_size = int(self._head.weight.shape[1])
+        window = getattr(self.config, "sliding_window", None)
+        layer_types = getattr(self.config, "layer_types", None)
+        self._windows: list[int | None] = [
+            window if (window and (layer_types is None or layer_types[i] == "sliding_attention")) else None
+            for i in range(self.num_layers)
+        ]
+        self.max_positions = int(
+            getattr(self.config, "max_position_embeddings", None) or getattr(self.config, "n_positions", 0) or 1 << 30
+        )
+
+    # -- the pieces --------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self._head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._head.weight.dtype
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self._layers
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self._embed
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return self._norm
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self._head
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        return KVCache(self.num_layers, capacity)
+
+    def embed(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        position_ids: torch.Tensor,  # [B, T]
+    ) -> torch.Tensor:  # [B, T, H]
+        hidden = self._embed(input_ids)
+        if self._wpe is not None:
+            hidden = hidden + self._wpe(position_ids)
+        return hidden
+
+    def norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._norm(hidden)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, V] float32
+        return self._head(hidden).float()
+
+    # -- masks -------------------------------------------------------------------------------
+    def _layer_mask(
+        self,
+        past: int,
+        new_visible: torch.Tensor,
+        position_ids: torch.Tensor,
+        window: int | None,
+        dtype: torch.dtype,
+    ) -> torch.Tensor | None:
+        t = new_visible.shape[0]
+        if t == 1 and window is None:
+            return None  # a single query sees the whole cache
+        vis = visibility(past, new_visible, position_ids[0], window)
+        return additive_mask(vis, dtype)
+
+    # -- forwards ----------------------------------------------------------------------------
+    def forward_layers(
+        self,
+        hidden: torch.Tensor,  # [B, T, H]
+        position_ids: torch.Tensor,  # [B, T]
+        cache: KVCache | None = None,
+        *,
+        tree: torch.Tensor | None = None,  # [T, T] bool visibility among the new tokens
+        start: int = 0,
+        end: int | None = None,
+        skip: Iterable[int] = (),
+        output_hidden_states: Iterable[int] = (),
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Run decoder layers ``start .. end-1`` except those in ``skip``. Returns the hidden
+        state after the last layer run (no final norm) and the requested hidden states (indices
+        as in transformers; a skipped layer passes its input through)."""
+        end = self.num_layers if end is None else end
+        if not 0 <= start <= end <= self.num_layers:
+            raise ValueError(f"layer range {start}..{end} is outside 0..{self.num_layers}")
+        skip = frozenset(skip)
+        want = frozenset(output_hidden_states)
+        t = hidden.shape[1]
+        if tree is None:
+            tree = torch.ones(t, t, dtype=torch.bool, device=hidden.device).tril()
+        else:
+            tree = tree.to(hidden.device)
+        rope = self._rotary(hidden, position_ids) if self._rotary is not None else None
+        masks: dict[tuple[int, int | None], torch.Tensor | None] = {}
+        states: dict[int, torch.Tensor] = {}
+        if start in want:
+            states[start] = hidden
+        for i in range(start, end):
+            if i not in skip:
+                past = cache.get_seq_length(i) if cache is not None else 0
+                key = (past, self._windows[i])
+                if key not in masks:
+                    masks[key] = self._layer_mask(past, tree, position_ids, self._windows[i], hidden.dtype)
+                hidden = self._run_layer(i, hidden, masks[key], position_ids, cache, rope)
+            if i + 1 in want:
+                states[i + 1] = hidden
+        return hidden, states
+
+    def _run_layer(self, i, hidden, mask, position_ids, cache, rope):
+        layer = self._layers[i]
+        if self.family == "gpt2":
+            out = layer(hidden, past_key_values=cache, attention_mask=mask, use_cache=cache is not None)
+        else:
+            out = layer(
+                hidden,
+                attention_mask=mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=cache is not None,
+                position_embeddings=rope,
+            )
+        return out[0] if isinstance(out, tuple) else out
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        cache: KVCache | None = None,
+        *,
+        position_ids: torch.Tensor | None = None,  # [B, T]; default: cache length + arange(T)
+        tree: torch.Tensor | None = None,  # [T, T] bool; default: causal
+        skip_layers: Iterable[int] = (),
+        exit_layer: int | None = None,  # stop after this many layers (early exit), then norm + head
+        output_hidden_states: Iterable[int] = (),
+        compute_logits: bool | slice = True,
+    ) -> AdapterOutput:
+        """Embed, run the layers (minus ``skip_layers``, up to ``exit_layer``), norm, LM head.
+
+        ``compute_logits`` may be a slice of positions (e.g. ``slice(-1, None)`` for the last
+        token only) to save the ``[T, V]`` head matmul during prefill."""
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        if position_ids is None:
+            past = cache.get_seq_length(0) if cache is not None else 0
+            position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]
+        elif position_ids.dim() == 1:
+            position_ids = position_ids[None]
+        hidden = self.embed(input_ids, position_ids)
+        hidden, states = self.forward_layers(
+            hidden,
+            position_ids,
+            cache,
+            tree=tree,
+            end=exit_layer,
+            skip=skip_layers,
+            output_hidden_states=output_hidden_states,
+        )
+        last = self.norm(hidden)
+        logits = None
+        if compute_logits is not False:
+            picked = last if compute_logits is True else last[:, compute_logits]
+            logits = self.logits(picked)
+        return AdapterOutput(logits=logits, last_hidden=last, hidden_states=states)
