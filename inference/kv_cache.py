@@ -85,7 +85,7 @@ class KVCache:
         ``start``. This is how the accepted branch of a verified token tree is committed."""
         keep = keep.to(torch.long)
         k = int(keep.numel())
-        if k and bool((keep == torch.arange(k, device=keep.device)).all()):
+        if k == 0 or bool((keep == torch.arange(k, device=keep.device)).all()):
             self.crop(start + k)
             return
         for i in range(self.num_layers):

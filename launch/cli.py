@@ -1,3 +1,47 @@
-def main(argv=None):
-    print("hi")
-    return 0
+"""The ``draftsmith`` command line: ``zoo``, ``eval`` and ``demo``.
+
+Each subcommand lives in its own module with ``add_parser(subparsers)`` and ``run(args) -> int``;
+they are imported only when the command line is built, never at package import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from draftsmith.launch import __version__
+from draftsmith.launch.errors import DraftsmithError
+
+SUBCOMMANDS = {
+    "zoo": "draftsmith.launch.zoo_cli",
+    "eval": "draftsmith.launch.eval_cli",
+    "demo": "draftsmith.launch.demo",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="draftsmith", description="Train speculative-decoding drafters and prove they are fast and lossless."
+    )
+    parser.add_argument("--version", action="version", version=f"draftsmith {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    for name, module in SUBCOMMANDS.items():
+        importlib.import_module(module).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except DraftsmithError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; completed work is kept (checkpoints are atomic, rerun to resume)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

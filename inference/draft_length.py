@@ -1,0 +1,80 @@
+"""How many tokens to draft next: fixed, the grow/shrink heuristic, or the length that maximises
+the expected speedup of Leviathan et al. (2023).
+
+Expected tokens per target forward with per-token acceptance alpha and draft length k
+(Leviathan et al. 2023, eq. 1):           E[tau] = (1 - alpha^(k+1)) / (1 - alpha)
+Expected walltime improvement with draft/target cost ratio c (ibid., Theorem 3.8):
+                                          S(k) = (1 - alpha^(k+1)) / ((1 - alpha) (k c + 1))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from draftsmith.launch.errors import ConfigError
+
+
+def expected_tau(alpha: float, k: int) -> float:
+    """E[tokens per target forward] for draft length ``k`` and acceptance rate ``alpha``."""
+    if k <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:
+    """Leviathan et al. (2023) Theorem 3.8: expected speedup over autoregressive decoding."""
+    return expected_tau(alpha, k) / (k * cost_ratio + 1.0)
+
+
+def best_draft_length(alpha: float, cost_ratio: float, max_length: int) -> int:
+    """The k in 0..max_length with the highest expected speedup (0 = do not draft)."""
+    return max(range(max_length + 1), key=lambda k: expected_speedup(alpha, k, cost_ratio))
+
+
+@dataclass
+class DraftLengthPolicy:
+    """``mode``: "fixed" (always ``length``), "heuristic" (+2 after a fully accepted draft, -1
+    otherwise, as transformers' assisted generation does), or "leviathan" (maximise expected
+    speedup from running estimates of alpha and of the draft/target cost ratio)."""
+
+    length: int = 4
+    mode: str = "fixed"
+    min_length: int = 1
+    max_length: int = 16
+    ema: float = 0.9  # smoothing of the running estimates
+    alpha: float = 0.6  # running acceptance-rate estimate (prior)
+    cost_ratio: float = 0.2  # running draft-token/target-forward time estimate (prior)
+    _current: float = field(default=0.0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("fixed", "heuristic", "leviathan"):
+            raise ConfigError(f"draft length mode must be fixed, heuristic or leviathan, got {self.mode!r}")
+        if not 1 <= self.min_length <= self.length <= self.max_length:
+            raise ConfigError(
+                f"need 1 <= min_length <= length <= max_length, got {self.min_length}, {self.length}, {self.max_length}"
+            )
+        self._current = float(self.length)
+
+    def reset(self) -> None:
+        self._current = float(self.length)
+
+    def next_length(self) -> int:
+        if self.mode == "leviathan":
+            return max(self.min_length, best_draft_length(self.alpha, self.cost_ratio, self.max_length))
+        return int(self._current)
+
+    def observe(self, num_proposed: int, num_accepted: int, draft_seconds: float, target_seconds: float) -> None:
+        if num_proposed <= 0:
+            return
+        if self.mode == "heuristic":
+            step = 2.0 if num_accepted == num_proposed else -1.0
+            self._current = min(self.max_length, max(self.min_length, self._current + step))
+        # Per-token acceptance: the accepted run is geometric, so each step is num_accepted
+        # successes out of num_accepted (+1 if the run ended on a rejection) trials.
+        trials = num_accepted + (1 if num_accepted < num_proposed else 0)
+        self.alpha = self.ema * self.alpha + (1 - self.ema) * (num_accepted / trials)
+        if target_seconds > 0:
+            ratio = (draft_seconds / num_proposed) / target_seconds
+            self.cost_ratio = self.ema * self.cost_ratio + (1 - self.ema) * ratio

@@ -1,0 +1,96 @@
+"""A separate, smaller draft model with its own KV cache (Leviathan et al. 2023; Chen et al. 2023)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+
+from draftsmith.inference.adapter import ModelAdapter
+from draftsmith.inference.draft_length import DraftLengthPolicy
+from draftsmith.inference.proposers.base import common_prefix_length
+from draftsmith.inference.sampling import SamplingParams, process_logits
+from draftsmith.inference.verify import Draft
+from draftsmith.launch.errors import TokenizerMismatchError
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of the tokenizer's vocabulary and special tokens: equal fingerprints tokenize alike."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    special = sorted((k, str(v)) for k, v in tokenizer.special_tokens_map.items())
+    blob = json.dumps({"vocab": vocab, "special": special}, ensure_ascii=False).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def check_same_tokenizer(
+    target_model, draft_model, target_tokenizer=None, draft_tokenizer=None, target_name="target", draft_name="draft"
+) -> None:
+    """Refuse a draft whose vocabulary or tokenizer differs from the target's."""
+    tv = ModelAdapter(target_model).vocab_size
+    dv = ModelAdapter(draft_model).vocab_size
+    if tv != dv:
+        raise TokenizerMismatchError(
+            f"the draft {draft_name} has a vocabulary of {dv} tokens but the target {target_name} has {tv}: "
+            "a draft must use the target's tokenizer (train or pick a draft from the same tokenizer family)"
+        )
+    if target_tokenizer is not None and draft_tokenizer is not None:
+        if tokenizer_fingerprint(target_tokenizer) != tokenizer_fingerprint(draft_tokenizer):
+            raise TokenizerMismatchError(
+                f"the draft {draft_name} and the target {target_name} have different tokenizers "
+                "(same size, different tokens): use a draft trained with the target's tokenizer"
+            )
+
+
+class DraftModelProposer:
+    """Drafts a chain autoregressively with a small causal LM that shares the target's tokenizer.
+
+    Its cache holds the committed tokens it has already seen plus its own earlier proposals; on
+    each call it keeps the prefix that still agrees with the committed tokens, feeds the rest in one
+    forward and then drafts one token per forward."""
+
+    name = "draft"
+    lossless = True
+
+    def __init__(self, draft_model, policy: DraftLengthPolicy | None = None) -> None:
+        self.adapter = ModelAdapter(draft_model)
+        self.policy = policy or DraftLengthPolicy()
+        self._cache = None
+        self._ids = torch.empty(0, dtype=torch.long)
+
+    def reset(self, prompt_ids: torch.Tensor) -> None:
+        self._cache = self.adapter.new_cache(capacity=max(256, 2 * prompt_ids.numel()))
+        self._ids = torch.empty(0, dtype=torch.long, device=prompt_ids.device)
+        self.policy.reset()
+
+    def propose(
+        self,
+        tokens: torch.Tensor,  # [L]
+        max_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> Draft:
+        k = min(self.policy.next_length(), max_tokens, self.adapter.max_positions - tokens.numel())
+        if k <= 0:
+            return Draft.empty()
+        keep = common_prefix_length(self._ids, tokens[:-1])  # the pending token is always re-fed
+        self._cache.crop(keep)
+        feed = tokens[keep:]  # [m], ends with the pending token
+        drafted: list[int] = []
+        qs: list[torch.Tensor] = []
+        for _ in range(k):
+            logits = self.adapter.forward(feed[None], self._cache, compute_logits=slice(-1, None)).logits[0, -1]
+            if sampling.greedy:
+                tok = int(logits.argmax())
+            else:
+                q = process_logits(logits, sampling)  # [V]
+                tok = int(torch.multinomial(q, 1, generator=generator))
+                qs.append(q)
+            drafted.append(tok)
+            feed = torch.tensor([tok], dtype=torch.long, device=tokens.device)
+        # the cache now holds tokens + drafted[:-1]
+        self._ids = torch.cat([tokens, torch.tensor(drafted[:-1], dtype=torch.long, device=tokens.device)])
+        return Draft.chain(drafted, q=torch.stack(qs) if qs else None)
+
+    def observe(self, num_proposed: int, num_accepted: int, draft_seconds: float, target_seconds: float) -> None:
+        self.policy.observe(num_proposed, num_accepted, draft_seconds, target_seconds)

@@ -1,0 +1,24 @@
+"""The one exception type users see as a one-line message instead of a traceback."""
+
+
+class DraftsmithError(Exception):
+    """A problem the user can act on: the message names the problem and the fix.
+
+    The command line prints ``error: <message>`` and exits with status 2; library callers can catch
+    it. Subclass it per area so tests can be specific."""
+
+
+class ConfigError(DraftsmithError, ValueError):
+    """A bad configuration value or combination."""
+
+
+class DataError(DraftsmithError, ValueError):
+    """A missing, unreadable or malformed data file."""
+
+
+class ArtefactError(DraftsmithError, ValueError):
+    """A missing, corrupt or mismatched artefact."""
+
+
+class TokenizerMismatchError(DraftsmithError, ValueError):
+    """A draft whose tokenizer or vocabulary does not match the target's."""

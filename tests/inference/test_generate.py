@@ -1,0 +1,182 @@
+import pytest
+import torch
+
+from draftsmith.data.tiny_models import random_model
+from draftsmith.inference.adapter import ModelAdapter
+from draftsmith.inference.draft_length import DraftLengthPolicy
+from draftsmith.inference.generate import GenerationConfig, generate, truncate
+from draftsmith.inference.proposers.draft_model import DraftModelProposer
+from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer
+from draftsmith.inference.sampling import SamplingParams
+from draftsmith.inference.verify import Draft
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = random_model("llama", seed=0, layers=3, hidden=64)
+    weak_draft = random_model("llama", seed=1, layers=1, hidden=32)
+    return target, weak_draft
+
+
+def _prompt(seed, n=12):
+    return torch.randint(3, 128, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def _hf_greedy(model, prompt, n):
+    out = model.generate(prompt[None], max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, prompt.numel() :].tolist()
+
+
+def test_ar_matches_transformers_generate(pair):
+    target, _ = pair
+    adapter = ModelAdapter(target)
+    for seed in range(3):
+        p = _prompt(seed)
+        res = generate(adapter, p, GenerationConfig(max_new_tokens=30))
+        assert res.output_ids == _hf_greedy(target, p, 30)
+        assert res.accept_lengths == [1] * 30 and res.tau == 1.0
+
+
+@pytest.mark.parametrize("mode", ["fixed", "heuristic", "leviathan"])
+def test_draft_model_greedy_is_token_identical(pair, mode):
+    target, weak = pair
+    adapter = ModelAdapter(target)
+    for draft_model in (weak, target):  # a poor draft (many rejections) and a perfect one
+        for seed in range(3):
+            p = _prompt(seed)
+            ar = generate(adapter, p, GenerationConfig(max_new_tokens=33))
+            prop = DraftModelProposer(draft_model, DraftLengthPolicy(length=4, mode=mode))
+            sp = generate(adapter, p, GenerationConfig(max_new_tokens=33), prop)
+            assert sp.output_ids == ar.output_ids
+            assert sum(sp.accept_lengths) == 33
+            assert all(1 <= a <= 17 for a in sp.accept_lengths)
+    # the perfect draft accepts everything
+    assert sp.acceptance_rate == 1.0 and sp.tau >= 3
+
+
+def test_prompt_lookup_greedy_is_token_identical(pair):
+    target, _ = pair
+    adapter = ModelAdapter(target)
+    for seed in range(4):
+        p = torch.cat([_prompt(seed, 6)] * 3)  # repetitive prompt so lookups hit
+        ar = generate(adapter, p, GenerationConfig(max_new_tokens=25))
+        sp = generate(adapter, p, GenerationConfig(max_new_tokens=25), PromptLookupProposer(num_draft_tokens=5))
+        assert sp.output_ids == ar.output_ids
+        assert sp.num_proposed > 0
+
+
+def test_eos_inside_a_draft_block_stops_exactly(pair):
+    target, _ = pair
+    adapter = ModelAdapter(target)
+    p = _prompt(7)
+    ar_free = generate(adapter, p, GenerationConfig(max_new_tokens=30)).output_ids
+    # pick as EOS a token that first appears in the middle of the answer
+    pos = next(i for i in range(5, 30) if ar_free[i] not in ar_free[:i])
+    eos = ar_free[pos]
+    cfg = GenerationConfig(max_new_tokens=30, eos_token_ids=(eos,))
+    ar = generate(adapter, p, cfg)
+    sp = generate(adapter, p, cfg, DraftModelProposer(target, DraftLengthPolicy(length=8)))
+    assert ar.output_ids == ar_free[: pos + 1] == sp.output_ids
+    assert sp.finish_reason == ar.finish_reason == "eos"
+    # the EOS sat inside an accepted block: the step that produced it was cut short
+    assert max(sp.accept_lengths) <= 9 and sum(sp.accept_lengths) == pos + 1
+
+
+@pytest.mark.parametrize("limit", [1, 2, 7, 9, 10])
+def test_max_new_tokens_boundary(pair, limit):
+    target, _ = pair
+    adapter = ModelAdapter(target)
+    p = _prompt(3)
+    ar = generate(adapter, p, GenerationConfig(max_new_tokens=limit))
+    sp = generate(adapter, p, GenerationConfig(max_new_tokens=limit), DraftModelProposer(target, DraftLengthPolicy(4)))
+    assert len(sp.output_ids) == limit == len(ar.output_ids)
+    assert sp.output_ids == ar.output_ids
+    assert sp.finish_reason == "length"
+
+
+class _TreeProposer:
+    """Proposes a 3-branch tree where only the middle branch follows the target's greedy path."""
+
+    name, lossless = "tree-test", True
+
+    def __init__(self, target, depth=3):
+        self.adapter = ModelAdapter(target)
+        self.depth = depth
+
+    def reset(self, prompt_ids):
+        pass
+
+    def propose(self, tokens, max_tokens, sampling, generator=None):
+        if max_tokens < self.depth * 3:
+            return Draft.empty()
+        seq, good = tokens, []
+        for _ in range(self.depth):
+            nxt = int(self.adapter.forward(seq[None]).logits[0, -1].argmax())
+            good.append(nxt)
+            seq = torch.cat([seq, torch.tensor([nxt])])
+        toks, parents = [], []
+        for b in range(3):
+            for d in range(self.depth):
+                tok = good[d] if b == 1 else (good[d] + 1 + b) % 128
+                toks.append(tok)
+                parents.append(-1 if d == 0 else len(toks) - 2)
+        return Draft(tokens=torch.tensor(toks), parents=torch.tensor(parents))
+
+    def observe(self, *args):
+        pass
+
+
+def test_tree_draft_greedy_commits_the_matching_branch(pair):
+    target, _ = pair
+    adapter = ModelAdapter(target)
+    p = _prompt(11)
+    ar = generate(adapter, p, GenerationConfig(max_new_tokens=20))
+    sp = generate(adapter, p, GenerationConfig(max_new_tokens=20), _TreeProposer(target))
+    assert sp.output_ids == ar.output_ids
+    assert sp.accept_lengths[0] == 4  # the whole good branch + bonus
+    assert sp.proposed_by_depth[:3] == [sp.accepted_by_depth[0]] * 3
+
+
+def test_sampling_runs_and_respects_budget(pair):
+    target, weak = pair
+    adapter = ModelAdapter(target)
+    cfg = GenerationConfig(max_new_tokens=20, sampling=SamplingParams(temperature=0.8, top_p=0.9, top_k=50))
+    g = torch.Generator().manual_seed(0)
+    res = generate(adapter, _prompt(1), cfg, DraftModelProposer(weak, DraftLengthPolicy(3)), generator=g)
+    assert len(res.output_ids) == 20 and res.num_proposed > 0
+
+
+def test_seeded_sampling_is_reproducible(pair):
+    target, weak = pair
+    adapter = ModelAdapter(target)
+    cfg = GenerationConfig(max_new_tokens=15, sampling=SamplingParams(temperature=1.0))
+    runs = [
+        generate(adapter, _prompt(2), cfg, DraftModelProposer(weak), generator=torch.Generator().manual_seed(5)).output_ids
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1]
+
+
+def test_truncate():
+    assert truncate([5, 6, 2, 7], 0, 10, (2,)) == ([5, 6, 2], "eos")
+    assert truncate([5, 6, 7], 8, 10, (2,)) == ([5, 6], "length")
+    assert truncate([5, 6], 0, 10, (2,)) == ([5, 6], None)
+    assert truncate([5, 2], 9, 10, (2,)) == ([5], "length")
+
+
+def test_stop_strings_cut_the_answer(pair):
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(97 + i % 26) for i in ids)
+
+    target, _ = pair
+    adapter = ModelAdapter(target)
+    p = _prompt(4)
+    free = generate(adapter, p, GenerationConfig(max_new_tokens=20)).output_ids
+    text = Tok().decode(free)
+    stop = text[6:8]
+    first = text.find(stop)
+    cfg = GenerationConfig(max_new_tokens=20, stop_strings=(stop,))
+    sp = generate(adapter, p, cfg, DraftModelProposer(target), tokenizer=Tok())
+    assert sp.finish_reason == "stop"
+    assert sp.output_ids == free[: first + 2]
