@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import platform
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -192,7 +191,6 @@ ProposerLoader = Callable[[Path, dict, Any, dict], Any]
 
 
 def _load_draft_model_proposer(directory: Path, manifest: dict, target_model, options: dict):
-    import torch
     import transformers
 
     from draftsmith.inference.draft_length import DraftLengthPolicy
@@ -210,8 +208,7 @@ def _load_draft_model_proposer(directory: Path, manifest: dict, target_model, op
         mode=options.get("draft_length_mode") or prop.get("draft_length_mode", "fixed"),
         max_length=max(16, int(options.get("draft_length") or prop.get("draft_length", 4))),
     )
-    with torch.no_grad():
-        return DraftModelProposer(draft, policy)
+    return DraftModelProposer(draft, policy)
 
 
 # method name in the manifest -> loader; later methods (medusa, eagle, layerskip, ...) register here
@@ -242,6 +239,3 @@ def load_artefact(
         )
     return loader(directory, manifest, target_model, options), manifest
 
-
-def python_version() -> str:
-    return sys.version.split()[0]

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"draftsmith {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
-    for name, module in SUBCOMMANDS.items():
+    for module in SUBCOMMANDS.values():
         importlib.import_module(module).add_parser(sub)
     return parser
 

@@ -1,0 +1,121 @@
+"""Evaluation questions in Spec-Bench's ``question.jsonl`` format (MT-Bench's file is the same).
+
+One JSON object a line::
+
+    {"question_id": 81, "category": "writing", "turns": ["first user turn", "second user turn"],
+     "reference": ["..."]}                       # reference optional
+
+``turns`` holds the user turns of one conversation; the evaluator answers them one after the other,
+each answer becoming the assistant turn before the next user turn. Plain and gzip-compressed
+(``.gz``) files are read; blank lines are skipped.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftsmith.launch.errors import DataError
+
+DEV_QUESTIONS = "dev_questions.jsonl"
+DEFAULT_CATEGORY = "general"
+
+
+@dataclass(frozen=True)
+class Question:
+    question_id: int | str
+    category: str
+    turns: tuple[str, ...]
+    reference: tuple | None = None
+
+
+def default_questions_path() -> Path:
+    """The dev prompts bundled with draftsmith (data/eval/dev_questions.jsonl, plain or .gz)."""
+    try:
+        from draftsmith.data.corpus import dev_questions_path
+    except ImportError:
+        dev_questions_path = None
+    if dev_questions_path is not None:
+        return Path(dev_questions_path())
+    import draftsmith.data
+
+    eval_dir = Path(draftsmith.data.__file__).parent / "eval"
+    for name in (DEV_QUESTIONS, DEV_QUESTIONS + ".gz"):
+        if (eval_dir / name).is_file():
+            return eval_dir / name
+    raise DataError(
+        f"the bundled dev questions ({eval_dir / DEV_QUESTIONS}) are missing: reinstall draftsmith or pass --questions FILE"
+    )
+
+
+def _lines(path: Path) -> Iterator[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            yield from fh
+    except (OSError, EOFError, UnicodeDecodeError) as err:
+        raise DataError(f"cannot read questions file {path} ({err}): pass a UTF-8 .jsonl or .jsonl.gz file") from None
+
+
+def parse_question(row: object, where: str) -> Question:
+    """One decoded JSON row as a :class:`Question`; ``where`` ("file:line") goes into every error."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected a JSON object with question_id, category and turns, got {type(row).__name__}")
+    if "question_id" not in row:
+        raise DataError(f"{where}: missing 'question_id' (Spec-Bench format: question_id, category, turns)")
+    qid = row["question_id"]
+    if not isinstance(qid, (int, str)) or isinstance(qid, bool):
+        raise DataError(f"{where}: question_id must be an integer or a string, got {type(qid).__name__}")
+    turns = row.get("turns")
+    if not isinstance(turns, list) or not turns:
+        raise DataError(f"{where}: question {qid} needs 'turns', a non-empty list of user messages")
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, str):
+            raise DataError(f"{where}: question {qid} turn {i + 1} is {type(turn).__name__}, expected a string")
+        if not turn.strip():
+            raise DataError(f"question {qid} ({where}) has an empty turn {i + 1}: give every turn some text or drop it")
+    category = row.get("category", DEFAULT_CATEGORY)
+    if not isinstance(category, str) or not category.strip():
+        raise DataError(f"{where}: question {qid} has category {category!r}, expected a non-empty string")
+    reference = row.get("reference")
+    return Question(
+        question_id=qid,
+        category=category,
+        turns=tuple(turns),
+        reference=tuple(reference) if isinstance(reference, list) else (None if reference is None else (reference,)),
+    )
+
+
+def read_questions(path: str | Path | None = None, limit: int | None = None) -> list[Question]:
+    """Read a Spec-Bench/MT-Bench question file (default: the bundled dev prompts), first ``limit``
+    questions in file order. Any problem is a :class:`DataError` naming the file and line."""
+    path = Path(path) if path is not None else default_questions_path()
+    if not path.is_file():
+        raise DataError(f"questions file {path} does not exist: pass --questions with a Spec-Bench question.jsonl")
+    if limit is not None and limit < 1:
+        raise DataError(f"--limit must be at least 1, got {limit}")
+    questions: list[Question] = []
+    seen: dict[int | str, int] = {}
+    for lineno, line in enumerate(_lines(path), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno}): fix or remove that line") from None
+        q = parse_question(row, where)
+        if q.question_id in seen:
+            raise DataError(
+                f"{where}: question_id {q.question_id} repeats line {seen[q.question_id]}: question ids must be unique"
+            )
+        seen[q.question_id] = lineno
+        questions.append(q)
+        if limit is not None and len(questions) >= limit:
+            break
+    if not questions:
+        raise DataError(f"questions file {path} holds no questions: one JSON object a line, Spec-Bench format")
+    return questions

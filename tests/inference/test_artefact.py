@@ -1,0 +1,76 @@
+import json
+
+import pytest
+import torch
+
+from draftsmith.data.tiny_models import random_model
+from draftsmith.inference.adapter import ModelAdapter
+from draftsmith.inference.artefact import FORMAT, load_artefact, read_manifest, target_identity, write_manifest
+from draftsmith.inference.generate import GenerationConfig, generate
+from draftsmith.launch.errors import ArtefactError
+
+
+def _export(tmp_path, target, draft):
+    out = tmp_path / "art"
+    draft.save_pretrained(out / "draft")
+    write_manifest(out, "distillspec", target_identity(target, None, "tiny-target"), {"draft_length": 3, "model_dir": "draft"},
+                   training={"steps": 0}, metrics={"eval_loss": 1.0})
+    return out
+
+
+def test_round_trip_builds_a_working_proposer(tmp_path):
+    target, draft = random_model("llama", 0), random_model("llama", 1, layers=1)
+    out = _export(tmp_path, target, draft)
+    manifest = read_manifest(out)
+    assert manifest["format"] == FORMAT and manifest["method"] == "distillspec"
+    assert set(manifest["weights"]) == {"draft/model.safetensors"}
+    for key in ("draftsmith_version", "created", "target", "proposer", "training", "metrics", "environment"):
+        assert key in manifest
+    proposer, _ = load_artefact(out, target)
+    p = torch.arange(3, 13)
+    ar = generate(ModelAdapter(target), p, GenerationConfig(max_new_tokens=12))
+    sp = generate(ModelAdapter(target), p, GenerationConfig(max_new_tokens=12), proposer)
+    assert sp.output_ids == ar.output_ids and sp.num_proposed > 0
+
+
+def test_target_mismatch_is_refused_unless_allowed(tmp_path):
+    target, draft = random_model("llama", 0), random_model("llama", 1, layers=1)
+    out = _export(tmp_path, target, draft)
+    other = random_model("llama", 0, layers=2)
+    with pytest.raises(ArtefactError, match="allow-target-mismatch"):
+        load_artefact(out, other)
+    load_artefact(out, other, allow_target_mismatch=True)
+
+
+def test_pickles_missing_files_and_corruption_are_refused(tmp_path):
+    target, draft = random_model("llama", 0), random_model("llama", 1, layers=1)
+    with pytest.raises(ArtefactError, match="does not exist"):
+        read_manifest(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ArtefactError, match="manifest.json is missing"):
+        read_manifest(tmp_path / "empty")
+    out = _export(tmp_path, target, draft)
+    torch.save({}, out / "extra.bin")
+    with pytest.raises(ArtefactError, match="pickle"):
+        read_manifest(out)
+    (out / "extra.bin").unlink()
+    weights = out / "draft" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
+    with pytest.raises(ArtefactError, match="corrupt"):
+        read_manifest(out)
+    weights.unlink()
+    with pytest.raises(ArtefactError, match="missing"):
+        read_manifest(out)
+    (out / "manifest.json").write_text("{not json")
+    with pytest.raises(ArtefactError, match="not valid JSON"):
+        read_manifest(out)
+
+
+def test_unknown_method_is_refused(tmp_path):
+    target, draft = random_model("llama", 0), random_model("llama", 1, layers=1)
+    out = _export(tmp_path, target, draft)
+    m = json.loads((out / "manifest.json").read_text())
+    m["method"] = "telepathy"
+    (out / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArtefactError, match="telepathy"):
+        load_artefact(out, target)

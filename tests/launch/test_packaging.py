@@ -1,0 +1,87 @@
+"""The wheel carries exactly the `draftsmith` package tree, and every module imports from it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SUBPACKAGES = {
+    "trainers": "draftsmith.trainers",
+    "data": "draftsmith.data",
+    "inference": "draftsmith.inference",
+    "inference/proposers": "draftsmith.inference.proposers",
+    "kernels": "draftsmith.kernels",
+    "launch": "draftsmith.launch",
+}
+
+
+def _expected_modules() -> list[str]:
+    mods = []
+    for folder, package in SUBPACKAGES.items():
+        mods.append(package)
+        for f in sorted((ROOT / folder).glob("*.py")):
+            if f.name != "__init__.py":
+                mods.append(f"{package}.{f.stem}")
+    return mods
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (whl,) = out.glob("draftsmith-*.whl")
+    return whl
+
+
+def test_wheel_holds_only_the_draftsmith_tree(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert top == {"draftsmith"}, f"unexpected top-level entries: {top}"
+    for mod in _expected_modules():
+        path = mod.replace(".", "/")
+        assert f"{path}.py" in names or f"{path}/__init__.py" in names, mod
+    assert any(n.startswith("draftsmith/data/corpora/") and n.endswith(".gz") for n in names), "corpus not shipped"
+    assert any("LICENSE" in n for n in names if n.startswith("draftsmith/data/corpora/"))
+    entry = [n for n in names if n.endswith("entry_points.txt")]
+    assert entry and "draftsmith = draftsmith.launch.cli:main" in zipfile.ZipFile(wheel).read(entry[0]).decode()
+
+
+def test_every_module_imports_from_the_installed_wheel(wheel, tmp_path):
+    env_dir = tmp_path / "env"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    # install the wheel alone into the scratch environment; its dependencies come from ours, read
+    # through a .pth line (which does not run our editable-install hook)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, str(wheel)],
+        check=True, capture_output=True,
+    )
+    Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    script = (
+        "import importlib, importlib.util, sys\n"
+        f"mods = {_expected_modules()!r}\n"
+        "for m in mods:\n"
+        "    mod = importlib.import_module(m)\n"
+        f"    assert mod.__file__.startswith({site!r}), (m, mod.__file__)\n"
+        "for bad in ('data', 'trainers', 'inference', 'kernels', 'launch'):\n"
+        "    assert importlib.util.find_spec(bad) is None, bad\n"
+        "print(len(mods))\n"
+    )
+    res = subprocess.run([str(py), "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert int(res.stdout.strip()) == len(_expected_modules())
