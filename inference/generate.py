@@ -17,7 +17,7 @@ import torch
 
 from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.kv_cache import KVCache
-from draftsmith.inference.proposers.base import Proposer
+from draftsmith.inference.proposers.base import Proposer, StepFeedback
 from draftsmith.inference.sampling import SamplingParams, process_logits
 from draftsmith.inference.verify import Draft, Verdict, verify_greedy, verify_sampling
 
@@ -58,10 +58,32 @@ class GenerationResult:
         return self.num_accepted / self.num_proposed if self.num_proposed else 0.0
 
 
-def prefill(target: ModelAdapter, cache: KVCache, prompt_ids: torch.Tensor) -> None:
-    """Put every prompt token but the last (the first pending token) into the cache."""
-    if prompt_ids.numel() > 1:
-        target.forward(prompt_ids[None, :-1], cache, compute_logits=False)
+def prefill(
+    target: ModelAdapter,
+    cache: KVCache,
+    prompt_ids: torch.Tensor,  # [L]
+    hidden_layers: Sequence[int] = (),
+) -> dict[int, torch.Tensor]:  # layer -> [L - 1, H]
+    """Put every prompt token but the last (the first pending token) into the cache; return the
+    requested hidden states of those tokens."""
+    if prompt_ids.numel() <= 1:
+        return {}
+    out = target.forward(
+        prompt_ids[None, :-1], cache, compute_logits=False, output_hidden_states=_layer_indices(target, hidden_layers)
+    )
+    return _pick_hidden(out, hidden_layers)
+
+
+def _layer_indices(target: ModelAdapter, hidden_layers: Sequence[int]) -> list[int]:
+    return [i for i in hidden_layers if i != -1]
+
+
+def _pick_hidden(out, hidden_layers: Sequence[int], rows: torch.Tensor | None = None) -> dict[int, torch.Tensor]:
+    picked = {}
+    for i in hidden_layers:
+        h = out.last_hidden[0] if i == -1 else out.hidden_states[i][0]  # [T, H]
+        picked[i] = h if rows is None else h[rows]
+    return picked
 
 
 def verify_forward(
@@ -69,14 +91,18 @@ def verify_forward(
     cache: KVCache,
     pending: torch.Tensor,  # [1]
     draft: Draft,
-) -> torch.Tensor:  # [1 + n, V] float32 logits
-    """One target forward over the pending token and the draft tree."""
+    hidden_layers: Sequence[int] = (),
+):
+    """One target forward over the pending token and the draft tree; ``.logits`` is ``[1, 1 + n, V]``."""
     past = cache.get_seq_length()
     ids = torch.cat([pending, draft.tokens.to(pending.device)])[None]  # [1, 1 + n]
+    want = _layer_indices(target, hidden_layers)
     if draft.is_chain:
-        return target.forward(ids, cache).logits[0]
+        return target.forward(ids, cache, output_hidden_states=want)
     depths = torch.cat([torch.zeros(1, dtype=torch.long), draft.depths]).to(pending.device)
-    return target.forward(ids, cache, position_ids=(past + depths)[None], tree=draft.verify_mask).logits[0]
+    return target.forward(
+        ids, cache, position_ids=(past + depths)[None], tree=draft.verify_mask, output_hidden_states=want
+    )
 
 
 def accept(
@@ -152,9 +178,12 @@ def generate(
     _sync(device)
     t0 = time.perf_counter()
     cache = target.new_cache(capacity=prompt_ids.numel() + max_new + 64)
-    prefill(target, cache, prompt_ids)
+    hidden_layers = tuple(getattr(proposer, "hidden_layers", ()) or ())
+    prompt_hidden = prefill(target, cache, prompt_ids, hidden_layers)
     if proposer is not None:
         proposer.reset(prompt_ids)
+        if hidden_layers:
+            proposer.prefill_hidden(prompt_hidden)
     tokens = prompt_ids
     output: list[int] = []
     accept_lengths: list[int] = []
@@ -173,20 +202,33 @@ def generate(
         _sync(device)
         t_verify = time.perf_counter()
         past = cache.get_seq_length()
-        logits = verify_forward(target, cache, tokens[-1:], draft)
+        out = verify_forward(target, cache, tokens[-1:], draft, hidden_layers)
+        logits = out.logits[0]  # [1 + n, V]
         verdict = accept(logits, draft, config.sampling, generator, verifier)
         commit_cache(cache, past, verdict)
         _sync(device)
         t_end = time.perf_counter()
         draft_time += t_verify - t_draft
         verify_time += t_end - t_verify
+        step_tokens = draft.tokens[verdict.accepted].tolist() + [verdict.next_token]
         if len(draft):
             n_proposed += len(draft)
             n_accepted += len(verdict.accepted)
             _count_depths(draft, verdict, proposed_by_depth, accepted_by_depth)
-            if proposer is not None:
-                proposer.observe(len(draft), len(verdict.accepted), t_verify - t_draft, t_end - t_verify)
-        step_tokens = draft.tokens[verdict.accepted].tolist() + [verdict.next_token]
+        if proposer is not None:
+            rows = torch.tensor([0] + [a + 1 for a in verdict.accepted], device=device)
+            proposer.observe(
+                StepFeedback(
+                    num_proposed=len(draft),
+                    num_accepted=len(verdict.accepted),
+                    draft_seconds=t_verify - t_draft,
+                    target_seconds=t_end - t_verify,
+                    accepted=verdict.accepted,
+                    committed=step_tokens,
+                    target_logits=logits,
+                    hidden_states=_pick_hidden(out, hidden_layers, rows) if hidden_layers else {},
+                )
+            )
         kept, reason = truncate(step_tokens, len(output), max_new, config.eos_token_ids)
         cut = stop_string_cut(tokenizer, output + kept, len(output) + 1, config.stop_strings)
         if cut is not None:

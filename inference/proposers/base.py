@@ -8,6 +8,7 @@ KV caches, adaptive draft lengths) can follow what was committed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -16,10 +17,29 @@ from draftsmith.inference.sampling import SamplingParams
 from draftsmith.inference.verify import Draft
 
 
+@dataclass
+class StepFeedback:
+    """What one verification step tells the proposer (see :meth:`Proposer.observe`)."""
+
+    num_proposed: int  # draft nodes proposed this step
+    num_accepted: int  # of which accepted
+    draft_seconds: float  # time spent proposing
+    target_seconds: float  # time of the target forward + acceptance
+    accepted: list[int] = field(default_factory=list)  # accepted node indices, root to leaf
+    committed: list[int] = field(default_factory=list)  # tokens committed (accepted + correction/bonus)
+    target_logits: torch.Tensor | None = None  # [1 + n, V] rows: pending token, then draft nodes
+    hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)
+    # layer index -> [1 + a, H]: the target's hidden states at the pending token and the accepted
+    # nodes (only the layers the proposer lists in ``hidden_layers``; -1 = last, after the final norm)
+
+
 @runtime_checkable
 class Proposer(Protocol):
     name: str
     lossless: bool  # False for rules that change the output distribution (must be reported)
+    # Target hidden states the proposer needs (EAGLE, Medusa): transformers-style layer indices,
+    # -1 for the final-normed last hidden state. Empty: the loop computes none.
+    hidden_layers: tuple[int, ...]
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         """Start a new sequence. ``prompt_ids``: [L] long."""
@@ -33,9 +53,12 @@ class Proposer(Protocol):
     ) -> Draft:
         """Return the draft for the next verification step."""
 
-    def observe(self, num_proposed: int, num_accepted: int, draft_seconds: float, target_seconds: float) -> None:
-        """Told after every verification: how many nodes were proposed and accepted, and how long
-        proposing and verifying took."""
+    def prefill_hidden(self, hidden_states: dict[int, torch.Tensor]) -> None:
+        """Called after the prefill when ``hidden_layers`` is non-empty, with ``[L - 1, H]``
+        hidden states of the prompt tokens the target processed (all but the pending one)."""
+
+    def observe(self, feedback: StepFeedback) -> None:
+        """Told after every verification step that proposed something."""
 
 
 def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:

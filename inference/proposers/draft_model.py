@@ -9,7 +9,7 @@ import torch
 
 from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.draft_length import DraftLengthPolicy
-from draftsmith.inference.proposers.base import common_prefix_length
+from draftsmith.inference.proposers.base import StepFeedback, common_prefix_length
 from draftsmith.inference.sampling import SamplingParams, process_logits
 from draftsmith.inference.verify import Draft
 from draftsmith.launch.errors import TokenizerMismatchError
@@ -51,6 +51,7 @@ class DraftModelProposer:
 
     name = "draft"
     lossless = True
+    hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, draft_model, policy: DraftLengthPolicy | None = None) -> None:
         self.adapter = ModelAdapter(draft_model)
@@ -92,5 +93,5 @@ class DraftModelProposer:
         self._ids = torch.cat([tokens, torch.tensor(drafted[:-1], dtype=torch.long, device=tokens.device)])
         return Draft.chain(drafted, q=torch.stack(qs) if qs else None)
 
-    def observe(self, num_proposed: int, num_accepted: int, draft_seconds: float, target_seconds: float) -> None:
-        self.policy.observe(num_proposed, num_accepted, draft_seconds, target_seconds)
+    def observe(self, feedback: StepFeedback) -> None:
+        self.policy.observe(feedback.num_proposed, feedback.num_accepted, feedback.draft_seconds, feedback.target_seconds)

@@ -35,6 +35,7 @@ def lookup_continuation(
 class PromptLookupProposer:
     name = "pld"
     lossless = True
+    hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, num_draft_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -52,5 +53,5 @@ class PromptLookupProposer:
             return Draft.empty()
         return Draft.chain(lookup_continuation(tokens, self.max_ngram, self.min_ngram, k))
 
-    def observe(self, num_proposed, num_accepted, draft_seconds, target_seconds) -> None:
+    def observe(self, feedback) -> None:
         pass

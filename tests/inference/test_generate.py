@@ -50,8 +50,8 @@ def test_draft_model_greedy_is_token_identical(pair, mode):
             assert sp.output_ids == ar.output_ids
             assert sum(sp.accept_lengths) == 33
             assert all(1 <= a <= 17 for a in sp.accept_lengths)
-    # the perfect draft accepts everything
-    assert sp.acceptance_rate == 1.0 and sp.tau >= 3
+    # the perfect draft accepts everything (leviathan's length depends on measured timings)
+    assert sp.acceptance_rate == 1.0 and sp.tau >= (2 if mode == "leviathan" else 3)
 
 
 def test_prompt_lookup_greedy_is_token_identical(pair):
@@ -97,7 +97,7 @@ def test_max_new_tokens_boundary(pair, limit):
 class _TreeProposer:
     """Proposes a 3-branch tree where only the middle branch follows the target's greedy path."""
 
-    name, lossless = "tree-test", True
+    name, lossless, hidden_layers = "tree-test", True, ()
 
     def __init__(self, target, depth=3):
         self.adapter = ModelAdapter(target)
@@ -122,7 +122,7 @@ class _TreeProposer:
                 parents.append(-1 if d == 0 else len(toks) - 2)
         return Draft(tokens=torch.tensor(toks), parents=torch.tensor(parents))
 
-    def observe(self, *args):
+    def observe(self, feedback):
         pass
 
 
@@ -180,3 +180,46 @@ def test_stop_strings_cut_the_answer(pair):
     sp = generate(adapter, p, cfg, DraftModelProposer(target), tokenizer=Tok())
     assert sp.finish_reason == "stop"
     assert sp.output_ids == free[: first + 2]
+
+
+class _HiddenRecorder:
+    """A proposer that records the hidden states the loop hands it (the EAGLE/Medusa seam)."""
+
+    name, lossless, hidden_layers = "hidden-test", True, (1, -1)
+
+    def __init__(self, target):
+        self.inner = DraftModelProposer(target, DraftLengthPolicy(3))
+        self.prompt_hidden, self.steps = None, []
+
+    def reset(self, prompt_ids):
+        self.inner.reset(prompt_ids)
+
+    def prefill_hidden(self, hidden):
+        self.prompt_hidden = hidden
+
+    def propose(self, tokens, max_tokens, sampling, generator=None):
+        return self.inner.propose(tokens, max_tokens, sampling, generator)
+
+    def observe(self, feedback):
+        self.steps.append(feedback)
+
+
+def test_hidden_states_reach_the_proposer(pair):
+    target, _ = pair
+    adapter = ModelAdapter(target)
+    p = _prompt(9)
+    rec = _HiddenRecorder(target)
+    res = generate(adapter, p, GenerationConfig(max_new_tokens=10), rec)
+    full = torch.cat([p, torch.tensor(res.output_ids)])
+    ref = target(full[None], output_hidden_states=True)
+    # prompt: all tokens but the pending one
+    assert torch.allclose(rec.prompt_hidden[1], ref.hidden_states[1][0, : p.numel() - 1], atol=1e-5)
+    # each step: the pending token and the accepted nodes, at their committed positions
+    pos = p.numel() - 1
+    for fb in rec.steps:
+        n = 1 + fb.num_accepted
+        assert fb.hidden_states[1].shape[0] == n
+        assert torch.allclose(fb.hidden_states[1], ref.hidden_states[1][0, pos : pos + n], atol=1e-5)
+        assert torch.allclose(fb.hidden_states[-1], ref.hidden_states[-1][0, pos : pos + n], atol=1e-4)
+        assert fb.committed[: fb.num_accepted] == full[pos + 1 : pos + n].tolist()
+        pos += len(fb.committed)
