@@ -1,0 +1,294 @@
+"""Fused, chunked linear + divergence loss: the PyTorch reference (also the CPU path).
+
+The distillation loss of a draft model needs ``softmax(h @ W.T)`` over a large vocabulary for every
+token, next to the teacher's distribution. Materialising both ``[N, V]`` float32 probability tables
+(plus the autograd buffers behind them) dominates memory: for N = 4096 tokens and V = 32000 one
+float32 table is 524 MB. Following Liger-Kernel's ``FusedLinearCrossEntropy``, the driver here walks
+over the tokens in chunks of ``C`` rows and, for each chunk, computes the student logits
+``z_c = h_c @ W.T (+ b)``, the teacher logits (a slice of the given ``[N, V]`` logits, or
+``h_t,c @ W_t.T (+ b_t)``), the per-row divergence and ``dL/dz_c``, and immediately folds that into
+``dL/dh_c = dL/dz_c @ W`` and ``dL/dW += dL/dz_c.T @ h_c``. Only ``[C, V]`` buffers are ever alive;
+the gradients are kept from the forward and scaled by the incoming gradient in the backward.
+
+The per-chunk math is pluggable (``rows_fn``): :func:`reference_divergence_rows` differentiates the
+pure functions of :mod:`draftsmith.trainers.losses` with autograd (so the reference *is* the loss
+definition); :mod:`draftsmith.kernels.triton_divergence` computes the same rows with a Triton kernel.
+:func:`naive_linear_divergence` is the unfused baseline both are tested against.
+
+Divergence definitions, conventions and equations: :mod:`draftsmith.trainers.losses`
+(DistillSpec, Zhou et al. 2023; GKD, Agarwal et al. 2024). The teacher is frozen: no gradient flows to
+the teacher's logits, hidden states or LM head.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from draftsmith.trainers.losses import check_divergence_args, divergence, divergence_per_token
+
+# rows_fn(student_logits [C, V] (h.dtype, owned by the driver: may be overwritten), teacher_logits [C, V],
+#         kind, beta, temperature, grad_scale, need_grad) -> (per-row divergence [C] float32,
+#                                                             grad_scale * dL/dz [C, V] or None)
+RowsFn = Callable[
+    [torch.Tensor, torch.Tensor, str, float, float, float, bool], tuple[torch.Tensor, torch.Tensor | None]
+]
+
+
+def reference_divergence_rows(
+    student_logits: torch.Tensor,  # [C, V]
+    teacher_logits: torch.Tensor,  # [C, V]
+    kind: str,
+    beta: float,
+    temperature: float,
+    grad_scale: float,
+    need_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # [C] float32, [C, V] float32 | None
+    """Per-row divergence and ``grad_scale * d(divergence)/d(student_logits)`` by autograd."""
+    with torch.enable_grad():
+        z = student_logits.detach().float().requires_grad_(need_grad)  # [C, V]
+        per_row = divergence_per_token(z, teacher_logits, kind, beta, temperature)  # [C]
+        if not need_grad:
+            return per_row.detach(), None
+        (grad,) = torch.autograd.grad(per_row.sum() * grad_scale, z)  # [C, V]
+    return per_row.detach(), grad
+
+
+def default_chunk_size(n_tokens: int, vocab: int, hidden: int) -> int:
+    """Liger-Kernel's heuristic: chunk rows so that one ``[C, V]`` logits chunk is about the size of the
+    ``[N, H]`` hidden states, rounded up to a power of two (at least 1, at most ``n_tokens``)."""
+    factor = max(1, math.ceil(vocab / max(hidden, 1)))
+    rows = max(1, math.ceil(n_tokens / factor))
+    return max(1, min(1 << (rows - 1).bit_length(), max(n_tokens, 1)))
+
+
+def _teacher_chunk(
+    rows: torch.Tensor,  # [C] long
+    teacher_logits: torch.Tensor | None,  # [N, V]
+    teacher_hidden: torch.Tensor | None,  # [N, Ht]
+    teacher_weight: torch.Tensor | None,  # [V, Ht]
+    teacher_bias: torch.Tensor | None,  # [V]
+) -> torch.Tensor:  # [C, V]
+    if teacher_logits is not None:
+        return teacher_logits.index_select(0, rows)
+    logits = teacher_hidden.index_select(0, rows) @ teacher_weight.t()  # [C, V]
+    return logits if teacher_bias is None else logits + teacher_bias
+
+
+class ChunkedLinearDivergence(torch.autograd.Function):
+    """Loss and gradients chunk by chunk in the forward; the backward only rescales them."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        hidden: torch.Tensor,  # [N, H]
+        weight: torch.Tensor,  # [V, H]
+        bias: torch.Tensor | None,  # [V]
+        teacher_logits: torch.Tensor | None,  # [N, V]
+        teacher_hidden: torch.Tensor | None,  # [N, Ht]
+        teacher_weight: torch.Tensor | None,  # [V, Ht]
+        teacher_bias: torch.Tensor | None,  # [V]
+        rows: torch.Tensor,  # [M] long, the unmasked token indices
+        kind: str,
+        beta: float,
+        temperature: float,
+        reduction: str,
+        chunk_size: int,
+        rows_fn: RowsFn,
+        need_grads: tuple[bool, bool, bool],  # hidden, weight, bias
+    ) -> torch.Tensor:  # scalar float32
+        need_h, need_w, need_b = need_grads
+        need_grad = need_h or need_w or need_b
+        count = rows.numel()
+        grad_scale = 1.0 / max(count, 1) if reduction == "mean" else 1.0
+        grad_h = torch.zeros_like(hidden) if need_h else None  # [N, H]
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None  # [V, H]
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None  # [V]
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        with torch.no_grad():
+            for start in range(0, count, chunk_size):
+                idx = rows[start : start + chunk_size]  # [C]
+                h_c = hidden.index_select(0, idx)  # [C, H]
+                z_c = h_c @ weight.t()  # [C, V]
+                if bias is not None:
+                    z_c += bias
+                t_c = _teacher_chunk(idx, teacher_logits, teacher_hidden, teacher_weight, teacher_bias)  # [C, V]
+                per_row, g_c = rows_fn(z_c, t_c, kind, beta, temperature, grad_scale, need_grad)
+                total += per_row.sum()
+                del t_c
+                if not need_grad:
+                    continue
+                g_c = g_c.to(hidden.dtype)  # [C, V], as autograd would cast it for the matmuls
+                if need_h:
+                    grad_h.index_copy_(0, idx, g_c @ weight)
+                if need_w:
+                    grad_w += (g_c.t() @ h_c).float()
+                if need_b:
+                    grad_b += g_c.float().sum(0)
+                del z_c, g_c
+        ctx.grads = (
+            grad_h,
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype),
+        )
+        return total * grad_scale if reduction == "mean" else total
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        grads = ctx.grads
+        ctx.grads = None
+        if not torch.equal(grad_output, torch.ones_like(grad_output)):
+            grads = tuple(None if g is None else g * grad_output.to(g.dtype) for g in grads)
+        return (*grads, *([None] * 12))
+
+
+def _flatten_inputs(
+    hidden: torch.Tensor,
+    teacher_logits: torch.Tensor | None,
+    teacher_hidden: torch.Tensor | None,
+    mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    lead = hidden.shape[:-1]
+    flat = lambda x: None if x is None else x.reshape(-1, x.shape[-1])  # noqa: E731
+    if mask is not None:
+        if mask.shape != lead:
+            raise ValueError(f"mask {tuple(mask.shape)} must match the token dims {tuple(lead)} of the hidden states")
+        mask = mask.reshape(-1).to(device=hidden.device, dtype=torch.bool)
+    return flat(hidden), flat(teacher_logits), flat(teacher_hidden), mask
+
+
+def _check_inputs(
+    hidden: torch.Tensor,  # [N, H]
+    weight: torch.Tensor,  # [V, H]
+    bias: torch.Tensor | None,
+    teacher_logits: torch.Tensor | None,
+    teacher_hidden: torch.Tensor | None,
+    teacher_weight: torch.Tensor | None,
+    teacher_bias: torch.Tensor | None,
+    reduction: str,
+) -> None:
+    n, h = hidden.shape
+    if weight.dim() != 2 or weight.shape[1] != h:
+        raise ValueError(f"student LM-head weight {tuple(weight.shape)} must be [V, {h}]")
+    v = weight.shape[0]
+    if bias is not None and bias.shape != (v,):
+        raise ValueError(f"student LM-head bias {tuple(bias.shape)} must be [{v}]")
+    if (teacher_logits is None) == (teacher_hidden is None):
+        raise ValueError("pass either teacher_logits or teacher_hidden + teacher_weight (exactly one)")
+    if teacher_logits is not None:
+        if teacher_weight is not None or teacher_bias is not None:
+            raise ValueError("teacher_weight/teacher_bias go with teacher_hidden, not with teacher_logits")
+        if teacher_logits.shape != (n, v):
+            raise ValueError(f"teacher logits {tuple(teacher_logits.shape)} must be [{n}, {v}] (tokens, student vocab)")
+    else:
+        if teacher_weight is None:
+            raise ValueError("teacher_hidden needs teacher_weight (the teacher's LM head [V, Ht])")
+        if teacher_hidden.shape[0] != n or teacher_weight.shape != (v, teacher_hidden.shape[1]):
+            raise ValueError(
+                f"teacher hidden {tuple(teacher_hidden.shape)} and LM head {tuple(teacher_weight.shape)} must be "
+                f"[{n}, Ht] and [{v}, Ht]: the teacher and the draft must share tokens and vocabulary"
+            )
+        if teacher_bias is not None and teacher_bias.shape != (v,):
+            raise ValueError(f"teacher LM-head bias {tuple(teacher_bias.shape)} must be [{v}]")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+
+
+def chunked_linear_divergence(
+    hidden: torch.Tensor,  # [..., H] student last hidden states
+    weight: torch.Tensor,  # [V, H] student LM head
+    teacher_logits: torch.Tensor | None = None,  # [..., V]
+    *,
+    bias: torch.Tensor | None = None,  # [V]
+    teacher_hidden: torch.Tensor | None = None,  # [..., Ht]
+    teacher_weight: torch.Tensor | None = None,  # [V, Ht]
+    teacher_bias: torch.Tensor | None = None,  # [V]
+    kind: str = "forward_kl",
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    mask: torch.Tensor | None = None,  # [...] bool, True = token counts
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+    rows_fn: RowsFn = reference_divergence_rows,
+) -> torch.Tensor:  # scalar float32
+    """Mean (or sum) over unmasked tokens of ``divergence(h @ W.T + b, teacher logits)``, chunked.
+
+    Same value and gradients (w.r.t. ``hidden``, ``weight``, ``bias``) as :func:`naive_linear_divergence`,
+    without ever holding ``[N, V]`` float32 tables of both models: only ``[chunk_size, V]`` buffers.
+    The teacher is given either as logits (sliced per chunk) or as hidden states and LM head (projected
+    per chunk, without gradient). Gradients are computed in the forward (float32 accumulation for the
+    LM head) and rescaled by the incoming gradient in the backward, so call ``backward`` at most once.
+    """
+    check_divergence_args(kind, beta, temperature)
+    hidden, teacher_logits, teacher_hidden, mask = _flatten_inputs(hidden, teacher_logits, teacher_hidden, mask)
+    _check_inputs(hidden, weight, bias, teacher_logits, teacher_hidden, teacher_weight, teacher_bias, reduction)
+    n = hidden.shape[0]
+    rows = torch.arange(n, device=hidden.device) if mask is None else mask.nonzero().reshape(-1)  # [M]
+    if chunk_size is None:
+        chunk_size = default_chunk_size(n, weight.shape[0], hidden.shape[1])
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    grad_on = torch.is_grad_enabled()
+    need_grads = (
+        grad_on and hidden.requires_grad,
+        grad_on and weight.requires_grad,
+        grad_on and bias is not None and bias.requires_grad,
+    )
+    detach = lambda x: None if x is None else x.detach()  # noqa: E731  (the teacher is frozen)
+    return ChunkedLinearDivergence.apply(
+        hidden,
+        weight,
+        bias,
+        detach(teacher_logits),
+        detach(teacher_hidden),
+        detach(teacher_weight),
+        detach(teacher_bias),
+        rows,
+        kind,
+        float(beta),
+        float(temperature),
+        reduction,
+        int(chunk_size),
+        rows_fn,
+        need_grads,
+    )
+
+
+def naive_linear_divergence(
+    hidden: torch.Tensor,  # [..., H]
+    weight: torch.Tensor,  # [V, H]
+    teacher_logits: torch.Tensor | None = None,  # [..., V]
+    *,
+    bias: torch.Tensor | None = None,
+    teacher_hidden: torch.Tensor | None = None,
+    teacher_weight: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
+    kind: str = "forward_kl",
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    mask: torch.Tensor | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:  # scalar float32
+    """The unfused baseline: full ``[N, V]`` logits of both models, then :func:`~draftsmith.trainers.losses.divergence`."""
+    check_divergence_args(kind, beta, temperature)
+    hidden, teacher_logits, teacher_hidden, mask = _flatten_inputs(hidden, teacher_logits, teacher_hidden, mask)
+    _check_inputs(hidden, weight, bias, teacher_logits, teacher_hidden, teacher_weight, teacher_bias, reduction)
+    student_logits = hidden @ weight.t()  # [N, V]
+    if bias is not None:
+        student_logits = student_logits + bias
+    if teacher_logits is None:
+        with torch.no_grad():
+            teacher_logits = teacher_hidden @ teacher_weight.t()  # [N, V]
+            if teacher_bias is not None:
+                teacher_logits = teacher_logits + teacher_bias
+    return divergence(
+        student_logits,
+        teacher_logits.detach(),
+        kind,
+        beta=beta,
+        temperature=temperature,
+        mask=mask,
+        reduction=reduction,
+    )
