@@ -1,0 +1,225 @@
+"""Writing an evaluation report: ``<out>.json``, ``<out>.md`` and PNG plots beside them.
+
+Given ``--out runs/report.json`` the files are ``runs/report.json``, ``runs/report.md``,
+``runs/report_accept_lengths.png`` (histogram of tokens committed per target forward) and
+``runs/report_categories.png`` (speedup and tau by category). Every file is written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from draftsmith.inference.artefact import atomic_write_text
+
+SUMMARY_ROWS = (
+    ("tau", "tau (tokens per target forward)"),
+    ("acceptance_rate", "acceptance rate"),
+    ("speedup", "speedup vs AR"),
+    ("tokens_per_s", "tokens/s"),
+    ("ar_tokens_per_s", "AR tokens/s"),
+    ("predicted_speedup", "predicted speedup (Leviathan)"),
+    ("greedy_identical", "greedy identical to AR"),
+)
+
+
+def report_paths(out: str | Path) -> dict[str, Path]:
+    out = Path(out)
+    if out.suffix != ".json":
+        out = out.with_suffix(out.suffix + ".json") if out.suffix else out.with_suffix(".json")
+    stem = out.with_suffix("")
+    return {
+        "json": out,
+        "markdown": stem.with_suffix(".md"),
+        "accept_lengths_png": stem.parent / f"{stem.name}_accept_lengths.png",
+        "categories_png": stem.parent / f"{stem.name}_categories.png",
+    }
+
+
+def fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+def lossless_status(report: dict) -> str:
+    if not report.get("lossless", True):
+        return "LOSSY: this method's acceptance rule changes the output distribution; its outputs are not the target's."
+    ident = report.get("summary", {}).get("greedy_identical")
+    if ident is None:
+        return (
+            "lossless rule (speculative sampling); sampled answers are not compared token by token "
+            "(run `draftsmith eval --check-distribution` for the statistical check)"
+        )
+    n = report.get("num_questions", 0)
+    same = round(ident * n)
+    line = f"lossless rule; {same}/{n} answers token-identical to AR (greedy)"
+    diffs = [q["difference"] for q in report.get("questions", []) if q.get("difference")]
+    if diffs:
+        ties = sum(1 for d in diffs if d.get("near_tie"))
+        line += f"; of the {len(diffs)} that differ, {ties} differ at a near-tie (top-2 logit gap <= {report.get('near_tie_tolerance')})"
+    return line
+
+
+def render_markdown(report: dict, paths: dict[str, Path] | None = None) -> str:
+    s = report["summary"]
+    lines = [f"# draftsmith eval: {report['method']}", ""]
+    if not report.get("lossless", True):
+        lines += ["> **LOSSY METHOD** — outputs are not guaranteed to follow the target's distribution.", ""]
+    lines += [
+        f"- target: `{report.get('target') or '?'}`" + (f", draft: `{report['draft']}`" if report.get("draft") else ""),
+        f"- questions: {report.get('num_questions')} from `{report.get('question_file') or '?'}`",
+        f"- temperature {report.get('temperature')}, top-p {report.get('top_p')}, top-k {report.get('top_k')}, "
+        f"max_new_tokens {report.get('max_new_tokens')}, seed {report.get('seed')}, warm-up {report.get('warmup')}",
+        f"- verification: {report.get('verification')}",
+        f"- lossless: {lossless_status(report)}",
+        "",
+        "## Summary",
+        "",
+    ]
+    lines += _table(["metric", "value"], [[label, fmt(s.get(key))] for key, label in SUMMARY_ROWS])
+    lines += [
+        "",
+        f"Predicted tau {fmt(s.get('predicted_tau'))} from per-token acceptance {fmt(s.get('alpha_per_token'))}, "
+        f"mean draft length {fmt(s.get('mean_draft_length'), 2)} and draft/target cost ratio {fmt(s.get('cost_ratio'))}.",
+        "",
+        "## By category",
+        "",
+    ]
+    cat_rows = [
+        [name, str(c.get("num_questions")), fmt(c.get("tau")), fmt(c.get("acceptance_rate")), fmt(c.get("speedup")),
+         fmt(c.get("tokens_per_s"), 1), fmt(c.get("ar_tokens_per_s"), 1), fmt(c.get("greedy_identical"))]
+        for name, c in report.get("categories", {}).items()
+    ]
+    lines += _table(["category", "questions", "tau", "acceptance", "speedup", "tokens/s", "AR tokens/s", "identical"], cat_rows)
+    baselines = {k: v for k, v in report.get("baselines", {}).items() if isinstance(v, dict) and k != "settings"}
+    if baselines:
+        lines += ["", "## transformers baselines (same prompts, greedy)", ""]
+        hf_ar = baselines.get("hf_ar", {}).get("tokens_per_s")
+        vs_hf_ar = s["tokens_per_s"] / hf_ar if hf_ar and s.get("tokens_per_s") is not None else None
+        rows = [["draftsmith " + report["method"], fmt(s.get("speedup")), fmt(s.get("tau")), fmt(s.get("tokens_per_s"), 1),
+                 fmt(vs_hf_ar), fmt(s.get("greedy_identical"))]]
+        for name, b in baselines.items():
+            rows.append([name, fmt(b.get("speedup")), fmt(b.get("tau")), fmt(b.get("tokens_per_s"), 1),
+                         fmt(b.get("speedup_vs_hf_ar")), b.get("skipped") or fmt(b.get("identical_to_ar"))])
+        lines += _table(["decoder", "speedup vs draftsmith AR", "tau", "tokens/s", "speedup vs HF AR", "identical to AR"], rows)
+        ratio = report["baselines"].get("draftsmith_vs_hf_assisted")
+        if ratio is not None:
+            lines += ["", f"draftsmith {report['method']} speedup / transformers assisted speedup: **{fmt(ratio, 2)}**"]
+        settings = report.get("baselines", {}).get("settings")
+        if settings:
+            lines += ["", "Settings: " + "; ".join(f"{k}: {v}" for k, v in settings.items())]
+    diffs = [q for q in report.get("questions", []) if q.get("difference")]
+    if diffs:
+        lines += ["", "## Answers that differ from AR", ""]
+        rows = [
+            [str(q["question_id"]), str(q["difference"]["turn"] + 1), str(q["difference"]["position"]),
+             fmt(q["difference"].get("top2_gap"), 6), fmt(q["difference"].get("near_tie"))]
+            for q in diffs
+        ]
+        lines += _table(["question", "turn", "first differing position", "top-2 logit gap", "near-tie"], rows)
+    if report.get("notes"):
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in report["notes"]]
+    if paths is not None:
+        lines += ["", "## Plots", "", f"![accept lengths]({paths['accept_lengths_png'].name})",
+                  f"![by category]({paths['categories_png'].name})"]
+    env = report.get("environment", {})
+    lines += ["", "## Environment", "", "- " + ", ".join(f"{k} {v}" for k, v in env.items())]
+    if report.get("command"):
+        lines += ["", "## Command", "", "```", report["command"], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _figure(size: tuple[float, float]):
+    """A matplotlib figure on the Agg canvas (no pyplot, no global backend switch)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save_figure(fig, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=100, bbox_inches="tight", format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def plot_accept_lengths(report: dict, path: Path) -> None:
+    counts = Counter(a for q in report.get("questions", []) for a in q.get("accept_lengths", []))
+    fig = _figure((6, 3.5))
+    ax = fig.subplots()
+    xs = sorted(counts) or [1]
+    ax.bar(xs, [counts.get(x, 0) for x in xs], color="#4477aa")
+    ax.set_xlabel("tokens committed per target forward")
+    ax.set_ylabel("steps")
+    ax.set_xticks(xs)
+    ax.set_title(f"{report['method']}: tau = {fmt(report['summary'].get('tau'), 2)}")
+    _save_figure(fig, path)
+
+
+def plot_categories(report: dict, path: Path) -> None:
+    cats = report.get("categories", {})
+    names = list(cats) or ["(none)"]
+    fig = _figure((max(6, 1.2 * len(names) + 2), 3.5))
+    ax1, ax2 = fig.subplots(1, 2)
+    for ax, key, title in ((ax1, "speedup", "speedup vs AR"), (ax2, "tau", "tau")):
+        values = [cats.get(n, {}).get(key) or 0.0 for n in names]
+        ax.bar(range(len(names)), values, color="#228833" if key == "speedup" else "#4477aa")
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=30, ha="right")
+        ax.set_title(title)
+    _save_figure(fig, path)
+
+
+def write_report(report: dict, out: str | Path, plots: bool = True) -> dict[str, Path]:
+    """Write the JSON, the markdown and (unless ``plots=False``) the PNG plots; returns their paths."""
+    paths = report_paths(out)
+    paths["json"].parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(paths["json"], json.dumps(report, indent=1, default=str) + "\n")
+    if plots:
+        plot_accept_lengths(report, paths["accept_lengths_png"])
+        plot_categories(report, paths["categories_png"])
+    else:
+        paths.pop("accept_lengths_png")
+        paths.pop("categories_png")
+    atomic_write_text(paths["markdown"], render_markdown(report, paths if plots else None))
+    return paths
+
+
+def summary_table(report: dict) -> str:
+    """A short plain-text table for the terminal."""
+    s = report["summary"]
+    rows = [(label, fmt(s.get(key))) for key, label in SUMMARY_ROWS]
+    for name, b in report.get("baselines", {}).items():
+        if isinstance(b, dict) and name != "settings":
+            rows.append((f"{name} speedup / tau", f"{fmt(b.get('speedup'))} / {fmt(b.get('tau'))}"))
+    ratio = report.get("baselines", {}).get("draftsmith_vs_hf_assisted")
+    if ratio is not None:
+        rows.append(("speedup / hf_assisted speedup", fmt(ratio, 2)))
+    rows.append(("lossless", lossless_status(report)))
+    width = max(len(r[0]) for r in rows)
+    return "\n".join(f"{label.ljust(width)}  {value}" for label, value in rows)

@@ -1,0 +1,160 @@
+"""`draftsmith eval` end to end on a tiny random target/draft pair (tiny_pair from conftest.py)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+import transformers
+
+from draftsmith.data.tiny_models import random_model
+from draftsmith.launch.cli import main
+
+QUESTIONS = [
+    {"question_id": 1, "category": "chat", "turns": ["What is 1 plus 1?", "And 2 plus 2?"]},
+    {"question_id": 2, "category": "math", "turns": ["What is 3 plus 3?"], "reference": ["6"]},
+]
+
+
+@pytest.fixture
+def qfile(tmp_path):
+    path = tmp_path / "question.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return path
+
+
+def _eval(pair, *extra):
+    return main(["eval", "--target", str(pair["target"]), "--max-new-tokens", "8", "--warmup", "0", "--no-progress",
+                 "--threads", "1", *map(str, extra)])
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_draft_method_with_hf_comparison(tiny_pair, qfile, tmp_path, capsys):
+    out = tmp_path / "run" / "report.json"
+    assert _eval(tiny_pair, "--draft", tiny_pair["draft"], "--questions", qfile, "--compare", "hf", "--out", out) == 0
+    rep = json.loads(out.read_text())
+    assert rep["method"] == "draft" and rep["num_questions"] == 2 and rep["draft"] == str(tiny_pair["draft"])
+    assert rep["summary"]["greedy_identical"] == 1.0
+    assert [len(q["output_ids"]) for q in rep["questions"]] == [2, 1]  # two turns, one turn
+    for name in ("hf_assisted", "hf_prompt_lookup"):
+        assert {"speedup", "tau", "tokens_per_s"} <= rep["baselines"][name].keys()
+        assert rep["baselines"][name]["tau"] >= 1.0
+    assert rep["command"].startswith("draftsmith eval --target") and "--compare hf" in rep["command"]
+    for name in ("report.md", "report_accept_lengths.png", "report_categories.png"):
+        assert (out.parent / name).is_file()
+    stdout = capsys.readouterr().out
+    assert "speedup vs AR" in stdout and "hf_assisted speedup / tau" in stdout and str(out) in stdout
+
+
+@pytest.mark.parametrize("method", ["pld", "ar"])
+def test_other_methods(tiny_pair, qfile, tmp_path, method):
+    out = tmp_path / "r.json"
+    assert _eval(tiny_pair, "--method", method, "--questions", qfile, "--limit", "1", "--out", out) == 0
+    rep = json.loads(out.read_text())
+    assert rep["method"] == method and rep["num_questions"] == 1 and rep["summary"]["greedy_identical"] == 1.0
+    if method == "ar":
+        assert rep["summary"]["tau"] == 1.0
+
+
+def test_sampling_run(tiny_pair, qfile, tmp_path):
+    out = tmp_path / "s.json"
+    args = ("--draft", tiny_pair["draft"], "--questions", qfile, "--temperature", "0.7", "--top-p", "0.9", "--out", out)
+    assert _eval(tiny_pair, *args) == 0
+    rep = json.loads(out.read_text())
+    assert rep["temperature"] == 0.7 and rep["summary"]["greedy_identical"] is None
+
+
+def test_artefact_method_comes_from_the_manifest(tiny_pair, qfile, tmp_path):
+    from draftsmith.inference.artefact import target_identity, write_manifest
+
+    art = tmp_path / "artefact"
+    shutil.copytree(tiny_pair["draft"], art / "draft")
+    target = transformers.AutoModelForCausalLM.from_pretrained(tiny_pair["target"])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_pair["target"])
+    write_manifest(art, "distillspec", target_identity(target, tokenizer), {"draft_length": 3})
+    out = tmp_path / "a.json"
+    assert _eval(tiny_pair, "--artefact", art, "--questions", qfile, "--out", out) == 0
+    rep = json.loads(out.read_text())
+    assert rep["method"] == "distillspec" and rep["artefact"]["proposer"] == {"draft_length": 3}
+    assert rep["proposer"]["draft_length"] == 3 and rep["summary"]["greedy_identical"] == 1.0
+
+
+def test_check_distribution(tiny_pair, qfile, tmp_path, capsys):
+    out = tmp_path / "dist.json"
+    args = ("--draft", tiny_pair["draft"], "--questions", qfile, "--check-distribution", "--samples", "60",
+            "--positions", "2", "--prompts", "1", "--out", out)
+    assert _eval(tiny_pair, *args) == 0
+    res = json.loads(out.read_text())
+    assert res["passed"] is True and res["sampling"]["temperature"] == 1.0 and len(res["tests"]) == 3
+    stdout = capsys.readouterr().out
+    assert "distribution check PASS" in stdout and "ran at temperature 1.0" in stdout
+
+
+def _bad_questions(tmp_path, text):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text)
+    return path
+
+
+def test_malformed_questions_file(tiny_pair, tmp_path, capsys):
+    path = _bad_questions(tmp_path, json.dumps(QUESTIONS[0]) + "\n{not json\n")
+    assert _eval(tiny_pair, "--method", "ar", "--questions", path) == 2
+    line = _one_line_error(capsys)
+    assert f"{path}:2" in line and "not valid JSON" in line
+
+
+def test_empty_turn(tiny_pair, tmp_path, capsys):
+    path = _bad_questions(tmp_path, json.dumps({"question_id": 7, "category": "x", "turns": ["hi", ""]}) + "\n")
+    assert _eval(tiny_pair, "--method", "ar", "--questions", path) == 2
+    assert "question 7" in _one_line_error(capsys)
+
+
+def test_draft_with_another_vocabulary(tiny_pair, qfile, tmp_path, capsys):
+    other = tmp_path / "other_draft"
+    random_model("llama", seed=3, vocab_size=64, layers=1).save_pretrained(other)
+    assert _eval(tiny_pair, "--draft", other, "--questions", qfile) == 2
+    line = _one_line_error(capsys)
+    assert "vocabulary of 64" in line and "128" in line and str(other) in line and str(tiny_pair["target"]) in line
+
+
+def test_missing_artefact_manifest(tiny_pair, qfile, tmp_path, capsys):
+    (tmp_path / "art").mkdir()
+    assert _eval(tiny_pair, "--artefact", tmp_path / "art", "--questions", qfile) == 2
+    assert "manifest.json is missing" in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (("--method", "draft"), "needs --draft"),
+        (("--method", "ar", "--artefact", "x"), "either --artefact"),
+        (("--method", "ar", "--max-new-tokens", "0"), "--max-new-tokens"),
+        (("--method", "ar", "--temperature", "-1"), "temperature"),
+        (("--method", "ar", "--limit", "0"), "--limit"),
+    ],
+)
+def test_bad_options(tiny_pair, qfile, capsys, args, pattern):
+    assert _eval(tiny_pair, "--questions", qfile, *args) == 2
+    assert pattern in _one_line_error(capsys)
+
+
+def test_bad_model_directories(tiny_pair, qfile, tmp_path, capsys):
+    assert main(["eval", "--target", str(tmp_path / "nope"), "--method", "ar", "--questions", str(qfile)]) == 2
+    assert "not a model directory" in _one_line_error(capsys)
+    bare = tmp_path / "bare" / "target"
+    random_model("llama", seed=0).save_pretrained(bare)
+    assert main(["eval", "--target", str(bare), "--method", "ar", "--questions", str(qfile)]) == 2
+    assert "--tokenizer" in _one_line_error(capsys)
+
+
+def test_threads_are_restored(tiny_pair, qfile, tmp_path):
+    before = torch.get_num_threads()
+    _eval(tiny_pair, "--method", "ar", "--questions", qfile, "--limit", "1", "--out", tmp_path / "t.json")
+    assert torch.get_num_threads() == before

@@ -1,0 +1,355 @@
+"""DistillSpecConfig validation, the loss against a hand computation, the data modes and the acceptance metric."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import datasets
+import pytest
+import torch
+import transformers
+
+from draftsmith.data.chat import tokenize_messages
+from draftsmith.launch.errors import ConfigError
+from draftsmith.trainers.distillspec import (
+    DistillSpecConfig,
+    DistillSpecTrainer,
+    PadCollator,
+    acceptance_metrics,
+    cut_at_eos,
+    left_pad,
+    response_mask,
+    sequences_from_generations,
+    split_prompts,
+)
+from draftsmith.trainers.losses import expected_tau
+
+KINDS = ("forward_kl", "reverse_kl", "jsd", "tvd")
+
+
+def chat_rows(tokenizer, n: int = 12) -> list[dict]:
+    return [
+        tokenize_messages(tokenizer, [{"role": "user", "content": f"q{i}?"},
+                                      {"role": "assistant", "content": f"answer {i}."}], 64)
+        for i in range(n)
+    ]
+
+
+def make_trainer(pair, tokenizer, tmp_path, config=None, train_rows=None, eval_rows=None, **args):
+    target, draft = pair
+    defaults = dict(output_dir=str(tmp_path), report_to=[], use_cpu=True, per_device_train_batch_size=4,
+                    per_device_eval_batch_size=4, max_steps=2, save_strategy="no", disable_tqdm=True, seed=0)
+    defaults.update(args)
+    return DistillSpecTrainer(
+        model=draft, teacher_model=target, distill_config=config or DistillSpecConfig(),
+        args=transformers.TrainingArguments(**defaults),
+        train_dataset=datasets.Dataset.from_list(train_rows) if train_rows else None,
+        eval_dataset=datasets.Dataset.from_list(eval_rows) if eval_rows else None,
+        processing_class=tokenizer,
+    )
+
+
+# ------------------------------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"divergence": "kl"}, "divergence"),
+        ({"beta": 1.5}, "beta"),
+        ({"beta": -0.1}, "beta"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"data_mode": "offline"}, "data_mode"),
+        ({"lmbda": 2.0}, "lmbda"),
+        ({"mixed_with": "onpolicy"}, "mixed_with"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"generation_temperature": -1.0}, "generation_temperature"),
+        ({"generation_top_p": 0.0}, "generation_top_p"),
+        ({"generation_top_p": 1.1}, "generation_top_p"),
+        ({"prompt_tokens": 0}, "prompt_tokens"),
+        ({"draft_length": 0}, "draft_length"),
+        ({"eval_responses": "draft"}, "eval_responses"),
+        ({"kernel_backend": "cuda"}, "kernel_backend"),
+        ({"kernel_chunk_size": 0}, "kernel_chunk_size"),
+        ({"target_quantization": "2bit"}, "target_quantization"),
+    ],
+)
+def test_config_rejects_bad_values_naming_the_field(kwargs, field):
+    with pytest.raises(ConfigError, match=field):
+        DistillSpecConfig(**kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
+@pytest.mark.parametrize("bits", ["8bit", "4bit"])
+def test_quantized_target_needs_cuda(bits):
+    with pytest.raises(ConfigError, match="needs a CUDA GPU.*target_quantization=none"):
+        DistillSpecConfig(target_quantization=bits)
+
+
+def test_config_defaults_are_valid_and_serialisable():
+    cfg = DistillSpecConfig()
+    d = cfg.to_dict()
+    assert d["divergence"] == "forward_kl" and d["data_mode"] == "fixed" and d["draft_length"] == 4
+    assert DistillSpecConfig(**d) == cfg
+    for f in DistillSpecConfig.__dataclass_fields__.values():
+        assert f.metadata.get("help"), f"{f.name} has no help text"
+
+
+# ------------------------------------------------------------------------------------------------- batching
+
+
+def test_pad_collator_pads_right_with_ignore_labels():
+    batch = PadCollator(pad_token_id=0)([
+        {"input_ids": [5, 6, 7], "labels": [-100, 6, 7], "attention_mask": [1, 1, 1]},
+        {"input_ids": [8], "labels": [8]},
+    ])
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert PadCollator(0, pad_to_multiple_of=4)([{"input_ids": [1, 2, 3, 4, 5]}])["input_ids"].shape == (1, 8)
+
+
+def test_response_mask_is_shifted_by_one():
+    labels = torch.tensor([[-100, -100, 7, 8, -100]])
+    # logits at t predict token t + 1: positions 1 and 2 predict the labelled tokens 2 and 3
+    assert response_mask(labels).tolist() == [[False, True, True, False]]
+
+
+def test_split_prompts_chat_and_text_rows():
+    ids = torch.tensor([[1, 9, 9, 5, 6, 0], [1, 2, 3, 4, 5, 6]])
+    labels = torch.tensor([[-100, -100, -100, 5, 6, -100], [1, 2, 3, 4, 5, 6]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
+    assert split_prompts(ids, labels, mask, prompt_tokens=2) == [[1, 9, 9], [1, 2]]
+    assert split_prompts(ids, labels, mask, prompt_tokens=50)[1] == [1, 2, 3, 4, 5]  # keeps >= 1 token to predict
+
+
+def test_generation_helpers():
+    assert cut_at_eos([4, 5, 2, 6, 2], eos_ids=[2]) == [4, 5, 2]
+    assert cut_at_eos([4, 5], eos_ids=[2]) == [4, 5]
+    ids, mask = left_pad([[3, 4, 5], [6]], pad_token_id=0, device=torch.device("cpu"))
+    assert ids.tolist() == [[3, 4, 5], [0, 0, 6]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    rows = sequences_from_generations([[1, 2]], [[7, 8, 2]])
+    assert rows == [{"input_ids": [1, 2, 7, 8, 2], "labels": [-100, -100, 7, 8, 2], "attention_mask": [1] * 5}]
+
+
+# ------------------------------------------------------------------------------------------------- the loss
+
+
+def hand_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor, kind: str, beta: float, temp: float) -> float:
+    """One token, written out from the definitions (teacher p, student q), in float64."""
+    p = torch.softmax(p_logits.double() / temp, -1)
+    q = torch.softmax(q_logits.double() / temp, -1)
+    if kind == "forward_kl":
+        return float((p * (p.log() - q.log())).sum())
+    if kind == "reverse_kl":
+        return float((q * (q.log() - p.log())).sum())
+    if kind == "tvd":
+        return float(0.5 * (p - q).abs().sum())
+    m = beta * p + (1 - beta) * q
+    return float(beta * (p * (p.log() - m.log())).sum() + (1 - beta) * (q * (q.log() - m.log())).sum())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("fused", [False, True])
+def test_compute_loss_equals_hand_computed_divergence(pair, tokenizer, tmp_path, kind, fused):
+    target, draft = pair
+    cfg = DistillSpecConfig(divergence=kind, beta=0.3, temperature=1.7, use_fused_kernel=fused)
+    trainer = make_trainer(pair, tokenizer, tmp_path, cfg)
+    batch = PadCollator(0)([
+        {"input_ids": [1, 5, 6, 7, 8, 9], "labels": [-100, -100, 6, 7, 8, 9]},
+        {"input_ids": [1, 10, 11, 12], "labels": [-100, -100, -100, 12]},
+    ])
+    loss = trainer.compute_loss(draft, batch)
+    with torch.no_grad():
+        t_logits = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        s_logits = draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    values = [
+        hand_divergence(t_logits[b, t], s_logits[b, t], kind, 0.3, 1.7)
+        for b in range(2) for t in range(batch["input_ids"].shape[1] - 1) if batch["labels"][b, t + 1] != -100
+    ]
+    assert len(values) == 5  # 4 labelled tokens in row 0, 1 in row 1; never a pad or prompt position
+    assert loss.item() == pytest.approx(sum(values) / len(values), rel=1e-3)  # float32 vs float64 (near-uniform)
+
+
+def test_fused_and_plain_losses_have_the_same_gradients(pair, tokenizer, tmp_path):
+    draft = pair[1]
+    batch = PadCollator(0)([{"input_ids": [1, 5, 6, 7, 8], "labels": [-100, -100, 6, 7, 8]}])
+    grads = []
+    for fused in (False, True):
+        trainer = make_trainer(pair, tokenizer, tmp_path, DistillSpecConfig(divergence="jsd", use_fused_kernel=fused))
+        draft.zero_grad()
+        trainer.compute_loss(draft, batch).backward()
+        grads.append([p.grad.clone() for p in draft.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_loss_is_zero_when_the_draft_is_the_target(pair, tokenizer, tmp_path):
+    target = pair[0]
+    twin = copy.deepcopy(target)
+    trainer = make_trainer((target, twin), tokenizer, tmp_path, DistillSpecConfig(divergence="tvd"))
+    batch = PadCollator(0)([{"input_ids": [1, 5, 6, 7], "labels": [-100, 5, 6, 7]}])
+    assert trainer.compute_loss(twin, batch).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_training_moves_only_the_draft_and_lowers_the_loss(pair, tokenizer, tmp_path):
+    target, draft = pair
+    before_t = [p.detach().clone() for p in target.parameters()]
+    before_d = [p.detach().clone() for p in draft.parameters()]
+    rows = chat_rows(tokenizer, 8)
+    trainer = make_trainer(pair, tokenizer, tmp_path, DistillSpecConfig(divergence="forward_kl"), rows,
+                           max_steps=10, learning_rate=3e-2, per_device_train_batch_size=8, logging_steps=1)
+    batch = PadCollator(0)(rows)
+    with torch.no_grad():
+        start = trainer.compute_loss(draft, batch).item()
+    trainer.train()
+    with torch.no_grad():
+        end = trainer.compute_loss(draft.eval(), batch).item()
+    assert end < 0.75 * start
+    assert all(torch.equal(a, b) for a, b in zip(before_t, target.parameters()))
+    assert not any(p.requires_grad for p in target.parameters()) and not target.training
+    assert any(not torch.equal(a, b) for a, b in zip(before_d, draft.parameters()))
+    labelled = sum(int((torch.tensor(r["labels"][1:]) != -100).sum()) for r in rows)
+    assert trainer.distilled_tokens == 10 * labelled  # every step sees all 8 rows
+
+
+# ------------------------------------------------------------------------------------------------ data modes
+
+
+@pytest.mark.parametrize("source", ["onpolicy", "target"])
+def test_generated_batches_carry_labels_on_generated_tokens(pair, tokenizer, tmp_path, source):
+    target, draft = pair
+    cfg = DistillSpecConfig(data_mode=source, max_new_tokens=6, generation_temperature=0.0)
+    trainer = make_trainer(pair, tokenizer, tmp_path, cfg)
+    rows = chat_rows(tokenizer, 3)
+    batch = PadCollator(0)(rows)
+    out = trainer.generate_batch(draft, batch, source)
+    generator = draft if source == "onpolicy" else target
+    prompts = split_prompts(batch["input_ids"], batch["labels"], batch["attention_mask"], cfg.prompt_tokens)
+    for i, prompt in enumerate(prompts):
+        n = int(out["attention_mask"][i].sum())
+        ids, labels = out["input_ids"][i, :n].tolist(), out["labels"][i, :n].tolist()
+        assert ids[: len(prompt)] == prompt
+        assert labels[: len(prompt)] == [-100] * len(prompt)
+        completion = ids[len(prompt):]
+        assert 1 <= len(completion) <= 6 and labels[len(prompt):] == completion
+        with torch.no_grad():  # greedy generations are the generator's own greedy continuation
+            ref = generator.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=0,
+                                     eos_token_id=2)[0, len(prompt):].tolist()
+        assert completion == cut_at_eos(ref, [2])
+        assert all(label == -100 for label in out["labels"][i, n:].tolist())
+
+
+def test_sampled_generations_respect_top_p_one_token(pair, tokenizer, tmp_path):
+    """top_p -> 0 keeps only the most likely token: sampling then equals greedy decoding."""
+    draft = pair[1]
+    trainer = make_trainer(pair, tokenizer, tmp_path, DistillSpecConfig(max_new_tokens=5, generation_top_p=1e-6))
+    batch = PadCollator(0)(chat_rows(tokenizer, 2))
+    sampled = trainer.generate_batch(draft, batch, "onpolicy")
+    trainer.distill_config.generation_temperature = 0.0
+    greedy = trainer.generate_batch(draft, batch, "onpolicy")
+    assert torch.equal(sampled["input_ids"], greedy["input_ids"])
+
+
+@pytest.mark.parametrize("mode, lmbda, expected", [("fixed", 0.5, {"fixed"}), ("onpolicy", 0.5, {"onpolicy"}),
+                                                   ("target", 0.5, {"target"}), ("mixed", 0.0, {"fixed"}),
+                                                   ("mixed", 1.0, {"onpolicy"})])
+def test_batch_source_by_mode(pair, tokenizer, tmp_path, mode, lmbda, expected):
+    trainer = make_trainer(pair, tokenizer, tmp_path, DistillSpecConfig(data_mode=mode, lmbda=lmbda))
+    seen = set()
+    for step in range(20):
+        trainer.state.global_step = step
+        seen.add(trainer.batch_source())
+    assert seen == expected
+
+
+def test_mixed_mode_fraction_and_determinism(pair, tokenizer, tmp_path):
+    cfg = DistillSpecConfig(data_mode="mixed", lmbda=0.3, mixed_with="target")
+
+    def draws(trainer):
+        out = []
+        for step in range(400):
+            trainer.state.global_step = step
+            out.append(trainer.batch_source())
+        return out
+
+    a = draws(make_trainer(pair, tokenizer, tmp_path, cfg))
+    b = draws(make_trainer(pair, tokenizer, tmp_path, cfg))
+    assert a == b  # same seed and steps -> same choices (every rank agrees; a resumed run repeats them)
+    assert set(a) == {"onpolicy", "target"}
+    assert 0.22 < a.count("onpolicy") / len(a) < 0.38
+
+
+def test_onpolicy_training_runs_and_counts_generated_tokens(pair, tokenizer, tmp_path):
+    cfg = DistillSpecConfig(data_mode="onpolicy", max_new_tokens=4)
+    trainer = make_trainer(pair, tokenizer, tmp_path, cfg, chat_rows(tokenizer, 8), max_steps=2, logging_steps=1)
+    trainer.train()
+    # labels are exactly the generated tokens: 1..4 per row, 4 rows a step
+    assert 2 * 4 <= trainer.distilled_tokens <= 2 * 4 * 4
+    assert [h["distilled_tokens"] for h in trainer.state.log_history if "loss" in h][-1] == trainer.distilled_tokens
+
+
+# ------------------------------------------------------------------------------------------- acceptance metric
+
+
+def test_acceptance_metrics_formula():
+    m = acceptance_metrics(torch.tensor([30.0, 60.0, 100.0]), draft_length=4)
+    assert m["eval_tvd"] == pytest.approx(0.3)
+    assert m["eval_estimated_acceptance"] == pytest.approx(0.7)
+    assert m["eval_predicted_tau"] == pytest.approx(sum(0.7**i for i in range(5)))
+    assert m["eval_greedy_acceptance"] == pytest.approx(0.6)
+    assert m["eval_predicted_tau_greedy"] == pytest.approx(sum(0.6**i for i in range(5)))
+    assert acceptance_metrics(torch.zeros(3), 4) == {}
+
+
+def test_evaluation_logs_acceptance_beside_eval_loss(pair, tokenizer, tmp_path):
+    target, draft = pair
+    rows = chat_rows(tokenizer, 6)
+    cfg = DistillSpecConfig(divergence="tvd", draft_length=3)
+    trainer = make_trainer(pair, tokenizer, tmp_path, cfg, rows, rows[:5], max_steps=2, eval_strategy="steps",
+                           eval_steps=2, report_to=["tensorboard"], logging_steps=1)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "eval_loss" in h][-1]
+    # by hand: mean TVD over the response positions of the held-out rows
+    batch = PadCollator(0)(rows[:5])
+    with torch.no_grad():
+        t = torch.softmax(target(**{k: batch[k] for k in ("input_ids", "attention_mask")}).logits, -1)
+        s = torch.softmax(draft(**{k: batch[k] for k in ("input_ids", "attention_mask")}).logits, -1)
+    mask = response_mask(batch["labels"])
+    tvd = (0.5 * (t[:, :-1] - s[:, :-1]).abs().sum(-1))[mask]
+    agree = (t[:, :-1].argmax(-1) == s[:, :-1].argmax(-1))[mask].double().mean().item()
+    assert logged["eval_tvd"] == pytest.approx(tvd.mean().item(), rel=1e-4)
+    assert logged["eval_loss"] == pytest.approx(logged["eval_tvd"], rel=1e-3)  # tvd is also the loss here
+    assert logged["eval_estimated_acceptance"] == pytest.approx(1 - logged["eval_tvd"])
+    assert logged["eval_predicted_tau"] == pytest.approx(expected_tau(logged["eval_estimated_acceptance"], 3))
+    assert logged["eval_greedy_acceptance"] == pytest.approx(agree)
+    assert logged["eval_tokens"] == int(mask.sum())
+    assert math.isfinite(logged["eval_predicted_tau_greedy"])
+    # and in TensorBoard, beside the loss
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = [p for p in (tmp_path / "runs").rglob("events.out.tfevents*")]
+    assert events
+    tags = set()
+    for e in events:
+        acc = EventAccumulator(str(e.parent))
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    assert {"eval/loss", "eval/estimated_acceptance", "eval/predicted_tau", "train/loss"} <= tags
+
+
+def test_eval_on_target_responses_measures_the_targets_greedy_answers(pair, tokenizer, tmp_path):
+    rows = chat_rows(tokenizer, 4)
+    cfg = DistillSpecConfig(eval_responses="target", max_new_tokens=5, generation_temperature=1.0)
+    trainer = make_trainer(pair, tokenizer, tmp_path, cfg, eval_rows=rows)
+    on_target = trainer.evaluate()
+    # the same numbers as evaluating, on the dataset setting, rows that hold the target's greedy answers
+    generated = trainer.generate_batch(pair[1], PadCollator(0)(rows), "target", greedy=True)
+    regenerated = [{k: generated[k][i][: int(generated["attention_mask"][i].sum())].tolist() for k in generated}
+                   for i in range(len(rows))]
+    trainer.distill_config = DistillSpecConfig(eval_responses="dataset")
+    reference = trainer.evaluate(eval_dataset=datasets.Dataset.from_list(regenerated))
+    for key in ("eval_loss", "eval_tvd", "eval_greedy_acceptance", "eval_tokens"):
+        assert on_target[key] == pytest.approx(reference[key], rel=1e-5)
+    assert on_target["eval_tokens"] <= 4 * 5
