@@ -27,6 +27,7 @@ test-slow: install
 
 demo: install
 	$(VENV)/bin/draftsmith demo
+	$(PY) recipes/distillspec.py
 
 zoo: install
 	$(VENV)/bin/draftsmith zoo build --size tiny

@@ -174,6 +174,7 @@ def test_accelerate_two_cpu_processes(tiny_pair, tmp_path):
     assert manifest["training"]["config"]["distillspec"]["use_fused_kernel"] is True
 
 
+@pytest.mark.slow  # on a fresh machine DeepSpeed first JIT-builds its CPU op (~5 min); `make test-slow`
 def test_deepspeed_zero2_two_cpu_processes(tiny_pair, tmp_path):
     """The first DeepSpeed run on a machine JIT-builds its CPU shared-memory op (minutes, then cached)."""
     out = tmp_path / "ds"
