@@ -5,8 +5,11 @@ Used by the tests and by anyone who wants to try a recipe end to end without a r
 
 from __future__ import annotations
 
+import string
+
 import torch
 import transformers
+from tokenizers import Tokenizer, decoders, models
 
 FAMILIES = ("llama", "qwen2", "mistral", "gpt2")
 
@@ -45,3 +48,24 @@ def random_model(family: str, seed: int = 0, **config_kwargs) -> transformers.Pr
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(tiny_config(family, **config_kwargs))
     return model.eval()
+
+
+CHAR_SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3, matching tiny_config's pad/bos/eos
+CHAR_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}a:{% endif %}"
+)
+
+
+def char_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """Printable ASCII + newline, one token per character, with a chat template (vocab 100 < 128),
+    for pairing with :func:`random_model` without training a tokenizer."""
+    vocab = {c: i for i, c in enumerate(dict.fromkeys(CHAR_SPECIALS + list(string.printable[:95]) + ["\n"]))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.add_special_tokens(CHAR_SPECIALS)
+    tok.decoder = decoders.Fuse()
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    fast.chat_template = CHAR_CHAT_TEMPLATE
+    return fast

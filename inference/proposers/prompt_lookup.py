@@ -45,7 +45,7 @@ class PromptLookupProposer:
         self.min_ngram = min_ngram
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
-        pass
+        """Stateless: every proposal is computed from the committed tokens alone."""
 
     def propose(self, tokens, max_tokens, sampling: SamplingParams, generator=None) -> Draft:
         k = min(self.num_draft_tokens, max_tokens)
@@ -54,4 +54,4 @@ class PromptLookupProposer:
         return Draft.chain(lookup_continuation(tokens, self.max_ngram, self.min_ngram, k))
 
     def observe(self, feedback) -> None:
-        pass
+        """Stateless: the draft length is fixed, so step feedback changes nothing."""
