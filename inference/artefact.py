@@ -193,7 +193,7 @@ ProposerLoader = Callable[[Path, dict, Any, dict], Any]
 def _load_draft_model_proposer(directory: Path, manifest: dict, target_model, options: dict):
     import transformers
 
-    from draftsmith.inference.draft_length import DraftLengthPolicy
+    from draftsmith.inference.draft_length import DEFAULT_CONFIDENCE_THRESHOLD, DraftLengthPolicy
     from draftsmith.inference.proposers.draft_model import DraftModelProposer, check_same_tokenizer
 
     sub = directory / manifest["proposer"].get("model_dir", "draft")
@@ -208,7 +208,10 @@ def _load_draft_model_proposer(directory: Path, manifest: dict, target_model, op
         mode=options.get("draft_length_mode") or prop.get("draft_length_mode", "fixed"),
         max_length=max(16, int(options.get("draft_length") or prop.get("draft_length", 4))),
     )
-    return DraftModelProposer(draft, policy)
+    threshold = options.get("confidence_threshold")
+    if threshold is None:
+        threshold = prop.get("confidence_threshold", DEFAULT_CONFIDENCE_THRESHOLD)
+    return DraftModelProposer(draft, policy, confidence_threshold=float(threshold))
 
 
 # method name in the manifest -> loader; later methods (medusa, eagle, layerskip, ...) register here

@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 
 from draftsmith.launch.errors import ConfigError
 
+# Draft confidence below which a draft model stops drafting (its proposers' ``confidence_threshold``):
+# what `draftsmith eval` and loaded artefacts use unless told otherwise, transformers' default
+# ``assistant_confidence_threshold``. Measured on the tiny zoo in docs/BENCHMARKS.md.
+DEFAULT_CONFIDENCE_THRESHOLD = 0.4
+
 
 def expected_tau(alpha: float, k: int) -> float:
     """E[tokens per target forward] for draft length ``k`` and acceptance rate ``alpha``."""

@@ -653,7 +653,7 @@ def _proposer_info(proposer) -> dict | None:
     if policy is not None:
         info["draft_length"] = policy.length
         info["draft_length_mode"] = policy.mode
-    for attr in ("num_draft_tokens", "max_ngram", "min_ngram"):
+    for attr in ("num_draft_tokens", "max_ngram", "min_ngram", "confidence_threshold"):
         if hasattr(proposer, attr):
             info[attr] = getattr(proposer, attr)
     return info

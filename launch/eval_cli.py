@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from draftsmith.inference.draft_length import DEFAULT_CONFIDENCE_THRESHOLD
 from draftsmith.launch.errors import ConfigError, DraftsmithError
 
 METHODS = ("ar", "draft", "pld")
@@ -58,6 +59,9 @@ def add_parser(sub) -> None:
     g.add_argument("--draft-length", metavar="K", type=int, default=None, help="draft tokens per step (default 4, or the artefact's)")
     g.add_argument("--draft-length-mode", choices=["fixed", "heuristic", "leviathan"], default=None,
                    help="fixed, grow/shrink heuristic, or Leviathan's expected-speedup optimum (default fixed)")
+    g.add_argument("--draft-confidence", metavar="P", type=float, default=None,
+                   help="draft model: stop a draft after a token the draft gives probability < P "
+                        f"(default {DEFAULT_CONFIDENCE_THRESHOLD}, or the artefact's; 0 = always draft --draft-length tokens)")
     g.add_argument("--pld-tokens", metavar="N", type=int, default=10, help="prompt lookup: tokens copied per step")
     g.add_argument("--pld-max-ngram", metavar="N", type=int, default=3, help="prompt lookup: longest n-gram matched")
     g = p.add_argument_group("output")
@@ -237,7 +241,8 @@ def setup(args: argparse.Namespace):
     if args.artefact:
         from draftsmith.inference.artefact import load_artefact
 
-        options = {"draft_length": args.draft_length, "draft_length_mode": args.draft_length_mode}
+        options = {"draft_length": args.draft_length, "draft_length_mode": args.draft_length_mode,
+                   "confidence_threshold": args.draft_confidence}
         proposer, manifest = load_artefact(
             args.artefact, target, tokenizer, allow_target_mismatch=args.allow_target_mismatch,
             **{k: v for k, v in options.items() if v is not None},
@@ -264,7 +269,8 @@ def setup(args: argparse.Namespace):
         info["draft"] = str(draft_dir)
         info["draft_model"] = draft_model
     if method == "draft":
-        info["factory"] = lambda: DraftModelProposer(draft_model, DraftLengthPolicy(**policy_kwargs))
+        threshold = DEFAULT_CONFIDENCE_THRESHOLD if args.draft_confidence is None else args.draft_confidence
+        info["factory"] = lambda: DraftModelProposer(draft_model, DraftLengthPolicy(**policy_kwargs), threshold)
     elif method == "pld":
         info["factory"] = lambda: PromptLookupProposer(num_draft_tokens=args.pld_tokens, max_ngram=args.pld_max_ngram)
     else:

@@ -12,7 +12,7 @@ from draftsmith.inference.draft_length import DraftLengthPolicy
 from draftsmith.inference.proposers.base import StepFeedback, common_prefix_length
 from draftsmith.inference.sampling import SamplingParams, process_logits
 from draftsmith.inference.verify import Draft
-from draftsmith.launch.errors import TokenizerMismatchError
+from draftsmith.launch.errors import ConfigError, TokenizerMismatchError
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -47,15 +47,26 @@ class DraftModelProposer:
 
     Its cache holds the committed tokens it has already seen plus its own earlier proposals; on
     each call it keeps the prefix that still agrees with the committed tokens, feeds the rest in one
-    forward and then drafts one token per forward."""
+    forward and then drafts one token per forward.
+
+    ``confidence_threshold`` ends a draft early: after a token whose draft probability (at
+    temperature 1, or under the sampling parameters when sampling) is below the threshold, the
+    draft stops there, because the tokens after an unlikely one are rarely accepted and each costs a
+    draft forward (transformers' ``assistant_confidence_threshold``). Whether to stop depends only
+    on the draft's own tokens, so verification stays exact; 0 disables it."""
 
     name = "draft"
     lossless = True
     hidden_layers: tuple[int, ...] = ()
 
-    def __init__(self, draft_model, policy: DraftLengthPolicy | None = None) -> None:
+    def __init__(
+        self, draft_model, policy: DraftLengthPolicy | None = None, confidence_threshold: float = 0.0
+    ) -> None:
+        if not 0.0 <= confidence_threshold < 1.0:
+            raise ConfigError(f"confidence_threshold must be in [0, 1) (0 = off), got {confidence_threshold}")
         self.adapter = ModelAdapter(draft_model)
         self.policy = policy or DraftLengthPolicy()
+        self.confidence_threshold = float(confidence_threshold)
         self._cache = None
         self._ids = torch.empty(0, dtype=torch.long)
 
@@ -80,14 +91,18 @@ class DraftModelProposer:
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
         for _ in range(k):
-            logits = self.adapter.forward(feed[None], self._cache, compute_logits=slice(-1, None)).logits[0, -1]
+            logits = self.adapter.forward(feed[None], self._cache, compute_logits=slice(-1, None)).logits[0, -1]  # [V]
             if sampling.greedy:
                 tok = int(logits.argmax())
+                unsure = self.confidence_threshold > 0 and float(logits.softmax(-1)[tok]) < self.confidence_threshold
             else:
                 q = process_logits(logits, sampling)  # [V]
                 tok = int(torch.multinomial(q, 1, generator=generator))
                 qs.append(q)
+                unsure = float(q[tok]) < self.confidence_threshold
             drafted.append(tok)
+            if unsure:
+                break
             feed = torch.tensor([tok], dtype=torch.long, device=tokens.device)
         # the cache now holds tokens + drafted[:-1]
         self._ids = torch.cat([tokens, torch.tensor(drafted[:-1], dtype=torch.long, device=tokens.device)])

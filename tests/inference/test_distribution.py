@@ -88,6 +88,13 @@ def test_passes_at_temperature_07_top_p_09(peaky_pair):
     assert res.passed, res.summary()
 
 
+def test_passes_with_a_confidence_stopped_draft(peaky_pair):
+    _, draft = peaky_pair  # whether to stop depends on the drafted tokens only: still exact
+    stopped = lambda: DraftModelProposer(draft, DraftLengthPolicy(length=3), confidence_threshold=0.5)  # noqa: E731
+    res = _check(peaky_pair, SamplingParams(temperature=1.0), factory=stopped)
+    assert res.passed, res.summary()
+
+
 def test_broken_verifier_fails(peaky_pair):
     res = _check(peaky_pair, SamplingParams(temperature=1.0), verifier=verify_accept_all)
     assert not res.passed

@@ -54,6 +54,28 @@ def test_draft_model_greedy_is_token_identical(pair, mode):
     assert sp.acceptance_rate == 1.0 and sp.tau >= (2 if mode == "leviathan" else 3)
 
 
+@pytest.mark.parametrize("threshold", [0.05, 0.5, 0.99])
+def test_confidence_threshold_stops_drafts_early_and_stays_identical(pair, threshold):
+    target, weak = pair
+    adapter = ModelAdapter(target)
+    for seed in range(3):
+        p = _prompt(seed)
+        ar = generate(adapter, p, GenerationConfig(max_new_tokens=30))
+        full = generate(adapter, p, GenerationConfig(max_new_tokens=30), DraftModelProposer(weak, DraftLengthPolicy(6)))
+        prop = DraftModelProposer(weak, DraftLengthPolicy(6), confidence_threshold=threshold)
+        sp = generate(adapter, p, GenerationConfig(max_new_tokens=30), prop)
+        assert sp.output_ids == ar.output_ids
+        # fewer nodes per step than the fixed length: the random draft is rarely sure of anything
+        assert sp.num_proposed / sp.steps < full.num_proposed / full.steps
+        if threshold == 0.99:  # never that sure: one node per step
+            assert sp.num_proposed <= sp.steps
+
+
+def test_confidence_threshold_is_validated(pair):
+    with pytest.raises(ValueError, match="confidence_threshold"):
+        DraftModelProposer(pair[1], confidence_threshold=1.0)
+
+
 def test_prompt_lookup_greedy_is_token_identical(pair):
     target, _ = pair
     adapter = ModelAdapter(target)
