@@ -371,7 +371,8 @@ def evaluate_draft_artefact(artefact_dir: str | os.PathLike, target_model, token
         from draftsmith.inference.proposers.draft_model import DraftModelProposer
 
         baseline = DraftModelProposer(baseline_draft.to(target_model.device, target_model.dtype).eval(),
-                                      DraftLengthPolicy(length=draft_length))
+                                      DraftLengthPolicy(length=draft_length),
+                                      confidence_threshold=getattr(proposer, "confidence_threshold", 0.0))
         reports["baseline"] = evaluate_proposer(target_model, tokenizer, "draft", baseline, args,
                                                 Path(out_dir) / "baseline", target_name, "draft before training")
     print(summary_table(reports["trained"]))
