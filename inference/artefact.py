@@ -59,12 +59,19 @@ def tokenizer_sha256(tokenizer) -> str:
     return sha256_json({"vocab": vocab, "special": special, "chat_template": template})
 
 
+def lm_head_rows(model) -> int:
+    """Rows of the LM head: the logits' vocabulary (the full shape even when ZeRO-3 has partitioned the weight,
+    whose local shape is then empty)."""
+    weight = model.get_output_embeddings().weight
+    return int(weight.ds_shape[0]) if hasattr(weight, "ds_shape") else int(weight.shape[0])
+
+
 def target_identity(model, tokenizer, name_or_path: str | None = None) -> dict:
     return {
         "name_or_path": str(name_or_path or getattr(model.config, "_name_or_path", "") or ""),
         "config_sha256": config_sha256(model.config),
         "tokenizer_sha256": tokenizer_sha256(tokenizer) if tokenizer is not None else None,
-        "vocab_size": int(model.get_output_embeddings().weight.shape[0]),
+        "vocab_size": lm_head_rows(model),
     }
 
 

@@ -327,11 +327,7 @@ def save_draft_artefact(trainer, artefact_dir: str | os.PathLike, *, method: str
     (out / "manifest.json").unlink(missing_ok=True)  # the old manifest would not match the new weights
     shutil.rmtree(final, ignore_errors=True)
     os.replace(staging, final)
-    target = target_identity(target_model, tokenizer, target_name)
-    head = target_model.get_output_embeddings().weight
-    if hasattr(head, "ds_shape"):  # ZeRO-3 partitioned the target's weights: its local shape is empty
-        target["vocab_size"] = int(head.ds_shape[0])
-    write_manifest(out, method, target, proposer, training, metrics)
+    write_manifest(out, method, target_identity(target_model, tokenizer, target_name), proposer, training, metrics)
     trainer.accelerator.wait_for_everyone()
     return out
 

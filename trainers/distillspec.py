@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import transformers
 
+from draftsmith.inference.artefact import lm_head_rows
 from draftsmith.launch.errors import ConfigError
 from draftsmith.trainers.losses import DIVERGENCES, acceptance_from_tvd, divergence, divergence_per_token, expected_tau
 
@@ -317,7 +318,7 @@ class DistillSpecTrainer(transformers.Trainer):
             self.teacher = deepspeed_frozen_engine(teacher_model, self.accelerator.state.deepspeed_plugin.deepspeed_config)
         else:
             self.teacher = teacher_model if _is_placed(teacher_model) else teacher_model.to(self.args.device)
-        v_student, v_teacher = _vocab_rows(model), _vocab_rows(teacher_model)
+        v_student, v_teacher = lm_head_rows(model), lm_head_rows(teacher_model)
         if v_student != v_teacher:
             logger.warning(f"draft vocabulary {v_student} != target vocabulary {v_teacher}: comparing the first "
                            f"{min(v_student, v_teacher)} entries (a padded embedding matrix, same tokenizer)")
@@ -535,12 +536,6 @@ def deepspeed_frozen_engine(model, train_config: dict):
     engine, *_ = deepspeed.initialize(model=model, config=config)
     engine.eval()  # DeepSpeedEngine.eval returns None
     return engine
-
-
-def _vocab_rows(model) -> int:
-    """Rows of the LM head (the full shape even when ZeRO-3 has partitioned the weight)."""
-    weight = model.get_output_embeddings().weight
-    return int(weight.ds_shape[0]) if hasattr(weight, "ds_shape") else int(weight.shape[0])
 
 
 def logit_transform(config) -> str | None:

@@ -6,7 +6,7 @@ import torch
 
 from draftsmith.data.tiny_models import random_model
 from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.inference.draft_length import DraftLengthPolicy, expected_speedup
+from draftsmith.inference.draft_length import DEFAULT_CONFIDENCE_THRESHOLD, DraftLengthPolicy, expected_speedup
 from draftsmith.inference.evaluator import (
     SUMMARY_FIELDS,
     answer_question,
@@ -208,7 +208,7 @@ def test_tensorboard_logging(lm_pair, chat_tokenizer, questions_file, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["draft", "pld"])
+@pytest.mark.parametrize("method", ["draft", "draft-confident", "pld"])
 def test_zoo_greedy_identical_on_every_dev_question(method):
     """Issue 3, done-when: token-identical to AR on every bundled dev question with the tiny zoo."""
     from draftsmith.data.zoo import load_zoo
@@ -216,8 +216,10 @@ def test_zoo_greedy_identical_on_every_dev_question(method):
     tokenizer, target, draft = load_zoo("tiny")
     factory = {
         "draft": lambda: DraftModelProposer(draft, DraftLengthPolicy(length=4)),
+        "draft-confident": lambda: DraftModelProposer(draft, DraftLengthPolicy(length=4), DEFAULT_CONFIDENCE_THRESHOLD),
         "pld": lambda: PromptLookupProposer(),
     }[method]
     rep = evaluate(target, tokenizer, method, factory, read_questions(), max_new_tokens=64, warmup=1, progress=False)
+    assert rep["num_questions"] == 324
     differing = [(r["question_id"], r["difference"]) for r in rep["questions"] if not r["identical"]]
     assert rep["summary"]["greedy_identical"] == 1.0, differing[:3]
