@@ -13,7 +13,8 @@ are comparable across cells only as far as the load on the machine was even.
 
 Data modes (DistillSpec Sec. 4, GKD Algorithm 1): ``fixed`` = the corpus responses; ``onpolicy`` = the draft's
 own (greedy) continuations of the corpus prompts; ``mixed`` = a batch is on-policy with probability
-``--lmbda``, otherwise fixed. Writes ``grid.json`` and ``grid.md`` in ``--out-dir``.
+``--lmbda``, otherwise fixed; ``target`` = the target's (greedy) continuations (sequence-level KD, the
+recipe's default). Writes ``grid.json`` and ``grid.md`` in ``--out-dir``; finished cells are not run again.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "distillspec.py"
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd", "tvd")
-MODES = ("fixed", "onpolicy", "mixed")
+MODES = ("fixed", "onpolicy", "mixed", "target")
 
 
 def cell_overrides(divergence: str, mode: str, steps: int, lmbda: float, generation_temperature: float) -> list[str]:

@@ -23,7 +23,7 @@ def grid():
     return module
 
 
-@pytest.mark.parametrize("mode", ["fixed", "onpolicy", "mixed"])
+@pytest.mark.parametrize("mode", ["fixed", "onpolicy", "mixed", "target"])
 @pytest.mark.parametrize("divergence", ["forward_kl", "reverse_kl", "jsd", "tvd"])
 def test_every_cell_parses_as_the_recipe_would(grid, divergence, mode, tmp_path):
     overrides = grid.cell_overrides(divergence, mode, steps=300, lmbda=0.5, generation_temperature=0.0)
