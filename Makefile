@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.draftsmith-installed
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test test-slow lint zoo bench clean
+.PHONY: install demo test test-slow lint zoo bench bench-grid clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,17 @@ demo: install
 
 zoo: install
 	$(VENV)/bin/draftsmith zoo build --size tiny
+
+# The figures of docs/BENCHMARKS.md (about 10 minutes on 2 idle cores once the zoo exists); bench-grid is the
+# DistillSpec divergence x data grid (about 45 minutes).
+bench: install
+	$(VENV)/bin/draftsmith eval --method draft --compare hf --limit 20 --max-new-tokens 64 --threads 1 \
+		--out runs/bench/compare_hf/report.json
+	$(PY) tests/benchmarks/bench_gkd.py --steps 100 --repeats 2 --json runs/bench/gkd.json
+	$(PY) tests/benchmarks/bench_kernel_memory.py --json runs/bench/kernel_memory.json
+
+bench-grid: install
+	$(PY) tests/benchmarks/bench_distillspec_grid.py --out-dir runs/distillspec_grid --steps 300 --jobs 2
 
 clean:
 	rm -rf build dist *.egg-info runs
