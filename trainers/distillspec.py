@@ -153,7 +153,7 @@ def check_quantization_available(kind: str) -> None:
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
-        raise ConfigError(f"target_quantization={kind} needs bitsandbytes: pip install bitsandbytes, "
+        raise ConfigError(f"target_quantization={kind} needs bitsandbytes: pip install 'draftsmith[quant]', "
                           "or use target_quantization=none") from None
 
 
