@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -11,16 +10,12 @@ import transformers
 from draftsmith.launch.recipe import RecipeArguments, parse_recipe_args
 from draftsmith.trainers.distillspec import DistillSpecConfig
 
-SCRIPT = Path(__file__).with_name("bench_distillspec_grid.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def grid():
-    spec = importlib.util.spec_from_file_location("bench_distillspec_grid", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def grid(script_loader):
+    return script_loader("bench_distillspec_grid")
 
 
 @pytest.mark.parametrize("mode", ["fixed", "onpolicy", "mixed", "target"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,11 +17,8 @@ SCRIPT = Path(__file__).with_name("bench_gkd.py")
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_gkd", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(script_loader):
+    return script_loader("bench_gkd")
 
 
 def test_response_tokens_counts_shifted_unignored_labels(bench):
