@@ -70,6 +70,7 @@ def run(argv: list[str] | None = None) -> int:
         "steps": trainer.state.global_step,
         "tokens": trainer.distilled_tokens,
         "world_size": targs.world_size,
+        "fused_kernel": trainer.use_fused_kernel,
         "data": data_info,
         "models": paths,
     }

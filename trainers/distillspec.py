@@ -94,9 +94,13 @@ class DistillSpecConfig:
     )
     draft_length: int = field(default=4, metadata=_help("Draft length k used to predict tau from the estimated "
                                                         "acceptance at evaluation (and recorded in the artefact)."))
-    use_fused_kernel: bool = field(default=False, metadata=_help("Compute the loss with draftsmith.kernels' fused, "
-                                                                 "chunked LM-head + divergence (never holds the "
-                                                                 "draft's full [tokens, vocab] logits)."))
+    use_fused_kernel: bool | None = field(
+        default=None,
+        metadata=_help("Compute the loss with draftsmith.kernels' fused, chunked LM-head + divergence (never holds "
+                       "either model's full [tokens, vocab] logits). Unset = wherever it applies: the draft's LM "
+                       "head unsharded (not ZeRO-3 / FSDP), no logit post-processing such as soft-capping, an "
+                       "unquantized target; true = required (an error where it does not apply); false = off."),
+    )
     kernel_backend: str = field(default="auto", metadata=_help("Backend of the fused kernel: auto (Triton on CUDA, "
                                                                "PyTorch reference elsewhere), triton or reference."))
     kernel_chunk_size: int | None = field(default=None, metadata=_help("Tokens per chunk of the fused kernel "
@@ -323,19 +327,35 @@ class DistillSpecTrainer(transformers.Trainer):
             logger.warning(f"draft vocabulary {v_student} != target vocabulary {v_teacher}: comparing the first "
                            f"{min(v_student, v_teacher)} entries (a padded embedding matrix, same tokenizer)")
         self.vocab_size = min(v_student, v_teacher)
-        if self.distill_config.use_fused_kernel:
-            if self._sharded():
-                raise ConfigError("use_fused_kernel needs the draft's LM head unsharded, which ZeRO-3 and FSDP do not "
-                                  "give: use ZeRO-2 / DDP, or set use_fused_kernel=false")
-            for who, m in (("draft", model), ("target", teacher_model)):
-                transform = logit_transform(m.config)
-                if transform:
-                    raise ConfigError(f"use_fused_kernel computes logits as hidden @ LM head, but the {who} also applies "
-                                      f"{transform}: set use_fused_kernel=false for this model")
+        self.use_fused_kernel = self._resolve_fused_kernel(model, teacher_model)
         self._micro_step = (-1, 0)  # (global step, micro batch within it) for the mixed-mode coin
         self._tokens_pending = torch.zeros((), dtype=torch.long)
         self._tokens_total: int | None = None
         self._eval_sums: torch.Tensor | None = None
+
+    def fused_kernel_blocker(self, model, teacher_model) -> str | None:
+        """Why the fused kernel cannot compute this loss exactly, or None when it can."""
+        if self._sharded():
+            return "needs the draft's LM head unsharded, which ZeRO-3 and FSDP do not give: use ZeRO-2 / DDP"
+        for who, m in (("draft", model), ("target", teacher_model)):
+            transform = logit_transform(m.config)
+            if transform:
+                return f"computes logits as hidden @ LM head, but the {who} also applies {transform}"
+        if getattr(teacher_model, "is_quantized", False):
+            return "needs the target's LM head in floating point, and the target is quantized"
+        return None
+
+    def _resolve_fused_kernel(self, model, teacher_model) -> bool:
+        """``use_fused_kernel``: true = required, false = off, unset = on wherever it applies."""
+        requested = self.distill_config.use_fused_kernel
+        if requested is False:
+            return False
+        blocker = self.fused_kernel_blocker(model, teacher_model)
+        if requested and blocker:
+            raise ConfigError(f"use_fused_kernel {blocker}: set use_fused_kernel=false (or leave it unset)")
+        if blocker:
+            logger.info(f"loss without the fused kernel: it {blocker}")
+        return blocker is None
 
     # ------------------------------------------------------------------------------------------ data modes
 
@@ -412,7 +432,7 @@ class DistillSpecTrainer(transformers.Trainer):
         logits of both models (None on the fused path, which never builds them)."""
         cfg = self.distill_config
         mask = response_mask(inputs["labels"])  # [B, T-1]
-        if cfg.use_fused_kernel:
+        if self.use_fused_kernel:
             return self._fused_loss(model, inputs, mask), {"student": None, "teacher": None}
         teacher = self._teacher_logits(inputs)[:, :-1][mask][:, : self.vocab_size]  # [N, V]
         out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])

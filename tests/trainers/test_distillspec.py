@@ -185,6 +185,19 @@ def test_fused_and_plain_losses_have_the_same_gradients(pair, tokenizer, tmp_pat
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
 
 
+def test_fused_kernel_is_used_wherever_it_applies(pair, tokenizer, tmp_path):
+    assert make_trainer(pair, tokenizer, tmp_path).use_fused_kernel is True  # unset: on for plain LM heads
+    assert make_trainer(pair, tokenizer, tmp_path, DistillSpecConfig(use_fused_kernel=False)).use_fused_kernel is False
+
+
+def test_fused_kernel_steps_aside_for_a_soft_capped_head_unless_required(pair, tokenizer, tmp_path):
+    target, draft = copy.deepcopy(pair[0]), pair[1]
+    target.config.final_logit_softcapping = 30.0  # Gemma-2 style: logits are not hidden @ LM head
+    assert make_trainer((target, draft), tokenizer, tmp_path).use_fused_kernel is False
+    with pytest.raises(ConfigError, match=r"the target also applies final_logit_softcapping=30.0: set use_fused_kernel=false"):
+        make_trainer((target, draft), tokenizer, tmp_path, DistillSpecConfig(use_fused_kernel=True))
+
+
 def test_loss_is_zero_when_the_draft_is_the_target(pair, tokenizer, tmp_path):
     target = pair[0]
     twin = copy.deepcopy(target)
