@@ -32,15 +32,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINERS = ("draftsmith", "draftsmith-fused", "trl-gkd")
-IGNORE_INDEX = -100
-
 
 # ----------------------------------------------------------------------------------------------- pure helpers
 
 
 def response_tokens(labels) -> int:
-    """Tokens a causal LM is trained to predict in a ``[B, T]`` label batch: labels[:, 1:] that are not ignored."""
-    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+    """Tokens a causal LM is trained to predict in a ``[B, T]`` label batch (the trainer's response mask)."""
+    from draftsmith.trainers.distillspec import response_mask
+
+    return int(response_mask(labels).sum())
 
 
 def throughput(step_ends: list[float], step_tokens: list[int], start: float, warmup: int) -> dict:
@@ -143,27 +143,18 @@ def build_trainer(kind: str, args: argparse.Namespace, draft, target, tokenizer,
                               train_dataset=train, processing_class=tokenizer, data_collator=collator)
 
 
-def _pair_paths(args: argparse.Namespace) -> dict[str, str]:
-    if args.target is None:
-        from draftsmith.data.zoo import ensure_zoo
-
-        home = ensure_zoo("tiny")
-        return {"tokenizer": str(home / "tokenizer"), "target": str(home / "target"), "draft": str(home / "draft")}
-    return {"tokenizer": args.tokenizer or args.target, "target": args.target, "draft": args.draft}
-
-
 def worker(args: argparse.Namespace) -> dict:
     import torch
     import transformers
 
     from draftsmith.data.corpus import load_corpus
     from draftsmith.data.datasets import examples_to_dataset
-    from draftsmith.launch.recipe import load_model, load_tokenizer
+    from draftsmith.launch.recipe import RecipeArguments, load_model, load_tokenizer, resolve_pair
     from draftsmith.trainers.distillspec import PadCollator
 
     torch.set_num_threads(args.threads)
     transformers.set_seed(args.seed)
-    paths = _pair_paths(args)
+    paths = resolve_pair(RecipeArguments(target=args.target, draft=args.draft, tokenizer=args.tokenizer))
     tokenizer = load_tokenizer(paths["tokenizer"])
     target, draft = load_model(paths["target"]), load_model(paths["draft"])
     rows = load_corpus("train")[: args.examples]
