@@ -18,6 +18,7 @@ install: $(STAMP)
 
 lint: install
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 
 test: install lint
 	$(PY) -m pytest -q --timeout=900

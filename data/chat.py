@@ -22,7 +22,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from draftsmith.launch.errors import DataError
+from draftsmith.common.errors import DataError
 
 IGNORE_INDEX = -100
 # A byte-pair merge across the generation-prompt / answer boundary re-tokenizes at most the last pre-token

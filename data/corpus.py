@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from draftsmith.launch.errors import DataError
+from draftsmith.common.errors import DataError
 
 SPLITS = ("train", "heldout")
 HELDOUT_PER_MILLE = 20  # ~2% of the examples are held out

@@ -7,7 +7,7 @@ Rows that cannot be used (missing field, empty text, wrong type, unknown role, n
 JSON, a conversation the chat template rejects, nothing to learn within ``max_length``) are skipped and
 counted in the :class:`LoadReport`, which names the first offending line (1-based line for JSON lines,
 1-based record index for a JSON list or parquet). More than ``max_bad_fraction`` of them stops the load
-with a :class:`~draftsmith.launch.errors.DataError` saying where and how to fix it.
+with a :class:`~draftsmith.common.errors.DataError` saying where and how to fix it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import datasets
 from tqdm.auto import tqdm
 
+from draftsmith.common.errors import ConfigError, DataError
 from draftsmith.data.chat import (
     FORMATS,
     IGNORE_INDEX,
@@ -36,7 +37,6 @@ from draftsmith.data.chat import (
     normalize_example,
     truncate,
 )
-from draftsmith.launch.errors import ConfigError, DataError
 
 EXTENSIONS = (".json", ".jsonl", ".parquet")
 COLUMNS = ("input_ids", "labels", "attention_mask")

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import json
 import math
 import os
-import platform
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -37,7 +35,8 @@ import torch.nn.functional as F
 import transformers
 from tqdm.auto import tqdm
 
-from draftsmith.launch.errors import ConfigError, DraftsmithError
+from draftsmith.common.errors import ConfigError, DraftsmithError
+from draftsmith.common.io import atomic_write_text, environment, sha256_file
 
 MANIFEST_FORMAT = "draftsmith-zoo/1"
 MODEL_ROLES = ("target", "draft")
@@ -174,24 +173,10 @@ def zoo_dir(size: str = "tiny", home: str | os.PathLike | None = None) -> Path:
 # ----------------------------------------------------------------------------------------------- small helpers
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def atomic_torch_save(obj: object, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     torch.save(obj, tmp)
     os.replace(tmp, path)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def default_threads(device: str) -> int:
@@ -450,15 +435,7 @@ def _stage_done(out: Path, stage: str) -> dict | None:
 def _environment(device: str) -> dict:
     import tokenizers
 
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "tokenizers": tokenizers.__version__,
-        "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
-        "device": device,
-        "threads": torch.get_num_threads(),
-    }
+    return environment(tokenizers=tokenizers.__version__, device=device, threads=torch.get_num_threads())
 
 
 def _build_tokenizer(out: Path, spec: ZooSpec, train: list[dict]) -> dict:
@@ -600,7 +577,7 @@ def build_zoo(
                 atomic_write_text(build / f"{role}.json", json.dumps(record, indent=1))
             records[role] = record
 
-        from draftsmith.launch import __version__
+        from draftsmith.common import __version__
 
         manifest = {
             "format": MANIFEST_FORMAT,

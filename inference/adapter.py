@@ -24,13 +24,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from draftsmith.common.errors import UnsupportedModelError
 from draftsmith.inference.kv_cache import KVCache
 
 LLAMA_LIKE = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "gemma", "phi3", "olmo", "olmo2")
-
-
-class UnsupportedModelError(ValueError):
-    """The model's layout is not one the adapter knows."""
 
 
 @dataclass

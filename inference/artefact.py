@@ -15,93 +15,18 @@ refuses a mismatch unless the caller allows it explicitly.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
-import os
-import platform
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from draftsmith.launch.errors import ArtefactError
+from draftsmith.common.errors import ArtefactError
+from draftsmith.common.io import atomic_write_text, environment, sha256_file
+from draftsmith.common.models import target_identity
 
 FORMAT = "draftsmith-artefact/1"
 MANIFEST = "manifest.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-# config keys that do not change what the model computes
-_VOLATILE_CONFIG_KEYS = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures",
-                         "_attn_implementation", "_attn_implementation_autoset", "use_cache"}
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def sha256_json(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def config_sha256(config) -> str:
-    """Hash of a model config's computation-relevant fields."""
-    d = {k: v for k, v in config.to_dict().items() if k not in _VOLATILE_CONFIG_KEYS}
-    return sha256_json(d)
-
-
-def tokenizer_sha256(tokenizer) -> str:
-    vocab = sorted(tokenizer.get_vocab().items())
-    special = sorted((k, str(v)) for k, v in tokenizer.special_tokens_map.items())
-    template = getattr(tokenizer, "chat_template", None)
-    return sha256_json({"vocab": vocab, "special": special, "chat_template": template})
-
-
-def lm_head_rows(model) -> int:
-    """Rows of the LM head: the logits' vocabulary (the full shape even when ZeRO-3 has partitioned the weight,
-    whose local shape is then empty)."""
-    weight = model.get_output_embeddings().weight
-    return int(weight.ds_shape[0]) if hasattr(weight, "ds_shape") else int(weight.shape[0])
-
-
-def target_identity(model, tokenizer, name_or_path: str | None = None) -> dict:
-    return {
-        "name_or_path": str(name_or_path or getattr(model.config, "_name_or_path", "") or ""),
-        "config_sha256": config_sha256(model.config),
-        "tokenizer_sha256": tokenizer_sha256(tokenizer) if tokenizer is not None else None,
-        "vocab_size": lm_head_rows(model),
-    }
-
-
-def environment() -> dict:
-    import torch
-    import transformers
-
-    from draftsmith.launch import __version__
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "draftsmith": __version__,
-        "machine": f"{platform.machine()} {platform.system()} {os.cpu_count()} cpu"
-        + (f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""),
-    }
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_manifest(
@@ -113,7 +38,7 @@ def write_manifest(
     metrics: dict | None = None,
 ) -> dict:
     """Hash every safetensors file under ``out_dir`` and write ``manifest.json`` atomically."""
-    from draftsmith.launch import __version__
+    from draftsmith.common import __version__
 
     out_dir = Path(out_dir)
     refuse_pickles(out_dir)

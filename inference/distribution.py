@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from draftsmith.common.errors import ConfigError
 from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.generate import GenerationConfig, Verifier, generate
 from draftsmith.inference.sampling import SamplingParams, process_logits
-from draftsmith.launch.errors import ConfigError
 
 ENDED = -1  # category of a position after the answer ended (EOS)
 TEST_NAME = (

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from draftsmith.launch.errors import ConfigError
+import torch
+
+from draftsmith.common.errors import ConfigError
 
 # Draft confidence below which a draft model stops drafting (its proposers' ``confidence_threshold``):
 # what `draftsmith eval` and loaded artefacts use unless told otherwise, transformers' default
@@ -19,13 +21,22 @@ from draftsmith.launch.errors import ConfigError
 DEFAULT_CONFIDENCE_THRESHOLD = 0.4
 
 
-def expected_tau(alpha: float, k: int) -> float:
-    """E[tokens per target forward] for draft length ``k`` and acceptance rate ``alpha``."""
-    if k <= 0:
-        return 1.0
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+def expected_tau(alpha: float | torch.Tensor, k: int) -> float | torch.Tensor:
+    """Expected tokens committed per target forward with ``k`` drafted tokens and acceptance ``alpha``.
+
+    ``tau = (1 - alpha**(k + 1)) / (1 - alpha)`` (Leviathan et al. 2023, eq. 1), bonus token included;
+    its limit at ``alpha = 1`` is ``k + 1``; ``k = 0`` (no drafting) gives 1. Written as the geometric
+    sum ``sum_{i=0..k} alpha**i``, which is exact at and near ``alpha = 1``.
+    """
+    if k < 0:
+        raise ValueError(f"draft length k must be >= 0, got {k}")
+    if isinstance(alpha, torch.Tensor):
+        powers = alpha.unsqueeze(-1) ** torch.arange(k + 1, dtype=alpha.dtype, device=alpha.device)
+        return powers.sum(-1)
+    alpha = float(alpha)
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"acceptance rate alpha must lie in [0, 1], got {alpha}")
+    return float(sum(alpha**i for i in range(k + 1)))
 
 
 def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:

@@ -34,13 +34,13 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.common.errors import ConfigError
 from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.draft_length import expected_tau
 from draftsmith.inference.generate import GenerationConfig, GenerationResult, generate
 from draftsmith.inference.proposers.base import Proposer
 from draftsmith.inference.questions import Question
 from draftsmith.inference.sampling import SamplingParams
-from draftsmith.launch.errors import ConfigError
 
 ProposerFactory = Callable[[], "Proposer | None"]
 HF_PROMPT_LOOKUP_TOKENS = 10
@@ -569,8 +569,8 @@ def build_report(
     compare_hf: bool,
     extra: dict | None,
 ) -> dict:
+    from draftsmith.common import __version__
     from draftsmith.inference.artefact import environment
-    from draftsmith.launch import __version__
 
     greedy = sampling.greedy
     lossless = bool(getattr(proposer, "lossless", True)) if proposer is not None else True

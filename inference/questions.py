@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.launch.errors import DataError
+from draftsmith.common.errors import DataError
 
 DEV_QUESTIONS = "dev_questions.jsonl"
 DEFAULT_CATEGORY = "general"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.launch.errors import ConfigError
+from draftsmith.common.errors import ConfigError
 
 
 @dataclass(frozen=True)

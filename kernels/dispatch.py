@@ -60,7 +60,7 @@ def fused_linear_divergence(
 ) -> torch.Tensor:  # scalar float32
     """Distillation loss of ``softmax(h @ W.T + b)`` against the frozen teacher, chunked over tokens.
 
-    ``kind`` is one of ``draftsmith.trainers.losses.DIVERGENCES`` (``forward_kl``, ``reverse_kl``,
+    ``kind`` is one of ``draftsmith.kernels.divergences.DIVERGENCES`` (``forward_kl``, ``reverse_kl``,
     ``jsd`` with ``beta``, ``tvd``). Pass the teacher as ``teacher_logits`` or as ``teacher_hidden`` +
     ``teacher_weight`` (+ ``teacher_bias``). ``backend``: ``"auto"`` (Triton on CUDA, the reference
     elsewhere), ``"reference"`` or ``"triton"``. Equals :func:`naive_linear_divergence` in value and

@@ -11,11 +11,11 @@ over the tokens in chunks of ``C`` rows and, for each chunk, computes the studen
 the gradients are kept from the forward and scaled by the incoming gradient in the backward.
 
 The per-chunk math is pluggable (``rows_fn``): :func:`reference_divergence_rows` differentiates the
-pure functions of :mod:`draftsmith.trainers.losses` with autograd (so the reference *is* the loss
+pure functions of :mod:`draftsmith.kernels.divergences` with autograd (so the reference *is* the loss
 definition); :mod:`draftsmith.kernels.triton_divergence` computes the same rows with a Triton kernel.
 :func:`naive_linear_divergence` is the unfused baseline both are tested against.
 
-Divergence definitions, conventions and equations: :mod:`draftsmith.trainers.losses`
+Divergence definitions, conventions and equations: :mod:`draftsmith.kernels.divergences`
 (DistillSpec, Zhou et al. 2023; GKD, Agarwal et al. 2024). The teacher is frozen: no gradient flows to
 the teacher's logits, hidden states or LM head.
 """
@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from draftsmith.trainers.losses import check_divergence_args, divergence, divergence_per_token
+from draftsmith.kernels.divergences import check_divergence_args, divergence, divergence_per_token
 
 # rows_fn(student_logits [C, V] (h.dtype, owned by the driver: may be overwritten), teacher_logits [C, V],
 #         kind, beta, temperature, grad_scale, need_grad) -> (per-row divergence [C] float32,
@@ -271,7 +271,7 @@ def naive_linear_divergence(
     mask: torch.Tensor | None = None,
     reduction: str = "mean",
 ) -> torch.Tensor:  # scalar float32
-    """The unfused baseline: full ``[N, V]`` logits of both models, then :func:`~draftsmith.trainers.losses.divergence`."""
+    """The unfused baseline: full ``[N, V]`` logits of both models, then :func:`~draftsmith.kernels.divergences.divergence`."""
     check_divergence_args(kind, beta, temperature)
     hidden, teacher_logits, teacher_hidden, mask = _flatten_inputs(hidden, teacher_logits, teacher_hidden, mask)
     _check_inputs(hidden, weight, bias, teacher_logits, teacher_hidden, teacher_weight, teacher_bias, reduction)

@@ -12,7 +12,7 @@ One program per row; the vocabulary is walked in ``BLOCK_V`` blocks, so any ``V`
 
 where ``g_v = dL/dq_v`` is the gradient w.r.t. the student probabilities and
 ``q_v (g_v - c)`` is the softmax Jacobian applied to it. With teacher ``p`` and student ``q``
-(definitions in :mod:`draftsmith.trainers.losses`):
+(definitions in :mod:`draftsmith.kernels.divergences`):
 
 - forward KL ``sum p log(p/q)``:            ``dL/ds = q - p``
 - reverse KL ``sum q log(q/p)``:            ``g = log(q/p) + 1``       -> ``dL/ds = q (log(q/p) - L)``
@@ -148,7 +148,7 @@ def triton_divergence_rows(
     """Per-row divergence and ``grad_scale * dL/d(student_logits)``; the same contract as
     :func:`draftsmith.kernels.reference.reference_divergence_rows`, but the gradient is written over
     ``student_logits`` (in its dtype) to save a ``[C, V]`` buffer."""
-    if kind == "jsd" and beta in (0.0, 1.0):  # the endpoint convention of draftsmith.trainers.losses
+    if kind == "jsd" and beta in (0.0, 1.0):  # the endpoint convention of draftsmith.kernels.divergences
         kind = "forward_kl" if beta == 0.0 else "reverse_kl"
     rows, vocab = student_logits.shape
     student_logits = student_logits if student_logits.stride(-1) == 1 else student_logits.contiguous()

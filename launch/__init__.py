@@ -1,3 +1,1 @@
-"""The draftsmith command line and launch configs."""
-
-__version__ = "0.1.0"
+"""The draftsmith command line, the recipe runner and the method registry; accelerate and DeepSpeed configs."""

@@ -10,8 +10,8 @@ import argparse
 import importlib
 import sys
 
-from draftsmith.launch import __version__
-from draftsmith.launch.errors import DraftsmithError
+from draftsmith.common import __version__
+from draftsmith.common.errors import DraftsmithError
 
 SUBCOMMANDS = {
     "zoo": "draftsmith.launch.zoo_cli",

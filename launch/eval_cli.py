@@ -17,8 +17,8 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from draftsmith.common.errors import ConfigError, DraftsmithError
 from draftsmith.inference.draft_length import DEFAULT_CONFIDENCE_THRESHOLD
-from draftsmith.launch.errors import ConfigError, DraftsmithError
 
 METHODS = ("ar", "draft", "pld")
 DTYPES = ("float32", "bfloat16", "float16", "auto")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import transformers
 
-from draftsmith.launch.errors import DraftsmithError
+from draftsmith.common.errors import DraftsmithError
 from draftsmith.launch.recipe import (
     RecipeArguments,
     evaluate_draft_artefact,

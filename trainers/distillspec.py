@@ -35,9 +35,10 @@ from typing import Any
 import torch
 import transformers
 
-from draftsmith.inference.artefact import lm_head_rows
-from draftsmith.launch.errors import ConfigError
-from draftsmith.trainers.losses import DIVERGENCES, acceptance_from_tvd, divergence, divergence_per_token, expected_tau
+from draftsmith.common.errors import ConfigError
+from draftsmith.common.models import lm_head_rows
+from draftsmith.inference.draft_length import expected_tau
+from draftsmith.trainers.losses import DIVERGENCES, acceptance_from_tvd, divergence, divergence_per_token
 
 IGNORE_INDEX = -100
 DATA_MODES = ("fixed", "target", "onpolicy", "mixed")

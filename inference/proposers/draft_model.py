@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 import torch
 
+from draftsmith.common.errors import ConfigError, TokenizerMismatchError
+from draftsmith.common.models import tokenizer_sha256
 from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.draft_length import DraftLengthPolicy
 from draftsmith.inference.proposers.base import StepFeedback, common_prefix_length
 from draftsmith.inference.sampling import SamplingParams, process_logits
 from draftsmith.inference.verify import Draft
-from draftsmith.launch.errors import ConfigError, TokenizerMismatchError
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """sha256 of the tokenizer's vocabulary and special tokens: equal fingerprints tokenize alike."""
-    vocab = sorted(tokenizer.get_vocab().items())
-    special = sorted((k, str(v)) for k, v in tokenizer.special_tokens_map.items())
-    blob = json.dumps({"vocab": vocab, "special": special}, ensure_ascii=False).encode()
-    return hashlib.sha256(blob).hexdigest()
 
 
 def check_same_tokenizer(
@@ -35,7 +25,7 @@ def check_same_tokenizer(
             "a draft must use the target's tokenizer (train or pick a draft from the same tokenizer family)"
         )
     if target_tokenizer is not None and draft_tokenizer is not None:
-        if tokenizer_fingerprint(target_tokenizer) != tokenizer_fingerprint(draft_tokenizer):
+        if tokenizer_sha256(target_tokenizer, chat_template=False) != tokenizer_sha256(draft_tokenizer, chat_template=False):
             raise TokenizerMismatchError(
                 f"the draft {draft_name} and the target {target_name} have different tokenizers "
                 "(same size, different tokens): use a draft trained with the target's tokenizer"

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from draftsmith.common.errors import DataError
 from draftsmith.data.chat import (
     EMPTY_TEXT,
     IGNORE_INDEX,
@@ -23,7 +24,6 @@ from draftsmith.data.chat import (
     tokenize_messages,
     tokenize_text,
 )
-from draftsmith.launch.errors import DataError
 
 # ----------------------------------------------------------------------------------------------- normalisation
 

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
+from draftsmith.common.errors import DataError
 from draftsmith.data import corpus
-from draftsmith.launch.errors import DataError
 
 
 @pytest.fixture(scope="module")

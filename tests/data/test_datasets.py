@@ -11,10 +11,10 @@ import pytest
 import torch
 import transformers
 
+from draftsmith.common.errors import ConfigError, DataError
 from draftsmith.data.chat import IGNORE_INDEX
 from draftsmith.data.datasets import examples_to_dataset, load_chat_dataset, read_rows
 from draftsmith.data.tiny_models import random_model
-from draftsmith.launch.errors import ConfigError, DataError
 
 ALPACA = [
     {"instruction": "Add the numbers", "input": "2 and 3", "output": "The sum is 5."},

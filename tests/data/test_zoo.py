@@ -12,10 +12,10 @@ import pytest
 import torch
 import transformers
 
+from draftsmith.common.errors import ConfigError
 from draftsmith.data import zoo
 from draftsmith.data.corpus import corpus_sha256
 from draftsmith.launch import zoo_cli
-from draftsmith.launch.errors import ConfigError
 
 
 def reduced_spec(seed: int = 0) -> zoo.ZooSpec:

@@ -3,11 +3,11 @@ import json
 import pytest
 import torch
 
+from draftsmith.common.errors import ArtefactError
 from draftsmith.data.tiny_models import random_model
 from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.artefact import FORMAT, load_artefact, read_manifest, target_identity, write_manifest
 from draftsmith.inference.generate import GenerationConfig, generate
-from draftsmith.launch.errors import ArtefactError
 
 
 def _export(tmp_path, target, draft):

@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 
+from draftsmith.common.errors import ConfigError
 from draftsmith.data.tiny_models import random_model
 from draftsmith.inference.distribution import (
     check_distribution,
@@ -22,7 +23,6 @@ from draftsmith.inference.proposers.draft_model import DraftModelProposer
 from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer
 from draftsmith.inference.sampling import SamplingParams, sample
 from draftsmith.inference.verify import Verdict, verify_accept_all
-from draftsmith.launch.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPTS = [[1, 5, 9, 3], [1, 20, 7, 7, 11]]

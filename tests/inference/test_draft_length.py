@@ -1,7 +1,7 @@
 import pytest
 
+from draftsmith.common.errors import ConfigError
 from draftsmith.inference.draft_length import DraftLengthPolicy, best_draft_length, expected_speedup, expected_tau
-from draftsmith.launch.errors import ConfigError
 
 
 def test_expected_tau_limits():

@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from draftsmith.common.errors import ConfigError
 from draftsmith.data.tiny_models import random_model
 from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.draft_length import DEFAULT_CONFIDENCE_THRESHOLD, DraftLengthPolicy, expected_speedup
@@ -22,7 +23,6 @@ from draftsmith.inference.proposers.draft_model import DraftModelProposer
 from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer
 from draftsmith.inference.questions import Question, read_questions
 from draftsmith.inference.sampling import SamplingParams
-from draftsmith.launch.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
+from draftsmith.common.errors import DataError
 from draftsmith.inference.questions import Question, default_questions_path, read_questions
-from draftsmith.launch.errors import DataError
 
 ROWS = [
     {"question_id": 81, "category": "writing", "turns": ["Write a haiku.", "Now make it rhyme."]},

@@ -123,7 +123,7 @@ def test_residual():
 
 
 def test_sampling_params_validation():
-    from draftsmith.launch.errors import ConfigError
+    from draftsmith.common.errors import ConfigError
 
     for bad in (dict(temperature=-1), dict(top_p=0.0), dict(top_k=-2)):
         with pytest.raises(ConfigError):

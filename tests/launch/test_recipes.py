@@ -16,8 +16,8 @@ import pytest
 import transformers
 import yaml
 
+from draftsmith.common.errors import ConfigError
 from draftsmith.inference.artefact import load_artefact, sha256_file
-from draftsmith.launch.errors import ConfigError
 from draftsmith.launch.recipe import (
     RecipeArguments,
     complete_checkpoints,

@@ -10,8 +10,9 @@ import pytest
 import torch
 import transformers
 
+from draftsmith.common.errors import ConfigError
 from draftsmith.data.chat import tokenize_messages
-from draftsmith.launch.errors import ConfigError
+from draftsmith.inference.draft_length import expected_tau
 from draftsmith.trainers.distillspec import (
     DistillSpecConfig,
     DistillSpecTrainer,
@@ -23,7 +24,6 @@ from draftsmith.trainers.distillspec import (
     sequences_from_generations,
     split_prompts,
 )
-from draftsmith.trainers.losses import expected_tau
 
 KINDS = ("forward_kl", "reverse_kl", "jsd", "tvd")
 

@@ -10,12 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from draftsmith.inference.draft_length import expected_tau
 from draftsmith.trainers.losses import (
     DIVERGENCES,
     acceptance_from_tvd,
     divergence,
     divergence_per_token,
-    expected_tau,
 )
 
 KINDS = sorted(DIVERGENCES)

@@ -22,3 +22,7 @@ class ArtefactError(DraftsmithError, ValueError):
 
 class TokenizerMismatchError(DraftsmithError, ValueError):
     """A draft whose tokenizer or vocabulary does not match the target's."""
+
+
+class UnsupportedModelError(DraftsmithError, ValueError):
+    """A model whose layout draftsmith does not know how to run layer by layer."""

@@ -1,0 +1,139 @@
+"""Loading models and tokenizers, and the identity of a model (what an artefact records of its target).
+
+One loader for every command and recipe: local directories or hub ids, one-line errors naming the fix."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from draftsmith.common.errors import DraftsmithError
+from draftsmith.common.io import sha256_json
+
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# config keys that do not change what the model computes
+_VOLATILE_CONFIG_KEYS = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures",
+                         "_attn_implementation", "_attn_implementation_autoset", "use_cache"}
+
+
+def torch_dtype(name: str | Any):
+    """``"float32"`` / ``"bfloat16"`` / ``"float16"`` -> the torch dtype; ``"auto"`` stays ``"auto"``; a torch
+    dtype passes through."""
+    import torch
+
+    if not isinstance(name, str):
+        return name
+    if name == "auto":
+        return "auto"
+    if name not in DTYPES:
+        raise DraftsmithError(f"dtype {name!r} is unknown: choose one of {', '.join(DTYPES)}")
+    return getattr(torch, name)
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' logging at error level and its progress bars off for the block."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def load_model(name_or_path: str | os.PathLike, dtype: Any = "float32", device: str | None = None,
+               what: str = "model", **kwargs):
+    """A causal LM from a Hugging Face directory or hub id (``kwargs`` go to ``from_pretrained``), moved to
+    ``device`` when given. Left in the mode ``from_pretrained`` gives (eval). Errors are one line."""
+    import transformers
+
+    path = Path(name_or_path)
+    if path.exists() and not (path / "config.json").is_file():
+        raise DraftsmithError(f"{what} {path} is not a model directory (no config.json): pass a Hugging Face "
+                              "model directory")
+    try:
+        with quiet_transformers():
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=torch_dtype(dtype),
+                                                                      **kwargs)
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise DraftsmithError(f"cannot load the {what} from {name_or_path}: {_first_line(err)}") from None
+    return model.to(device) if device is not None else model
+
+
+def has_tokenizer(path: str | os.PathLike) -> bool:
+    return any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
+
+
+def tokenizer_dir_for(model_dir: str | os.PathLike) -> Path | None:
+    """The model's own tokenizer directory, else a zoo-style sibling ``tokenizer/`` directory, else None."""
+    model_dir = Path(model_dir)
+    if has_tokenizer(model_dir):
+        return model_dir
+    sibling = model_dir.parent / "tokenizer"
+    return sibling if has_tokenizer(sibling) else None
+
+
+def load_tokenizer(name_or_path: str | os.PathLike, what: str = "tokenizer"):
+    """A tokenizer with a pad token (the EOS token when it has none); one-line errors."""
+    import transformers
+
+    try:
+        with quiet_transformers():
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(name_or_path))
+    except (OSError, ValueError, KeyError) as err:
+        raise DraftsmithError(f"cannot load the {what} from {name_or_path}: {_first_line(err)} "
+                              "(pass --tokenizer DIR)") from None
+    if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+# ------------------------------------------------------------------------------------------------- identity
+
+
+def config_sha256(config) -> str:
+    """Hash of a model config's computation-relevant fields."""
+    return sha256_json({k: v for k, v in config.to_dict().items() if k not in _VOLATILE_CONFIG_KEYS})
+
+
+def tokenizer_sha256(tokenizer, chat_template: bool = True) -> str:
+    """Hash of a tokenizer's vocabulary and special tokens (and chat template): equal hashes tokenize alike.
+    ``chat_template=False`` compares tokenization only (a draft and its target may format chats differently)."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    special = sorted((k, str(v)) for k, v in tokenizer.special_tokens_map.items())
+    blob = {"vocab": vocab, "special": special}
+    if chat_template:
+        blob["chat_template"] = getattr(tokenizer, "chat_template", None)
+    return sha256_json(blob)
+
+
+def lm_head_rows(model) -> int:
+    """Rows of the LM head: the logits' vocabulary (the full shape even when ZeRO-3 has partitioned the weight,
+    whose local shape is then empty)."""
+    weight = model.get_output_embeddings().weight
+    return int(weight.ds_shape[0]) if hasattr(weight, "ds_shape") else int(weight.shape[0])
+
+
+def target_identity(model, tokenizer, name_or_path: str | None = None) -> dict:
+    """What an artefact records of its target: name, config and tokenizer hashes, vocabulary size."""
+    return {
+        "name_or_path": str(name_or_path or getattr(model.config, "_name_or_path", "") or ""),
+        "config_sha256": config_sha256(model.config),
+        "tokenizer_sha256": tokenizer_sha256(tokenizer) if tokenizer is not None else None,
+        "vocab_size": lm_head_rows(model),
+    }
