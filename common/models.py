@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from draftsmith.common.errors import DraftsmithError
+from draftsmith.common.errors import ConfigError, DraftsmithError
 from draftsmith.common.io import sha256_json
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -56,23 +56,62 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def load_model(name_or_path: str | os.PathLike, dtype: Any = "float32", device: str | None = None,
-               what: str = "model", **kwargs):
-    """A causal LM from a Hugging Face directory or hub id (``kwargs`` go to ``from_pretrained``), moved to
-    ``device`` when given. Left in the mode ``from_pretrained`` gives (eval). Errors are one line."""
+QUANTIZATIONS = ("none", "8bit", "4bit")
+
+
+def check_quantization_available(kind: str) -> None:
+    """Raise :class:`ConfigError` unless bitsandbytes ``kind`` quantization can run here."""
+    import torch
+
+    if kind not in QUANTIZATIONS:
+        raise ConfigError(f"quantization {kind!r} is unknown: choose one of {', '.join(QUANTIZATIONS)}")
+    if kind == "none":
+        return
+    if not torch.cuda.is_available():
+        raise ConfigError(f"target_quantization={kind} needs a CUDA GPU (bitsandbytes) and none is visible: "
+                          "use target_quantization=none on this machine")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"target_quantization={kind} needs bitsandbytes: pip install 'draftsmith[quant]', "
+                          "or use target_quantization=none") from None
+
+
+def quantization_kwargs(kind: str) -> dict:
+    """``from_pretrained`` arguments that load a model in bitsandbytes 8-bit or 4-bit NF4 (compute in bf16) on
+    the current CUDA device; ``{}`` for ``none``."""
+    import torch
     import transformers
 
-    path = Path(name_or_path)
-    if path.exists() and not (path / "config.json").is_file():
+    check_quantization_available(kind)
+    if kind == "none":
+        return {}
+    config = transformers.BitsAndBytesConfig(load_in_8bit=kind == "8bit", load_in_4bit=kind == "4bit",
+                                             bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
+    return {"quantization_config": config, "device_map": {"": torch.cuda.current_device()}}
+
+
+def load_model(name_or_path: str | os.PathLike, dtype: Any = "float32", device: str | None = None,
+               what: str = "model", quantization: str = "none", **kwargs):
+    """A causal LM from a Hugging Face directory or hub id (``kwargs`` go to ``from_pretrained``), optionally
+    quantized, moved to ``device`` when given (never a quantized one). Left in the mode ``from_pretrained``
+    gives (eval). Errors are one line."""
+    import transformers
+
+    kwargs.update(quantization_kwargs(quantization))
+
+    path = Path(name_or_path).expanduser()
+    looks_local = path.is_absolute() or str(name_or_path).startswith((".", "~")) or path.exists()
+    if looks_local and not (path / "config.json").is_file():
         raise DraftsmithError(f"{what} {path} is not a model directory (no config.json): pass a Hugging Face "
                               "model directory")
     try:
         with quiet_transformers():
-            model = transformers.AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=torch_dtype(dtype),
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype(dtype),
                                                                       **kwargs)
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         raise DraftsmithError(f"cannot load the {what} from {name_or_path}: {_first_line(err)}") from None
-    return model.to(device) if device is not None else model
+    return model.to(device) if device is not None and quantization == "none" else model
 
 
 def has_tokenizer(path: str | os.PathLike) -> bool:

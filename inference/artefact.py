@@ -2,10 +2,16 @@
 
 Layout::
 
-    <dir>/manifest.json          format, method, versions, target identity, proposer settings,
+    <dir>/manifest.json          format, method, kind, versions, target identity, proposer settings,
                                  sha256 of every weight file, training config and metrics
-    <dir>/draft/                 a plain Hugging Face model directory (draft-model methods)
-    <dir>/*.safetensors          head / prompt weights (head methods)
+    <dir>/draft/                 kind draft_model: a plain Hugging Face model directory
+    <dir>/heads.safetensors      kind heads: head weights (+ heads_config.json)
+    <dir>/adapter/               kind lora_adapter: a peft LoRA adapter of the target
+    <dir>/model/                 kind adapted_target: the full adapted target
+    <dir>/embeddings.safetensors kind embeddings: tuned embeddings only
+    (nothing)                    kind none: decoding settings only, in the manifest
+
+The kinds and which method writes which are in :mod:`draftsmith.common.registry`.
 
 Weights are safetensors only: a directory holding pickle-based weights is refused. Loading checks
 the manifest's target identity (config and tokenizer hashes) against the target in hand and
@@ -16,12 +22,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from collections.abc import Callable
+import os
 from pathlib import Path
-from typing import Any
 
 from draftsmith.common.errors import ArtefactError
-from draftsmith.common.io import atomic_write_text, environment, sha256_file
+from draftsmith.common.io import atomic_write_json, environment, sha256_file
 from draftsmith.common.models import target_identity
 
 FORMAT = "draftsmith-artefact/1"
@@ -36,8 +41,10 @@ def write_manifest(
     proposer: dict,
     training: dict | None = None,
     metrics: dict | None = None,
+    kind: str = "draft_model",
 ) -> dict:
-    """Hash every safetensors file under ``out_dir`` and write ``manifest.json`` atomically."""
+    """Hash every safetensors file under ``out_dir`` and write ``manifest.json`` atomically. Every kind but
+    ``none`` must hold at least one safetensors file."""
     from draftsmith.common import __version__
 
     out_dir = Path(out_dir)
@@ -45,11 +52,12 @@ def write_manifest(
     weights = {
         str(p.relative_to(out_dir)): sha256_file(p) for p in sorted(out_dir.rglob("*.safetensors"))
     }
-    if not weights:
+    if not weights and kind != "none":
         raise ArtefactError(f"{out_dir} holds no .safetensors weights: save the model with safe_serialization")
     manifest = {
         "format": FORMAT,
         "method": method,
+        "kind": kind,
         "draftsmith_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "target": target,
@@ -59,8 +67,67 @@ def write_manifest(
         "metrics": metrics or {},
         "environment": environment(),
     }
-    atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
+    atomic_write_json(out_dir / MANIFEST, manifest)
     return manifest
+
+
+# kind -> the directory (or file) its weights go to, relative to the artefact directory
+WEIGHT_PATHS = {"draft_model": "draft", "adapted_target": "model", "lora_adapter": "adapter",
+                "heads": "heads.safetensors", "embeddings": "embeddings.safetensors", "none": None}
+
+
+def write_weights(staging: Path, kind: str, *, model=None, state_dict: dict | None = None, tokenizer=None,
+                  tensors: dict | None = None, config: dict | None = None) -> list[str]:
+    """Write the weights of an artefact of ``kind`` under ``staging``; returns the top-level names written.
+
+    Model kinds (draft_model, adapted_target, lora_adapter) save ``model`` with ``save_pretrained`` (a peft
+    model saves its adapter), with ``state_dict`` when given (gathered ZeRO-3 weights) and the tokenizer beside
+    it; tensor kinds (heads, embeddings) save ``tensors`` as safetensors and ``config`` as
+    ``<kind>_config.json``."""
+    target = WEIGHT_PATHS.get(kind, ...)
+    if target is ...:
+        raise ArtefactError(f"artefact kind {kind!r} is unknown: choose one of {', '.join(WEIGHT_PATHS)}")
+    if target is None:
+        return []
+    if kind in ("heads", "embeddings"):
+        if not tensors:
+            raise ArtefactError(f"a {kind} artefact needs its tensors: pass tensors={{name: tensor}}")
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(staging / target))
+        names = [target]
+        if config is not None:
+            atomic_write_json(staging / f"{kind}_config.json", config)
+            names.append(f"{kind}_config.json")
+        return names
+    if model is None:
+        raise ArtefactError(f"a {kind} artefact needs its model: pass model=")
+    model.save_pretrained(staging / target, state_dict=state_dict, safe_serialization=True)
+    if tokenizer is not None and kind != "lora_adapter":
+        tokenizer.save_pretrained(staging / target)
+    return [target]
+
+
+def write_artefact(out_dir: str | Path, kind: str, *, method: str, target: dict, proposer: dict,
+                   training: dict | None = None, metrics: dict | None = None, **weights) -> dict:
+    """Write a whole artefact: the weights of ``kind`` (see :func:`write_weights`) beside the final place, swapped
+    in, then the manifest last, so a reader never sees a manifest over half-written weights."""
+    import shutil
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    staging = out / ".staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    names = write_weights(staging, kind, **weights)
+    (out / MANIFEST).unlink(missing_ok=True)  # the old manifest would not match the new weights
+    for name in names:
+        final = out / name
+        if final.is_dir():
+            shutil.rmtree(final)
+        os.replace(staging / name, final)
+    shutil.rmtree(staging, ignore_errors=True)
+    return write_manifest(out, method, target, proposer, training, metrics, kind=kind)
 
 
 def refuse_pickles(directory: Path) -> None:
@@ -119,58 +186,29 @@ def check_target(manifest: dict, model, tokenizer, allow_mismatch: bool = False)
     return problems
 
 
-ProposerLoader = Callable[[Path, dict, Any, dict], Any]
-
-
-def _load_draft_model_proposer(directory: Path, manifest: dict, target_model, options: dict):
-    import transformers
-
-    from draftsmith.inference.draft_length import DEFAULT_CONFIDENCE_THRESHOLD, DraftLengthPolicy
-    from draftsmith.inference.proposers.draft_model import DraftModelProposer, check_same_tokenizer
-
-    sub = directory / manifest["proposer"].get("model_dir", "draft")
-    if not (sub / "config.json").is_file():
-        raise ArtefactError(f"{sub}/config.json is missing: the artefact's draft model directory is incomplete")
-    draft = transformers.AutoModelForCausalLM.from_pretrained(sub, dtype=target_model.dtype, use_safetensors=True)
-    draft = draft.to(target_model.device).eval()
-    check_same_tokenizer(target_model, draft, draft_name=str(sub))
-    prop = manifest["proposer"]
-    policy = DraftLengthPolicy(
-        length=int(options.get("draft_length") or prop.get("draft_length", 4)),
-        mode=options.get("draft_length_mode") or prop.get("draft_length_mode", "fixed"),
-        max_length=max(16, int(options.get("draft_length") or prop.get("draft_length", 4))),
-    )
-    threshold = options.get("confidence_threshold")
-    if threshold is None:
-        threshold = prop.get("confidence_threshold", DEFAULT_CONFIDENCE_THRESHOLD)
-    return DraftModelProposer(draft, policy, confidence_threshold=float(threshold))
-
-
-# method name in the manifest -> loader; later methods (medusa, eagle, layerskip, ...) register here
-PROPOSER_LOADERS: dict[str, ProposerLoader] = {
-    "distillspec": _load_draft_model_proposer,
-    "draft": _load_draft_model_proposer,
-}
-
-
 def load_artefact(
     directory: str | Path,
     target_model,
     target_tokenizer=None,
     allow_target_mismatch: bool = False,
+    draft_model=None,
     **options,
 ):
-    """Read and check an artefact, and build its proposer for ``target_model``.
+    """Read and check an artefact, and build its proposer for ``target_model`` through the method registry
+    (``options``: command-line decoding settings, None = the artefact's own; ``draft_model`` replaces the
+    artefact's draft, e.g. the draft before training).
 
     Returns ``(proposer, manifest)``."""
+    from draftsmith.common.registry import REGISTRY, resolve
+    from draftsmith.inference.methods import ProposerContext
+
     directory = Path(directory)
     manifest = read_manifest(directory)
     check_target(manifest, target_model, target_tokenizer, allow_target_mismatch)
-    loader = PROPOSER_LOADERS.get(manifest["method"])
-    if loader is None:
-        raise ArtefactError(
-            f"artefact method {manifest['method']!r} is not known to this draftsmith "
-            f"({', '.join(sorted(PROPOSER_LOADERS))}): upgrade draftsmith"
-        )
-    return loader(directory, manifest, target_model, options), manifest
-
+    if manifest["method"] not in REGISTRY.names():
+        raise ArtefactError(f"artefact method {manifest['method']!r} is not known to this draftsmith "
+                            f"({', '.join(REGISTRY.names())}): upgrade draftsmith")
+    spec = REGISTRY.get(manifest["method"])
+    ctx = ProposerContext(target_model=target_model, tokenizer=target_tokenizer, artefact_dir=directory,
+                          manifest=manifest, options=options, defaults=spec.eval_defaults, draft_model=draft_model)
+    return resolve(spec.proposer)(ctx), manifest

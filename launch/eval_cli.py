@@ -18,12 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from draftsmith.common.errors import ConfigError, DraftsmithError
-from draftsmith.inference.draft_length import DEFAULT_CONFIDENCE_THRESHOLD
+from draftsmith.common.models import DTYPES, load_model, load_tokenizer, tokenizer_dir_for
+from draftsmith.common.registry import REGISTRY, get_method, resolve
 
-METHODS = ("ar", "draft", "pld")
-DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEFAULT_OUT = "eval/report.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# command-line option -> the proposer setting it overrides (None = not given: the artefact's, else the method's)
+PROPOSER_OPTIONS = {"draft_length": "draft_length", "draft_length_mode": "draft_length_mode",
+                    "draft_confidence": "confidence_threshold", "pld_tokens": "pld_tokens",
+                    "pld_max_ngram": "pld_max_ngram"}
 
 
 def add_parser(sub) -> None:
@@ -37,7 +39,8 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", metavar="PATH", default=None, help="target model directory (default: the built-in zoo's target)")
     g.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer directory (default: the target's, or the zoo's)")
-    g.add_argument("--method", choices=METHODS, default=None, help="decoding method (default: draft)")
+    g.add_argument("--method", choices=REGISTRY.names(eval_method=True), default=None,
+                   help="decoding method (default: draft); trained methods run from their --artefact")
     g.add_argument("--draft", metavar="PATH", default=None, help="draft model directory for --method draft (default: the zoo's draft)")
     g.add_argument("--artefact", metavar="DIR", default=None, help="a draftsmith artefact directory; the method comes from its manifest")
     g.add_argument("--allow-target-mismatch", action="store_true", help="run an artefact on a target it was not trained for")
@@ -61,9 +64,10 @@ def add_parser(sub) -> None:
                    help="fixed, grow/shrink heuristic, or Leviathan's expected-speedup optimum (default fixed)")
     g.add_argument("--draft-confidence", metavar="P", type=float, default=None,
                    help="draft model: stop a draft after a token the draft gives probability < P "
-                        f"(default {DEFAULT_CONFIDENCE_THRESHOLD}, or the artefact's; 0 = always draft --draft-length tokens)")
-    g.add_argument("--pld-tokens", metavar="N", type=int, default=10, help="prompt lookup: tokens copied per step")
-    g.add_argument("--pld-max-ngram", metavar="N", type=int, default=3, help="prompt lookup: longest n-gram matched")
+                        f"(default {get_method('draft').eval_defaults['confidence_threshold']}, or the artefact's; "
+                        "0 = always draft --draft-length tokens)")
+    g.add_argument("--pld-tokens", metavar="N", type=int, default=None, help="prompt lookup: tokens copied per step (default 10)")
+    g.add_argument("--pld-max-ngram", metavar="N", type=int, default=None, help="prompt lookup: longest n-gram matched (default 3)")
     g = p.add_argument_group("output")
     g.add_argument("--compare", choices=["hf"], default=None, help="also run transformers' assisted generation and prompt lookup")
     g.add_argument("--out", metavar="FILE", default=None, help=f"report JSON path; .md and .png files go beside it (default {DEFAULT_OUT})")
@@ -91,73 +95,10 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def resolve_dtype(name: str):
-    import torch
-
-    return "auto" if name == "auto" else getattr(torch, name)
-
-
-def load_model(path: str | Path, what: str, dtype, device: str):
-    """A causal LM from a Hugging Face directory, in eval mode; one-line errors."""
-    import transformers
-
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise DraftsmithError(f"{what} {path} is not a model directory (no config.json): pass a Hugging Face model directory")
-    try:
-        with _quiet():
-            model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except (OSError, ValueError, KeyError, RuntimeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DraftsmithError(f"cannot load the {what} from {path}: {first}") from None
-    return model.to(device).eval()
-
-
-def has_tokenizer(path: Path) -> bool:
-    return any((path / f).is_file() for f in TOKENIZER_FILES)
-
-
-def load_tokenizer(path: str | Path, what: str = "tokenizer"):
-    import transformers
-
-    try:
-        with _quiet():
-            return transformers.AutoTokenizer.from_pretrained(Path(path))
-    except (OSError, ValueError, KeyError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DraftsmithError(f"cannot load the {what} from {path}: {first} (pass --tokenizer DIR)") from None
-
-
-def tokenizer_dir_for(model_dir: Path) -> Path | None:
-    """The model's own tokenizer, else a zoo-style sibling ``tokenizer/`` directory."""
-    if has_tokenizer(model_dir):
-        return model_dir
-    sibling = model_dir.parent / "tokenizer"
-    return sibling if has_tokenizer(sibling) else None
-
-
 def zoo_paths(size: str, home: str | None) -> Path:
-    try:
-        from draftsmith.data.zoo import ensure_zoo
-    except ImportError:
-        raise DraftsmithError("the built-in model zoo is not available in this install: pass --target PATH") from None
+    from draftsmith.trainers.zoo import ensure_zoo
+
     return Path(ensure_zoo(size, home=home))
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 @contextlib.contextmanager
@@ -209,12 +150,10 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def setup(args: argparse.Namespace):
-    """Load target, tokenizer and the method's proposer factory from the arguments."""
+    """Load target and tokenizer, and build the method's proposer factory through the method registry."""
     import torch
 
-    from draftsmith.inference.draft_length import DraftLengthPolicy
-    from draftsmith.inference.proposers.draft_model import DraftModelProposer, check_same_tokenizer
-    from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer
+    from draftsmith.inference.methods import ProposerContext
 
     if args.artefact and args.method:
         raise ConfigError("pass either --artefact (the method comes from its manifest) or --method, not both")
@@ -223,61 +162,57 @@ def setup(args: argparse.Namespace):
     if args.draft_length is not None and args.draft_length < 1:
         raise ConfigError(f"--draft-length must be at least 1, got {args.draft_length}")
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype)
-    method = args.method or ("draft" if not args.artefact else None)
-    zoo = None
-    if args.target is None:
-        zoo = zoo_paths(args.zoo, args.home)
-        target_dir = zoo / "target"
-    else:
-        target_dir = Path(args.target)
-    target = load_model(target_dir, "target", dtype, device)
+    zoo = zoo_paths(args.zoo, args.home) if args.target is None else None
+    target_dir = zoo / "target" if zoo is not None else Path(args.target)
+    target = load_model(target_dir, args.dtype, device, what="target").eval()
     tok_dir = Path(args.tokenizer) if args.tokenizer else tokenizer_dir_for(target_dir)
     if tok_dir is None:
         raise DraftsmithError(f"the target directory {target_dir} holds no tokenizer: pass --tokenizer DIR")
     tokenizer = load_tokenizer(tok_dir)
     info = {"target": str(target_dir), "tokenizer": str(tok_dir), "draft": None, "draft_model": None, "manifest": None}
+    options = {setting: getattr(args, flag) for flag, setting in PROPOSER_OPTIONS.items()}
 
     if args.artefact:
         from draftsmith.inference.artefact import load_artefact
 
-        options = {"draft_length": args.draft_length, "draft_length_mode": args.draft_length_mode,
-                   "confidence_threshold": args.draft_confidence}
-        proposer, manifest = load_artefact(
-            args.artefact, target, tokenizer, allow_target_mismatch=args.allow_target_mismatch,
-            **{k: v for k, v in options.items() if v is not None},
-        )
-        info.update(method=manifest["method"], draft=str(args.artefact), manifest=manifest)
-        if getattr(proposer, "name", "") == "draft" and hasattr(proposer, "adapter"):
-            info["draft_model"] = proposer.adapter.model
-        info["factory"] = lambda: proposer
+        proposer, manifest = load_artefact(args.artefact, target, tokenizer,
+                                           allow_target_mismatch=args.allow_target_mismatch, **options)
+        info.update(method=manifest["method"], draft=str(args.artefact), manifest=manifest,
+                    draft_model=_draft_model_of(proposer), factory=lambda: proposer)
         return target, tokenizer, info
 
-    policy_kwargs = {"length": args.draft_length or 4, "mode": args.draft_length_mode or "fixed"}
-    policy_kwargs["max_length"] = max(16, policy_kwargs["length"])
-    draft_dir = Path(args.draft) if args.draft else None
-    if method == "draft" and draft_dir is None:
-        if zoo is None:
-            raise ConfigError("--method draft needs --draft PATH when --target is given (a draft sharing its tokenizer)")
-        draft_dir = zoo / "draft"
-    draft_model = None
-    if draft_dir is not None and (method == "draft" or args.compare == "hf"):
-        draft_model = load_model(draft_dir, "draft", dtype, device)
-        draft_tok_dir = tokenizer_dir_for(draft_dir)
-        draft_tok = load_tokenizer(draft_tok_dir, "draft tokenizer") if draft_tok_dir is not None else None
-        check_same_tokenizer(target, draft_model, tokenizer, draft_tok, target_name=str(target_dir), draft_name=str(draft_dir))
+    method = args.method or "draft"
+    spec = get_method(method)
+    draft_dir = Path(args.draft) if args.draft else (zoo / "draft" if zoo is not None else None)
+    if "draft" in spec.models and draft_dir is None:
+        raise ConfigError(f"--method {method} needs --draft PATH when --target is given (a draft sharing its tokenizer)")
+    if draft_dir is not None and ("draft" in spec.models or args.compare == "hf"):
+        info["draft_model"] = load_draft(target, tokenizer, draft_dir, args.dtype, device)
         info["draft"] = str(draft_dir)
-        info["draft_model"] = draft_model
-    if method == "draft":
-        threshold = DEFAULT_CONFIDENCE_THRESHOLD if args.draft_confidence is None else args.draft_confidence
-        info["factory"] = lambda: DraftModelProposer(draft_model, DraftLengthPolicy(**policy_kwargs), threshold)
-    elif method == "pld":
-        info["factory"] = lambda: PromptLookupProposer(num_draft_tokens=args.pld_tokens, max_ngram=args.pld_max_ngram)
-    else:
-        info["factory"] = lambda: None
-    info["method"] = method
+    ctx = ProposerContext(target_model=target, tokenizer=tokenizer, options=options, defaults=spec.eval_defaults,
+                          draft_model=info["draft_model"] if "draft" in spec.models else None)
+    build = resolve(spec.proposer)
+    info.update(method=method, factory=lambda: build(ctx))
     torch.manual_seed(args.seed)
     return target, tokenizer, info
+
+
+def load_draft(target, tokenizer, draft_dir: Path, dtype: str, device: str):
+    """The draft model, refused unless it tokenizes like the target."""
+    from draftsmith.inference.proposers.draft_model import check_same_tokenizer
+
+    draft = load_model(draft_dir, dtype, device, what="draft").eval()
+    draft_tok_dir = tokenizer_dir_for(draft_dir)
+    draft_tok = load_tokenizer(draft_tok_dir, "draft tokenizer") if draft_tok_dir is not None else None
+    check_same_tokenizer(target, draft, tokenizer, draft_tok, target_name=str(target.config._name_or_path),
+                         draft_name=str(draft_dir))
+    return draft
+
+
+def _draft_model_of(proposer):
+    """The separate draft model a proposer runs, if any (for transformers' assisted generation)."""
+    adapter = getattr(proposer, "adapter", None)
+    return adapter.model if getattr(proposer, "name", "") == "draft" and adapter is not None else None
 
 
 # ---------------------------------------------------------------------------------------------- run
@@ -334,9 +269,9 @@ def run_eval(args, target, tokenizer, info, questions, sampling) -> int:
 def run_distribution_check(args, target, tokenizer, info, questions, sampling) -> int:
     import json
 
-    from draftsmith.inference.artefact import atomic_write_text
+    from draftsmith.common.io import atomic_write_text
     from draftsmith.inference.distribution import check_distribution
-    from draftsmith.inference.evaluator import chat_prompt_ids
+    from draftsmith.inference.runs import chat_prompt_ids
     from draftsmith.inference.sampling import SamplingParams
 
     notes = []

@@ -7,12 +7,12 @@ acceptance rate of speculative sampling (Sec. 3) — on data that may be generat
 Algorithm 1) or a mixture::
 
     config = DistillSpecConfig(divergence="tvd", data_mode="mixed", lmbda=0.5)
-    trainer = DistillSpecTrainer(model=draft, teacher_model=target, distill_config=config, args=training_args,
+    trainer = DistillSpecTrainer(model=draft, teacher_model=target, method_config=config, args=training_args,
                                  train_dataset=train, eval_dataset=heldout, processing_class=tokenizer)
     trainer.train()
 
-The loss (DistillSpec eq. 2 / GKD eq. 2) is the mean over every response position ``t`` (a token whose label
-is not -100) of ``D(p(. | y_<t), q(. | y_<t))``: logits at position ``t - 1`` are compared, so the alignment
+The loss (DistillSpec eq. 2 / GKD eq. 2) is the mean, over every response position ``t`` (a token whose label
+is not -100) of the optimizer step's whole accumulation window and every process (:mod:`draftsmith.trainers.base`), of ``D(p(. | y_<t), q(. | y_<t))``: logits at position ``t - 1`` are compared, so the alignment
 is the usual next-token shift. The teacher is frozen, in eval mode and run without gradients.
 
 At each evaluation the trainer also measures, on the held-out set, the mean TVD between the two next-token
@@ -24,27 +24,24 @@ rate of greedy verification) and its predicted tau; all are logged beside ``eval
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import random
-from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-import transformers
 
-from draftsmith.common.errors import ConfigError
-from draftsmith.common.models import lm_head_rows
-from draftsmith.inference.draft_length import expected_tau
-from draftsmith.trainers.losses import DIVERGENCES, acceptance_from_tvd, divergence, divergence_per_token
+from draftsmith.common.errors import ConfigError, TokenizerMismatchError
+from draftsmith.common.models import QUANTIZATIONS, check_quantization_available, lm_head_rows
+from draftsmith.data.collate import response_mask
+from draftsmith.data.generation import sample_completions, sequences_from_generations, split_prompts
+from draftsmith.trainers.base import FrozenTargetTrainer, acceptance_metrics
+from draftsmith.trainers.losses import DIVERGENCES, divergence, divergence_per_token
 
-IGNORE_INDEX = -100
 DATA_MODES = ("fixed", "target", "onpolicy", "mixed")
 MIXED_WITH = ("fixed", "target")
 EVAL_RESPONSES = ("dataset", "target")
-QUANTIZATIONS = ("none", "8bit", "4bit")
 KERNEL_BACKENDS = ("auto", "reference", "triton")
 # config attributes that make the logits more than `last hidden state @ LM head.T (+ bias)`
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
@@ -145,194 +142,45 @@ class DistillSpecConfig:
                               f"choose one of {', '.join(QUANTIZATIONS)}")
         if self.target_quantization != "none":
             check_quantization_available(self.target_quantization)
+        if self.kernel_backend == "triton" and self.use_fused_kernel is not False:
+            check_triton_backend()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def proposer_settings(self) -> dict[str, Any]:
+        """The decoding settings the artefact records for its proposer."""
+        return {"draft_length": self.draft_length}
 
-def check_quantization_available(kind: str) -> None:
-    """Raise :class:`ConfigError` unless bitsandbytes ``kind`` quantization can run here."""
-    if not torch.cuda.is_available():
-        raise ConfigError(f"target_quantization={kind} needs a CUDA GPU (bitsandbytes) and none is visible: "
-                          "use target_quantization=none on this machine")
+
+def check_triton_backend() -> None:
+    """Raise :class:`ConfigError` unless the Triton kernel can run here (CUDA, or Triton's CPU interpreter)."""
+    from draftsmith.kernels import resolve_backend
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        import bitsandbytes  # noqa: F401
-    except ImportError:
-        raise ConfigError(f"target_quantization={kind} needs bitsandbytes: pip install 'draftsmith[quant]', "
-                          "or use target_quantization=none") from None
-
-
-def load_target(name_or_path: str, quantization: str = "none", dtype: torch.dtype | str = "auto"):
-    """The frozen target, optionally quantized with bitsandbytes (8bit / 4bit NF4, compute in bf16)."""
-    kwargs: dict[str, Any] = {"dtype": dtype}
-    if quantization != "none":
-        check_quantization_available(quantization)
-        kwargs["quantization_config"] = transformers.BitsAndBytesConfig(
-            load_in_8bit=quantization == "8bit",
-            load_in_4bit=quantization == "4bit",
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_compute_dtype=torch.bfloat16,
-        )
-        kwargs["device_map"] = {"": torch.cuda.current_device()}
-    model = transformers.AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
-    return model.eval().requires_grad_(False)
-
-
-# ------------------------------------------------------------------------------------------------------ batching
-
-
-@dataclass
-class PadCollator:
-    """Right-pads ``input_ids`` (with ``pad_token_id``), ``labels`` (with -100) and ``attention_mask`` (with 0)."""
-
-    pad_token_id: int
-    pad_to_multiple_of: int | None = None
-
-    def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        length = max(len(f["input_ids"]) for f in features)
-        if self.pad_to_multiple_of:
-            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
-        pads = {"input_ids": self.pad_token_id, "labels": IGNORE_INDEX, "attention_mask": 0}
-        defaults = {"input_ids": None, "labels": "input_ids", "attention_mask": "ones"}  # when a row lacks a key
-        out = {}
-        for key, pad in pads.items():
-            rows = []
-            for f in features:
-                if key in f:
-                    row = list(f[key])
-                else:
-                    row = list(f["input_ids"]) if defaults[key] == "input_ids" else [1] * len(f["input_ids"])
-                rows.append(row + [pad] * (length - len(row)))
-            out[key] = torch.tensor(rows, dtype=torch.long)  # [B, T]
-        return out
-
-
-def response_mask(labels: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T-1] bool
-    """Which logits positions are trained: position ``t`` predicts token ``t + 1``, which counts when labelled."""
-    return labels[:, 1:] != IGNORE_INDEX
-
-
-def split_prompts(
-    input_ids: torch.Tensor,  # [B, T]
-    labels: torch.Tensor,  # [B, T]
-    attention_mask: torch.Tensor,  # [B, T]
-    prompt_tokens: int,
-) -> list[list[int]]:
-    """The prompt of every row: the tokens before its first label (a chat row's prompt, generation header
-    included). A row labelled from its first token (plain text) gets its first ``prompt_tokens`` tokens."""
-    prompts = []
-    for ids, lab, att in zip(input_ids.tolist(), labels.tolist(), attention_mask.tolist()):
-        n = sum(att)
-        ids, lab = ids[:n], lab[:n]
-        start = next((i for i, label in enumerate(lab) if label != IGNORE_INDEX), n)
-        if start == 0:
-            start = min(prompt_tokens, n - 1)
-        prompts.append(ids[: max(1, start)])
-    return prompts
-
-
-def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ``input_ids`` and ``attention_mask`` ``[B, P]`` for ``generate``."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        if p:
-            ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
-            mask[i, width - len(p):] = 1
-    return ids.to(device), mask.to(device)
-
-
-def cut_at_eos(tokens: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
-    """``tokens`` up to and including the first end-of-sequence id."""
-    out = []
-    for t in tokens:
-        out.append(int(t))
-        if t in eos_ids:
-            break
-    return out
-
-
-def sequences_from_generations(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[dict]:
-    """Training rows ``prompt + completion`` with labels on the completion tokens only."""
-    rows = []
-    for prompt, completion in zip(prompts, completions):
-        ids = list(prompt) + list(completion)
-        rows.append({"input_ids": ids, "labels": [IGNORE_INDEX] * len(prompt) + list(completion),
-                     "attention_mask": [1] * len(ids)})
-    return rows
-
-
-def sample_completions(
-    model,
-    prompts: Sequence[Sequence[int]],
-    config: DistillSpecConfig,
-    pad_token_id: int,
-    eos_ids: Sequence[int],
-    synced_gpus: bool = False,
-) -> list[list[int]]:
-    """Let ``model`` continue every prompt (``max_new_tokens``, temperature, top-p of ``config``)."""
-    device = next(model.parameters()).device
-    ids, mask = left_pad(prompts, pad_token_id, device)  # [B, P]
-    sample = config.generation_temperature > 0
-    gen = transformers.GenerationConfig(
-        max_new_tokens=config.max_new_tokens,
-        do_sample=sample,
-        temperature=config.generation_temperature if sample else None,
-        top_p=config.generation_top_p if sample else None,
-        top_k=None,
-        pad_token_id=pad_token_id,
-        eos_token_id=list(eos_ids) or None,
-        use_cache=True,
-    )
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen, synced_gpus=synced_gpus)
-    finally:
-        model.train(was_training)
-    new = out[:, ids.shape[1]:].tolist()  # [B, <= max_new_tokens]
-    return [cut_at_eos(row, eos_ids) for row in new]
+        resolve_backend("triton", device)
+    except RuntimeError as err:
+        raise ConfigError(f"kernel_backend=triton: {err}") from None
 
 
 # ------------------------------------------------------------------------------------------------------- trainer
 
 
-class DistillSpecTrainer(transformers.Trainer):
-    """A ``transformers.Trainer`` whose loss is a divergence between the draft (``model``) and a frozen target.
+class DistillSpecTrainer(FrozenTargetTrainer):
+    """Trains the draft (``model``) to match the frozen target's next-token distributions.
 
-    Runs under everything the Trainer runs under (accelerate DDP, FSDP, DeepSpeed ZeRO-2/3): the draft is the
-    trained, wrapped model; the target is kept beside it on the same device, frozen."""
+    Runs under everything the Trainer runs under (accelerate DDP, FSDP, DeepSpeed ZeRO-2/3); placement,
+    gathering, token counting and loss normalisation come from :class:`FrozenTargetTrainer`."""
 
-    def __init__(self, model, teacher_model, distill_config: DistillSpecConfig | None = None, *args, **kwargs):
-        self.distill_config = distill_config or DistillSpecConfig()
-        tokenizer = kwargs.get("processing_class")
-        pad_id = _pad_token_id(tokenizer, model.config)
-        if kwargs.get("data_collator") is None:
-            kwargs["data_collator"] = PadCollator(pad_id)
-        super().__init__(model, *args, **kwargs)
-        self.pad_token_id = pad_id
-        self.eos_token_ids = _eos_token_ids(tokenizer, model.config)
-        # the loss is a per-batch mean: the Trainer divides it by the gradient-accumulation steps
-        self.model_accepts_loss_kwargs = False
-        self.loss_is_scaled_for_ga = False
-        teacher_model = teacher_model.eval().requires_grad_(False)
-        self.teacher_module = teacher_model  # the model itself (attributes, LM head)
-        if self._zero_stage() == 3:  # shard the frozen target too; its engine gathers each layer in forward
-            self.teacher = deepspeed_frozen_engine(teacher_model, self.accelerator.state.deepspeed_plugin.deepspeed_config)
-        else:
-            self.teacher = teacher_model if _is_placed(teacher_model) else teacher_model.to(self.args.device)
-        v_student, v_teacher = lm_head_rows(model), lm_head_rows(teacher_model)
-        if v_student != v_teacher:
-            logger.warning(f"draft vocabulary {v_student} != target vocabulary {v_teacher}: comparing the first "
-                           f"{min(v_student, v_teacher)} entries (a padded embedding matrix, same tokenizer)")
-        self.vocab_size = min(v_student, v_teacher)
+    config_class = DistillSpecConfig
+
+    def __init__(self, model, teacher_model, method_config: DistillSpecConfig | None = None, *args, **kwargs):
+        check_same_vocabulary(model, teacher_model)
+        super().__init__(model, teacher_model, method_config, *args, **kwargs)
+        self.vocab_size = lm_head_rows(teacher_model)
         self.use_fused_kernel = self._resolve_fused_kernel(model, teacher_model)
         self._micro_step = (-1, 0)  # (global step, micro batch within it) for the mixed-mode coin
-        self._tokens_pending = torch.zeros((), dtype=torch.long)
-        self._tokens_total: int | None = None
-        self._eval_sums: torch.Tensor | None = None
 
     def fused_kernel_blocker(self, model, teacher_model) -> str | None:
         """Why the fused kernel cannot compute this loss exactly, or None when it can."""
@@ -348,7 +196,7 @@ class DistillSpecTrainer(transformers.Trainer):
 
     def _resolve_fused_kernel(self, model, teacher_model) -> bool:
         """``use_fused_kernel``: true = required, false = off, unset = on wherever it applies."""
-        requested = self.distill_config.use_fused_kernel
+        requested = self.method_config.use_fused_kernel
         if requested is False:
             return False
         blocker = self.fused_kernel_blocker(model, teacher_model)
@@ -360,67 +208,40 @@ class DistillSpecTrainer(transformers.Trainer):
 
     # ------------------------------------------------------------------------------------------ data modes
 
-    def _zero_stage(self) -> int:
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None) if self.is_deepspeed_enabled else None
-        return int(plugin.zero_stage) if plugin is not None else 0
-
     def batch_source(self) -> str:
         """``fixed``, ``target`` or ``onpolicy`` for the next micro-batch. Mixed mode flips a coin seeded by
         (seed, global step, micro-batch), so every rank agrees and a resumed run makes the same choices."""
-        mode = self.distill_config.data_mode
+        mode = self.method_config.data_mode
         if mode != "mixed":
             return mode
         step, micro = self._micro_step
         micro = micro + 1 if step == self.state.global_step else 0
         self._micro_step = (self.state.global_step, micro)
         coin = random.Random(f"{self.args.seed}-{self.state.global_step}-{micro}").random()
-        return "onpolicy" if coin < self.distill_config.lmbda else self.distill_config.mixed_with
-
-    def _sharded(self) -> bool:
-        """Whether the draft's parameters are sharded across processes (ZeRO-3 or FSDP)."""
-        return self._zero_stage() == 3 or self.is_fsdp_enabled
-
-    @contextlib.contextmanager
-    def _generation_model(self, model) -> Iterator[Any]:
-        """The unwrapped draft, its parameters gathered while it generates (ZeRO-3; FSDP1). FSDP2 gathers layer
-        by layer in every forward, so all ranks generate in lockstep (``synced_gpus``)."""
-        unwrapped = self.accelerator.unwrap_model(model)
-        if self._zero_stage() == 3:
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters(list(unwrapped.parameters())):
-                yield unwrapped
-            return
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        if isinstance(model, FullyShardedDataParallel):
-            with FullyShardedDataParallel.summon_full_params(model, writeback=False, recurse=True):
-                yield unwrapped
-            return
-        yield unwrapped
+        return "onpolicy" if coin < self.method_config.lmbda else self.method_config.mixed_with
 
     def generate_batch(self, model, inputs: dict[str, torch.Tensor], source: str,
                        greedy: bool = False) -> dict[str, torch.Tensor]:
         """Replace the responses of ``inputs`` by ones the draft (``onpolicy``) or the target (``target``) generates
         for the same prompts (greedily if ``greedy``, else with the configured temperature and top-p); labels
         cover the generated tokens."""
-        cfg = dataclasses.replace(self.distill_config, generation_temperature=0.0) if greedy else self.distill_config
+        cfg = dataclasses.replace(self.method_config, generation_temperature=0.0) if greedy else self.method_config
         prompts = split_prompts(inputs["input_ids"], inputs["labels"], inputs["attention_mask"], cfg.prompt_tokens)
+        settings = {"max_new_tokens": cfg.max_new_tokens, "pad_token_id": self.pad_token_id,
+                    "eos_ids": self.eos_token_ids, "temperature": cfg.generation_temperature,
+                    "top_p": cfg.generation_top_p}
         if source == "onpolicy":
-            with self._generation_model(model) as generator:
-                completions = sample_completions(generator, prompts, cfg, self.pad_token_id, self.eos_token_ids,
-                                                 synced_gpus=self._sharded())
+            with self.generation_model(model) as generator:
+                completions = sample_completions(generator, prompts, synced_gpus=self._sharded(), **settings)
         else:
-            completions = sample_completions(self.teacher_module, prompts, cfg, self.pad_token_id,
-                                             self.eos_token_ids, synced_gpus=self._zero_stage() == 3)
+            completions = sample_completions(self.teacher_module, prompts, synced_gpus=self._zero_stage() == 3,
+                                             **settings)
         batch = self.data_collator(sequences_from_generations(prompts, completions))
         return {k: v.to(inputs["input_ids"].device) for k, v in batch.items()}
 
-    def training_step(self, model, inputs, num_items_in_batch=None):
+    def prepare_training_batch(self, model, inputs):
         source = self.batch_source()
-        if source != "fixed":
-            inputs = self.generate_batch(model, self._prepare_inputs(inputs), source)
-        return super().training_step(model, inputs, num_items_in_batch)
+        return inputs if source == "fixed" else self.generate_batch(model, inputs, source)
 
     # ------------------------------------------------------------------------------------------------ loss
 
@@ -428,23 +249,25 @@ class DistillSpecTrainer(transformers.Trainer):
         with torch.no_grad():
             return self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
 
-    def distillation_loss(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Mean divergence over response positions (DistillSpec eq. 2 / GKD eq. 2), and the aligned ``[N, V]``
-        logits of both models (None on the fused path, which never builds them)."""
-        cfg = self.distill_config
+    def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Sum of the divergence over response positions (DistillSpec eq. 2 / GKD eq. 2, before the mean the base
+        takes over the accumulation window), and the aligned ``[N, V]`` logits of both models (None on the fused
+        path, which never builds them)."""
+        cfg = self.method_config
         mask = response_mask(inputs["labels"])  # [B, T-1]
         if self.use_fused_kernel:
             return self._fused_loss(model, inputs, mask), {"student": None, "teacher": None}
         teacher = self._teacher_logits(inputs)[:, :-1][mask][:, : self.vocab_size]  # [N, V]
         out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
         student = out.logits[:, :-1][mask][:, : self.vocab_size]  # [N, V]
-        loss = divergence(student, teacher, kind=cfg.divergence, beta=cfg.beta, temperature=cfg.temperature)
+        loss = divergence(student, teacher, kind=cfg.divergence, beta=cfg.beta, temperature=cfg.temperature,
+                          reduction="sum")
         return loss, {"student": student, "teacher": teacher}
 
     def _fused_loss(self, model, inputs: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
-        """The same loss through draftsmith.kernels: both models' last hidden states (the LM heads' inputs) and
+        """The same sum through draftsmith.kernels: both models' last hidden states (the LM heads' inputs) and
         LM heads go in, chunks of ``[C, V]`` logits are the only vocabulary-sized buffers."""
-        cfg, v = self.distill_config, self.vocab_size
+        cfg, v = self.method_config, self.vocab_size
         kwargs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"],
                   "output_hidden_states": True, "logits_to_keep": 1}
         with torch.no_grad():
@@ -457,106 +280,44 @@ class DistillSpecTrainer(transformers.Trainer):
         return fused_linear_divergence(
             hidden, head.weight[:v], bias=_head_bias(head, v), teacher_hidden=t_hidden.to(hidden.dtype),
             teacher_weight=t_head.weight[:v].to(hidden.dtype), teacher_bias=_head_bias(t_head, v, hidden.dtype),
-            kind=cfg.divergence, beta=cfg.beta, temperature=cfg.temperature, mask=mask,
+            kind=cfg.divergence, beta=cfg.beta, temperature=cfg.temperature, mask=mask, reduction="sum",
             chunk_size=cfg.kernel_chunk_size, backend=cfg.kernel_backend,
         )
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        loss, logits = self.distillation_loss(model, inputs)
-        if model.training:
-            self._tokens_pending = self._tokens_pending.to(loss.device) + response_mask(inputs["labels"]).sum()
-        return (loss, logits) if return_outputs else loss
 
     # ---------------------------------------------------------------------------------------------- eval
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Loss on the held-out batch (or on the target's greedy answers to its prompts, ``eval_responses=target``),
-        plus the acceptance statistics accumulated for :meth:`evaluation_loop`."""
+        plus the acceptance sums turned into metrics by :meth:`eval_metrics`."""
         inputs = self._prepare_inputs(inputs)
-        if self.distill_config.eval_responses == "target":
+        if self.method_config.eval_responses == "target":
             inputs = self.generate_batch(model, inputs, "target", greedy=True)
         with torch.no_grad():
             mask = response_mask(inputs["labels"])  # [B, T-1]
             teacher = self._teacher_logits(inputs)[:, :-1][mask][:, : self.vocab_size]  # [N, V]
             student = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
             student = student[:, :-1][mask][:, : self.vocab_size]  # [N, V]
-            cfg = self.distill_config
+            cfg = self.method_config
             loss = divergence(student, teacher, kind=cfg.divergence, beta=cfg.beta, temperature=cfg.temperature)
             tvd = divergence_per_token(student, teacher, "tvd")  # [N], temperature 1: what sampling sees
             agree = (student.argmax(-1) == teacher.argmax(-1)).float()  # [N], greedy acceptance
-            sums = torch.stack([tvd.sum(), agree.sum(), torch.tensor(float(tvd.numel()), device=tvd.device)])
-            self._eval_sums = sums if self._eval_sums is None else self._eval_sums.to(sums.device) + sums
+            self.add_eval_sums(torch.stack([tvd.sum(), agree.sum(), torch.tensor(float(tvd.numel()), device=tvd.device)]))
         return loss.detach(), None, None
 
-    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
-                        metric_key_prefix="eval"):
-        self._eval_sums = None
-        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        sums = self._eval_sums if self._eval_sums is not None else torch.zeros(3, device=self.args.device)
-        sums = self.accelerator.reduce(sums.float().to(self.args.device), reduction="sum")
-        output.metrics.update(acceptance_metrics(sums, self.distill_config.draft_length, metric_key_prefix))
-        self._eval_sums = None
-        return output
+    def eval_metrics(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
+        return acceptance_metrics(sums, self.method_config.draft_length, prefix)
 
-    # ------------------------------------------------------------------------------------------- logging
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if "loss" in logs or "train_loss" in logs:  # training logs run on every rank: safe to reduce
-            if self._tokens_total is None:  # resumed run: continue the count of the checkpoint's log history
-                self._tokens_total = next((int(h["distilled_tokens"]) for h in reversed(self.state.log_history)
-                                           if "distilled_tokens" in h), 0)
-            pending = self._tokens_pending.to(self.args.device)
-            self._tokens_total += int(self.accelerator.reduce(pending, reduction="sum").item())
-            self._tokens_pending = torch.zeros((), dtype=torch.long)
-            logs["distilled_tokens"] = self._tokens_total
-        super().log(logs, start_time)
-
-    @property
-    def distilled_tokens(self) -> int:
-        """Response tokens distilled so far, over every process (as of the last training log)."""
-        return int(self._tokens_total or 0)
+    def manifest_training(self) -> dict[str, Any]:
+        return {"fused_kernel": self.use_fused_kernel}
 
 
-def acceptance_metrics(sums: torch.Tensor, draft_length: int, prefix: str = "eval") -> dict[str, float]:
-    """``[sum TVD, sum greedy agreement, tokens]`` -> mean TVD, estimated acceptance ``1 - TVD``, the tau it
-    predicts for ``draft_length`` (Leviathan et al. 2023, eq. 1) and the same two for greedy verification."""
-    tvd_sum, agree_sum, count = (float(x) for x in sums.tolist())
-    if count == 0:
-        return {}
-    tvd = tvd_sum / count
-    alpha = float(acceptance_from_tvd(tvd))
-    greedy = agree_sum / count
-    return {
-        f"{prefix}_tvd": tvd,
-        f"{prefix}_estimated_acceptance": alpha,
-        f"{prefix}_predicted_tau": float(expected_tau(min(max(alpha, 0.0), 1.0), draft_length)),
-        f"{prefix}_greedy_acceptance": greedy,
-        f"{prefix}_predicted_tau_greedy": float(expected_tau(min(max(greedy, 0.0), 1.0), draft_length)),
-        f"{prefix}_tokens": count,
-    }
-
-
-def deepspeed_frozen_engine(model, train_config: dict):
-    """``model`` under a ZeRO-3 inference engine built from the training config (no optimizer): its parameters
-    are sharded like the draft's and gathered layer by layer in forward (TRL's ``prepare_deepspeed`` recipe)."""
-    import copy
-
-    import deepspeed
-
-    config = copy.deepcopy(train_config)
-    for key in ("optimizer", "scheduler"):
-        config.pop(key, None)
-    zero = config.setdefault("zero_optimization", {})
-    zero.pop("offload_optimizer", None)
-    hidden = getattr(model.config, "hidden_size", None) or getattr(model.config, "n_embd", None)
-    sizes = {"reduce_bucket_size": hidden * hidden, "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
-             "stage3_param_persistence_threshold": 10 * hidden} if hidden else {}
-    for key, value in sizes.items():
-        if zero.get(key) == "auto":
-            zero[key] = value
-    engine, *_ = deepspeed.initialize(model=model, config=config)
-    engine.eval()  # DeepSpeedEngine.eval returns None
-    return engine
+def check_same_vocabulary(draft, target) -> None:
+    """Refuse to distil a draft whose vocabulary differs from the target's (inference refuses to run it)."""
+    v_draft, v_target = lm_head_rows(draft), lm_head_rows(target)
+    if v_draft != v_target:
+        raise TokenizerMismatchError(
+            f"the draft has a vocabulary of {v_draft} tokens but the target has {v_target}: a draft must use the "
+            "target's tokenizer (train or pick a draft from the same tokenizer family)")
 
 
 def logit_transform(config) -> str | None:
@@ -573,27 +334,3 @@ def _head_bias(head, vocab: int, dtype: torch.dtype | None = None) -> torch.Tens
     if bias is None:
         return None
     return bias[:vocab] if dtype is None else bias[:vocab].to(dtype)
-
-
-def _is_placed(model) -> bool:
-    """True when the model was loaded onto devices already (device_map / bitsandbytes) and must not be moved."""
-    return bool(getattr(model, "hf_device_map", None)) or getattr(model, "is_quantized", False)
-
-
-def _pad_token_id(tokenizer, config) -> int:
-    for value in (getattr(tokenizer, "pad_token_id", None), getattr(config, "pad_token_id", None),
-                  getattr(tokenizer, "eos_token_id", None), getattr(config, "eos_token_id", None)):
-        if isinstance(value, (list, tuple)):
-            value = value[0] if value else None
-        if value is not None:
-            return int(value)
-    return 0
-
-
-def _eos_token_ids(tokenizer, config) -> list[int]:
-    ids: list[int] = []
-    for value in (getattr(tokenizer, "eos_token_id", None), getattr(config, "eos_token_id", None)):
-        for v in value if isinstance(value, (list, tuple)) else [value]:
-            if v is not None and int(v) not in ids:
-                ids.append(int(v))
-    return ids

@@ -38,7 +38,7 @@ TRAINERS = ("draftsmith", "draftsmith-fused", "trl-gkd")
 
 def response_tokens(labels) -> int:
     """Tokens a causal LM is trained to predict in a ``[B, T]`` label batch (the trainer's response mask)."""
-    from draftsmith.trainers.distillspec import response_mask
+    from draftsmith.data.collate import response_mask
 
     return int(response_mask(labels).sum())
 
@@ -139,7 +139,7 @@ def build_trainer(kind: str, args: argparse.Namespace, draft, target, tokenizer,
     distill = DistillSpecConfig(divergence="forward_kl", data_mode="fixed", temperature=1.0,
                                 use_fused_kernel=kind == "draftsmith-fused")
     targs = transformers.TrainingArguments(**_common_args(args, out_dir))
-    return DistillSpecTrainer(model=draft, teacher_model=target, distill_config=distill, args=targs,
+    return DistillSpecTrainer(model=draft, teacher_model=target, method_config=distill, args=targs,
                               train_dataset=train, processing_class=tokenizer, data_collator=collator)
 
 
@@ -147,14 +147,18 @@ def worker(args: argparse.Namespace) -> dict:
     import torch
     import transformers
 
+    from draftsmith.common.models import load_model, load_tokenizer
+    from draftsmith.common.registry import get_method
+    from draftsmith.data.collate import PadCollator
     from draftsmith.data.corpus import load_corpus
     from draftsmith.data.datasets import examples_to_dataset
-    from draftsmith.launch.recipe import RecipeArguments, load_model, load_tokenizer, resolve_pair
-    from draftsmith.trainers.distillspec import PadCollator
+    from draftsmith.launch.recipe import resolve_models
+    from draftsmith.launch.recipe_args import RecipeArguments
 
     torch.set_num_threads(args.threads)
     transformers.set_seed(args.seed)
-    paths = resolve_pair(RecipeArguments(target=args.target, draft=args.draft, tokenizer=args.tokenizer))
+    paths = resolve_models(RecipeArguments(target=args.target, draft=args.draft, tokenizer=args.tokenizer),
+                           get_method("distillspec"))
     tokenizer = load_tokenizer(paths["tokenizer"])
     target, draft = load_model(paths["target"]), load_model(paths["draft"])
     rows = load_corpus("train")[: args.examples]

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import transformers
 
-from draftsmith.launch.recipe import RecipeArguments, parse_recipe_args
+from draftsmith.launch.recipe_args import parse_recipe_args
 from draftsmith.trainers.distillspec import DistillSpecConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +22,7 @@ def grid(script_loader):
 def test_every_cell_parses_as_the_recipe_would(grid, divergence, mode, tmp_path):
     overrides = grid.cell_overrides(divergence, mode, steps=300, lmbda=0.5, generation_temperature=0.0)
     recipe, distill, targs = parse_recipe_args(
-        (RecipeArguments, DistillSpecConfig, transformers.TrainingArguments),
+        DistillSpecConfig,
         [f"output_dir={tmp_path}", *overrides], ROOT / "recipes" / "configs" / "distillspec_tiny.yaml",
     )
     assert (distill.divergence, distill.data_mode, distill.lmbda) == (divergence, mode, 0.5)

@@ -71,7 +71,7 @@ def test_parser_refuses_half_a_pair_and_no_timed_steps(bench):
 @pytest.mark.parametrize("kind", ["draftsmith", "trl-gkd"])
 def test_both_trainers_get_the_same_settings_and_the_same_loss(bench, kind, tmp_path):
     """Same TrainingArguments core; and on one batch the same forward-KL value (GKD's beta=0 JSD)."""
-    from draftsmith.trainers.distillspec import PadCollator
+    from draftsmith.data.collate import PadCollator
 
     args = bench.parse_args(["--steps", "4", "--warmup", "1", "--batch-size", "2"])
     tok = char_tokenizer()

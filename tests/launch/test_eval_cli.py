@@ -72,7 +72,8 @@ def test_sampling_run(tiny_pair, qfile, tmp_path):
 
 
 def test_artefact_method_comes_from_the_manifest(tiny_pair, qfile, tmp_path):
-    from draftsmith.inference.artefact import target_identity, write_manifest
+    from draftsmith.common.models import target_identity
+    from draftsmith.inference.artefact import write_manifest
 
     art = tmp_path / "artefact"
     shutil.copytree(tiny_pair["draft"], art / "draft")

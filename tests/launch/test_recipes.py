@@ -17,20 +17,16 @@ import transformers
 import yaml
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.inference.artefact import load_artefact, sha256_file
-from draftsmith.launch.recipe import (
-    RecipeArguments,
-    complete_checkpoints,
-    parse_recipe_args,
-    resolve_resume,
-)
+from draftsmith.common.io import sha256_file
+from draftsmith.inference.artefact import load_artefact
+from draftsmith.launch.recipe import complete_checkpoints, resolve_resume
+from draftsmith.launch.recipe_args import RecipeArguments, parse_recipe_args
 from draftsmith.trainers.distillspec import DistillSpecConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "distillspec.py"
 TEST_CONFIG = ROOT / "recipes" / "configs" / "distillspec_test.yaml"
 BIN = Path(sys.executable).parent
-TYPES = (RecipeArguments, DistillSpecConfig, transformers.TrainingArguments)
 
 
 def pair_args(pair: dict, out: Path) -> list[str]:
@@ -77,7 +73,7 @@ def test_yaml_then_flags_then_key_value(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"divergence": "jsd", "beta": 0.2, "max_steps": 7, "learning_rate": "1e-4",
                                    "output_dir": str(tmp_path / "o"), "max_length": 64, "report_to": "none"}))
-    recipe, distill, targs = parse_recipe_args(TYPES, ["--config", str(cfg), "--max_steps", "9", "beta=0.7"])
+    recipe, distill, targs = parse_recipe_args(DistillSpecConfig, ["--config", str(cfg), "--max_steps", "9", "beta=0.7"])
     assert recipe.config == str(cfg) and recipe.max_length == 64
     assert distill.divergence == "jsd" and distill.beta == 0.7  # key=value beats the file
     assert targs.max_steps == 9 and targs.learning_rate == pytest.approx(1e-4)  # YAML's "1e-4" string is converted
@@ -86,7 +82,7 @@ def test_yaml_then_flags_then_key_value(tmp_path):
 def test_default_config_is_used_without_arguments(tmp_path):
     cfg = tmp_path / "d.yaml"
     cfg.write_text("data_mode: onpolicy\nreport_to: none\n")
-    _, distill, _ = parse_recipe_args(TYPES, ["--output_dir", str(tmp_path)], default_config=cfg)
+    _, distill, _ = parse_recipe_args(DistillSpecConfig, ["--output_dir", str(tmp_path)], default_config=cfg)
     assert distill.data_mode == "onpolicy"
 
 
@@ -98,16 +94,16 @@ def test_bad_config_files_name_the_problem(tmp_path, text, match):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(text)
     with pytest.raises(ConfigError, match=match):
-        parse_recipe_args(TYPES, ["--config", str(cfg), "--output_dir", str(tmp_path)])
+        parse_recipe_args(DistillSpecConfig, ["--config", str(cfg), "--output_dir", str(tmp_path)])
     with pytest.raises(ConfigError, match="does not exist"):
-        parse_recipe_args(TYPES, ["--config", str(tmp_path / "missing.yaml")])
+        parse_recipe_args(DistillSpecConfig, ["--config", str(tmp_path / "missing.yaml")])
     with pytest.raises(ConfigError, match=r"unknown argument\(s\).*--max_stepz"):
-        parse_recipe_args(TYPES, ["--output_dir", str(tmp_path), "--max_stepz", "3"])
+        parse_recipe_args(DistillSpecConfig, ["--output_dir", str(tmp_path), "--max_stepz", "3"])
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("distillspec*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_distillspec_config_parses(path, tmp_path):
-    recipe, distill, targs = parse_recipe_args(TYPES, ["--config", str(path), "--output_dir", str(tmp_path)])
+    recipe, distill, targs = parse_recipe_args(DistillSpecConfig, ["--config", str(path), "--output_dir", str(tmp_path)])
     assert recipe.config == str(path) and targs.max_steps > 0 and distill.divergence
 
 
@@ -209,4 +205,4 @@ def test_kill_and_resume(tiny_pair, tmp_path):
     # the resumed process itself trained only the remaining steps
     assert done.stdout.count("'loss':") == 40 - killed_at
     manifest = check_artefact(tiny_pair, out, world_size=1, steps=40)
-    assert manifest["training"]["tokens"] == state["log_history"][-1]["distilled_tokens"]
+    assert manifest["training"]["tokens"] == state["log_history"][-1]["trained_tokens"]

@@ -12,18 +12,10 @@ import transformers
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.data.chat import tokenize_messages
+from draftsmith.data.collate import PadCollator, response_mask
+from draftsmith.data.generation import cut_at_eos, split_prompts
 from draftsmith.inference.draft_length import expected_tau
-from draftsmith.trainers.distillspec import (
-    DistillSpecConfig,
-    DistillSpecTrainer,
-    PadCollator,
-    acceptance_metrics,
-    cut_at_eos,
-    left_pad,
-    response_mask,
-    sequences_from_generations,
-    split_prompts,
-)
+from draftsmith.trainers.distillspec import DistillSpecConfig, DistillSpecTrainer
 
 KINDS = ("forward_kl", "reverse_kl", "jsd", "tvd")
 
@@ -42,7 +34,7 @@ def make_trainer(pair, tokenizer, tmp_path, config=None, train_rows=None, eval_r
                     per_device_eval_batch_size=4, max_steps=2, save_strategy="no", disable_tqdm=True, seed=0)
     defaults.update(args)
     return DistillSpecTrainer(
-        model=draft, teacher_model=target, distill_config=config or DistillSpecConfig(),
+        model=draft, teacher_model=target, method_config=config or DistillSpecConfig(),
         args=transformers.TrainingArguments(**defaults),
         train_dataset=datasets.Dataset.from_list(train_rows) if train_rows else None,
         eval_dataset=datasets.Dataset.from_list(eval_rows) if eval_rows else None,
@@ -99,38 +91,12 @@ def test_config_defaults_are_valid_and_serialisable():
 # ------------------------------------------------------------------------------------------------- batching
 
 
-def test_pad_collator_pads_right_with_ignore_labels():
-    batch = PadCollator(pad_token_id=0)([
-        {"input_ids": [5, 6, 7], "labels": [-100, 6, 7], "attention_mask": [1, 1, 1]},
-        {"input_ids": [8], "labels": [8]},
-    ])
-    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
-    assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
-    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
-    assert PadCollator(0, pad_to_multiple_of=4)([{"input_ids": [1, 2, 3, 4, 5]}])["input_ids"].shape == (1, 8)
 
 
-def test_response_mask_is_shifted_by_one():
-    labels = torch.tensor([[-100, -100, 7, 8, -100]])
-    # logits at t predict token t + 1: positions 1 and 2 predict the labelled tokens 2 and 3
-    assert response_mask(labels).tolist() == [[False, True, True, False]]
 
 
-def test_split_prompts_chat_and_text_rows():
-    ids = torch.tensor([[1, 9, 9, 5, 6, 0], [1, 2, 3, 4, 5, 6]])
-    labels = torch.tensor([[-100, -100, -100, 5, 6, -100], [1, 2, 3, 4, 5, 6]])
-    mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
-    assert split_prompts(ids, labels, mask, prompt_tokens=2) == [[1, 9, 9], [1, 2]]
-    assert split_prompts(ids, labels, mask, prompt_tokens=50)[1] == [1, 2, 3, 4, 5]  # keeps >= 1 token to predict
 
 
-def test_generation_helpers():
-    assert cut_at_eos([4, 5, 2, 6, 2], eos_ids=[2]) == [4, 5, 2]
-    assert cut_at_eos([4, 5], eos_ids=[2]) == [4, 5]
-    ids, mask = left_pad([[3, 4, 5], [6]], pad_token_id=0, device=torch.device("cpu"))
-    assert ids.tolist() == [[3, 4, 5], [0, 0, 6]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
-    rows = sequences_from_generations([[1, 2]], [[7, 8, 2]])
-    assert rows == [{"input_ids": [1, 2, 7, 8, 2], "labels": [-100, -100, 7, 8, 2], "attention_mask": [1] * 5}]
 
 
 # ------------------------------------------------------------------------------------------------- the loss
@@ -224,7 +190,7 @@ def test_training_moves_only_the_draft_and_lowers_the_loss(pair, tokenizer, tmp_
     assert not any(p.requires_grad for p in target.parameters()) and not target.training
     assert any(not torch.equal(a, b) for a, b in zip(before_d, draft.parameters()))
     labelled = sum(int((torch.tensor(r["labels"][1:]) != -100).sum()) for r in rows)
-    assert trainer.distilled_tokens == 10 * labelled  # every step sees all 8 rows
+    assert trainer.trained_tokens == 10 * labelled  # every step sees all 8 rows
 
 
 # ------------------------------------------------------------------------------------------------ data modes
@@ -260,7 +226,7 @@ def test_sampled_generations_respect_top_p_one_token(pair, tokenizer, tmp_path):
     trainer = make_trainer(pair, tokenizer, tmp_path, DistillSpecConfig(max_new_tokens=5, generation_top_p=1e-6))
     batch = PadCollator(0)(chat_rows(tokenizer, 2))
     sampled = trainer.generate_batch(draft, batch, "onpolicy")
-    trainer.distill_config.generation_temperature = 0.0
+    trainer.method_config.generation_temperature = 0.0
     greedy = trainer.generate_batch(draft, batch, "onpolicy")
     assert torch.equal(sampled["input_ids"], greedy["input_ids"])
 
@@ -299,21 +265,13 @@ def test_onpolicy_training_runs_and_counts_generated_tokens(pair, tokenizer, tmp
     trainer = make_trainer(pair, tokenizer, tmp_path, cfg, chat_rows(tokenizer, 8), max_steps=2, logging_steps=1)
     trainer.train()
     # labels are exactly the generated tokens: 1..4 per row, 4 rows a step
-    assert 2 * 4 <= trainer.distilled_tokens <= 2 * 4 * 4
-    assert [h["distilled_tokens"] for h in trainer.state.log_history if "loss" in h][-1] == trainer.distilled_tokens
+    assert 2 * 4 <= trainer.trained_tokens <= 2 * 4 * 4
+    assert [h["trained_tokens"] for h in trainer.state.log_history if "loss" in h][-1] == trainer.trained_tokens
 
 
 # ------------------------------------------------------------------------------------------- acceptance metric
 
 
-def test_acceptance_metrics_formula():
-    m = acceptance_metrics(torch.tensor([30.0, 60.0, 100.0]), draft_length=4)
-    assert m["eval_tvd"] == pytest.approx(0.3)
-    assert m["eval_estimated_acceptance"] == pytest.approx(0.7)
-    assert m["eval_predicted_tau"] == pytest.approx(sum(0.7**i for i in range(5)))
-    assert m["eval_greedy_acceptance"] == pytest.approx(0.6)
-    assert m["eval_predicted_tau_greedy"] == pytest.approx(sum(0.6**i for i in range(5)))
-    assert acceptance_metrics(torch.zeros(3), 4) == {}
 
 
 def test_evaluation_logs_acceptance_beside_eval_loss(pair, tokenizer, tmp_path):
@@ -361,7 +319,7 @@ def test_eval_on_target_responses_measures_the_targets_greedy_answers(pair, toke
     generated = trainer.generate_batch(pair[1], PadCollator(0)(rows), "target", greedy=True)
     regenerated = [{k: generated[k][i][: int(generated["attention_mask"][i].sum())].tolist() for k in generated}
                    for i in range(len(rows))]
-    trainer.distill_config = DistillSpecConfig(eval_responses="dataset")
+    trainer.method_config = DistillSpecConfig(eval_responses="dataset")
     reference = trainer.evaluate(eval_dataset=datasets.Dataset.from_list(regenerated))
     for key in ("eval_loss", "eval_tvd", "eval_greedy_acceptance", "eval_tokens"):
         assert on_target[key] == pytest.approx(reference[key], rel=1e-5)

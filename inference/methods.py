@@ -1,0 +1,81 @@
+"""Proposer builders the method registry points at (``draftsmith.common.registry``).
+
+Each builder takes a :class:`ProposerContext` and returns a proposer (None = plain AR). A setting is taken from
+the command line first, then from the artefact's manifest, then from the method's evaluation defaults
+(:meth:`ProposerContext.option`), so an artefact carries its own decoding settings and a user can still
+override them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftsmith.common.errors import ArtefactError, ConfigError
+from draftsmith.common.models import load_model
+
+
+@dataclass
+class ProposerContext:
+    """What a proposer builder may use."""
+
+    target_model: Any
+    tokenizer: Any = None
+    artefact_dir: Path | None = None
+    manifest: dict | None = None  # the artefact's, when there is one
+    options: dict[str, Any] = field(default_factory=dict)  # command-line settings; None = not given
+    defaults: dict[str, Any] = field(default_factory=dict)  # the method's evaluation defaults
+    draft_model: Any = None  # a draft model given by the caller (wins over the artefact's)
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """Command line, else the artefact's proposer settings, else the method's default, else ``default``."""
+        value = self.options.get(name)
+        if value is None and self.manifest is not None:
+            value = self.manifest.get("proposer", {}).get(name)
+        if value is None:
+            value = self.defaults.get(name, default)
+        return value
+
+
+def no_proposer(ctx: ProposerContext) -> None:
+    return None
+
+
+def _artefact_draft(ctx: ProposerContext):
+    """The draft model of a ``draft_model`` artefact, on the target's device and dtype."""
+    sub = ctx.artefact_dir / ctx.manifest["proposer"].get("model_dir", "draft")
+    if not (sub / "config.json").is_file():
+        raise ArtefactError(f"{sub}/config.json is missing: the artefact's draft model directory is incomplete")
+    draft = load_model(sub, ctx.target_model.dtype, ctx.target_model.device, what="artefact's draft",
+                       use_safetensors=True)
+    return draft.eval(), str(sub)
+
+
+def draft_model_proposer(ctx: ProposerContext):
+    """A separate draft model: the caller's, else the artefact's; refused unless it shares the target's
+    vocabulary."""
+    from draftsmith.inference.draft_length import DraftLengthPolicy
+    from draftsmith.inference.proposers.draft_model import DraftModelProposer, check_same_tokenizer
+
+    if ctx.draft_model is not None:
+        draft = ctx.draft_model.to(ctx.target_model.device, ctx.target_model.dtype).eval()
+        name = str(getattr(draft.config, "_name_or_path", "") or "draft")
+    elif ctx.artefact_dir is not None:
+        draft, name = _artefact_draft(ctx)
+    else:
+        raise ConfigError("the draft method needs a draft model: pass --draft PATH (a draft sharing the target's "
+                          "tokenizer)")
+    check_same_tokenizer(ctx.target_model, draft, draft_name=name)
+    length = int(ctx.option("draft_length", 4))
+    if length < 1:
+        raise ConfigError(f"draft length must be at least 1, got {length}")
+    policy = DraftLengthPolicy(length=length, mode=ctx.option("draft_length_mode", "fixed"), max_length=max(16, length))
+    return DraftModelProposer(draft, policy, confidence_threshold=float(ctx.option("confidence_threshold", 0.0)))
+
+
+def prompt_lookup_proposer(ctx: ProposerContext):
+    from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer
+
+    return PromptLookupProposer(num_draft_tokens=int(ctx.option("pld_tokens", 10)),
+                                max_ngram=int(ctx.option("pld_max_ngram", 3)))

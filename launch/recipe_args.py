@@ -1,0 +1,211 @@
+"""Recipe settings: the runner's own arguments, the method's config and ``transformers.TrainingArguments``.
+
+Configuration comes from ``--config FILE.yaml``, then from the command line in ``--key value`` or ``key=value``
+form; the command line wins. The three groups are parsed apart:
+
+- ``RecipeArguments`` and ``TrainingArguments`` share one namespace (their field names never collide);
+- the method's config (``DistillSpecConfig``, ...) has its own. A method field is given flat (``divergence=tvd``)
+  or prefixed (``method.divergence=tvd``); a method field whose name is also a recipe or trainer flag (say a
+  method's own ``learning_rate``) can only be given prefixed, so method fields never shadow trainer flags. In
+  YAML the same holds: flat keys, plus an optional ``method:`` mapping.
+
+Every key must name a field, so a typo is an error, not a silently ignored setting. On a machine without a
+GPU ``use_cpu`` defaults to true.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftsmith.common.errors import ConfigError, DraftsmithError
+
+METHOD_PREFIX = "method."
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class RecipeArguments:
+    """Models, data and the post-training evaluation of a recipe run."""
+
+    config: str | None = field(default=None, metadata=_help("YAML file of settings (flat mapping: field -> value); "
+                                                            "command-line flags override it."))
+    target: str | None = field(default=None, metadata=_help("Target model: a Hugging Face model directory or hub id. "
+                                                            "Default: the built-in zoo's target."))
+    draft: str | None = field(default=None, metadata=_help("Draft model to start from (directory or hub id), for "
+                                                           "methods that train a separate draft. Default: the zoo's "
+                                                           "draft."))
+    tokenizer: str | None = field(default=None, metadata=_help("Tokenizer (default: the target's, or the zoo's)."))
+    zoo_size: str = field(default="tiny", metadata=_help("Built-in zoo used when --target is not given: tiny or small."))
+    dtype: str = field(default="float32", metadata=_help("Weights dtype of both models: float32, bfloat16 or float16."))
+    dataset: str | None = field(default=None, metadata=_help("Training data: a local .json/.jsonl/.parquet file "
+                                                             "(alpaca, sharegpt, messages or text rows). Default: the "
+                                                             "corpus draftsmith ships."))
+    dataset_format: str = field(default="auto", metadata=_help("Row format of --dataset: auto, alpaca, sharegpt, "
+                                                               "messages or text."))
+    max_length: int = field(default=512, metadata=_help("Tokens per training example (longer ones are cut)."))
+    max_bad_fraction: float = field(default=0.05, metadata=_help("Fraction of unusable dataset rows tolerated."))
+    max_train_examples: int | None = field(default=None, metadata=_help("Train on a seeded random subset of this "
+                                                                        "many examples (default: all)."))
+    eval_examples: int = field(default=64, metadata=_help("Held-out examples for the loss / acceptance estimate at "
+                                                          "each evaluation (the corpus' held-out split, or rows "
+                                                          "split off --dataset)."))
+    evaluate: bool = field(default=False, metadata=_help("After training, run the evaluator (greedy, bundled dev "
+                                                         "prompts) on the artefact and print its summary."))
+    eval_baseline: bool = field(default=True, metadata=_help("With --evaluate, also evaluate the method as it was "
+                                                             "before training (where it has a before), for the tau "
+                                                             "ratio."))
+    eval_limit: int | None = field(default=None, metadata=_help("With --evaluate, how many dev questions to use "
+                                                                "(default: all)."))
+    eval_max_new_tokens: int = field(default=128, metadata=_help("With --evaluate, tokens generated per answer."))
+
+    def __post_init__(self) -> None:
+        if self.zoo_size not in ("tiny", "small"):
+            raise ConfigError(f"zoo_size={self.zoo_size!r} is unknown: choose tiny or small")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype={self.dtype!r} is unknown: choose float32, bfloat16 or float16")
+        if self.max_length < 2:
+            raise ConfigError(f"max_length={self.max_length} must be at least 2")
+        if self.eval_examples < 1:
+            raise ConfigError(f"eval_examples={self.eval_examples} must be at least 1")
+        if self.max_train_examples is not None and self.max_train_examples < 1:
+            raise ConfigError(f"max_train_examples={self.max_train_examples} must be at least 1 (or unset)")
+        if self.draft is not None and self.target is None:
+            raise ConfigError("--draft was given without --target: pass the target the draft should be distilled into")
+
+
+def _normalise_overrides(argv: Sequence[str]) -> list[str]:
+    """``key=value`` tokens (not starting with ``-``) become ``--key value``."""
+    out: list[str] = []
+    for token in argv:
+        if not token.startswith("-") and "=" in token and re.match(r"^[A-Za-z_][\w.]*=", token):
+            key, value = token.split("=", 1)
+            out += [f"--{key}", value]
+        else:
+            out.append(token)
+    return out
+
+
+def read_yaml_config(path: str | os.PathLike) -> dict[str, Any]:
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist: pass --config with a YAML file (see recipes/configs/)")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML ({str(err).splitlines()[0]}): fix its syntax") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {path} must be a mapping of field names to values, not {type(values).__name__}")
+    return values
+
+
+def split_argv(argv: Sequence[str], method_fields: set[str], shared: set[str]) -> tuple[list[str], list[str]]:
+    """``(recipe and trainer argv, method argv)``. A flag owns the tokens after it up to the next ``--`` flag;
+    ``--method.KEY`` always goes to the method, ``--KEY`` to the method when KEY is a method field that is not
+    also a recipe or trainer flag."""
+    main: list[str] = []
+    method: list[str] = []
+    target = main
+    for token in argv:
+        if token.startswith("--"):
+            key = token[2:].split("=", 1)[0]
+            if key.startswith(METHOD_PREFIX):
+                target, token = method, "--" + token[2 + len(METHOD_PREFIX):]
+            else:
+                target = method if key in method_fields and key not in shared else main
+        target.append(token)
+    return main, method
+
+
+def split_yaml(values: dict[str, Any], method_fields: set[str], main_fields: set[str],
+               source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(recipe and trainer values, method values)`` of a YAML config (see the module docstring)."""
+    nested = values.pop("method", None) or {}
+    if not isinstance(nested, dict):
+        raise ConfigError(f"{source}: 'method' must be a mapping of the method's settings")
+    main = {k: v for k, v in values.items() if k in main_fields}
+    method = {k: v for k, v in values.items() if k in method_fields and k not in main_fields}
+    unknown = sorted(set(values) - set(main) - set(method)) + sorted(set(nested) - method_fields)
+    if unknown:
+        raise ConfigError(f"{source}: unknown setting(s) {', '.join(unknown)}: check the spelling against `--help`")
+    return main, {**method, **nested}
+
+
+def _parse(parser, argv: list[str], defaults: dict[str, Any]) -> tuple:
+    parser.set_defaults(**defaults)
+    try:
+        return parser.parse_args_into_dataclasses(args=argv)
+    except DraftsmithError:
+        raise
+    except ValueError as err:  # unknown flags, or TrainingArguments' own validation
+        message = str(err).strip().splitlines()[0]
+        if message.startswith("Some specified arguments are not used"):
+            message = f"unknown argument(s) {message.split(':', 1)[1].strip()}: check the spelling against `--help`"
+        raise ConfigError(message) from None
+
+
+def parse_recipe_args(method_config: type | None, argv: Sequence[str] | None = None,
+                      default_config: str | os.PathLike | None = None) -> tuple:
+    """``(RecipeArguments, method config or None, TrainingArguments)`` from ``--config`` YAML (default
+    ``default_config``) and the command line (see the module docstring)."""
+    import transformers
+
+    argv = _normalise_overrides(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=None)
+    known, _ = pre.parse_known_args(argv)
+    config_path = known.config or (str(default_config) if default_config else None)
+    main_parser = transformers.HfArgumentParser([RecipeArguments, transformers.TrainingArguments])
+    main_fields = {a.dest for a in main_parser._actions}
+    method_fields = {f.name for f in dataclasses.fields(method_config)} if method_config else set()
+    if {"-h", "--help"} & set(argv):
+        main_parser.print_help()
+        if method_config:
+            print(f"\n{method_config.__name__} (flat, or prefixed with `{METHOD_PREFIX}`):")
+            transformers.HfArgumentParser([method_config]).print_help()
+        raise SystemExit(0)
+    main_defaults: dict[str, Any] = {}
+    method_defaults: dict[str, Any] = {}
+    if not _has_accelerator():  # no GPU: run on the CPU under every launcher (DeepSpeed's CPU path needs it)
+        main_defaults["use_cpu"] = True
+    if config_path:
+        main_values, method_defaults = split_yaml(read_yaml_config(config_path), method_fields, main_fields,
+                                                  config_path)
+        main_defaults.update(main_values, config=config_path)
+    main_argv, method_argv = split_argv(argv, method_fields, main_fields)
+    recipe, training = _parse(main_parser, main_argv, main_defaults)
+    method = _parse(transformers.HfArgumentParser([method_config]), method_argv, method_defaults)[0] \
+        if method_config else None
+    join_process_group(training)
+    return recipe, method, training
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+
+
+def join_process_group(training_args) -> None:
+    """Set up the process group now, before any model loads: under ZeRO-3 ``from_pretrained`` shards the weights
+    as it loads them and needs the world size. On the CPU the Trainer starts a plain gloo group (DeepSpeed's
+    own setup is skipped for ``use_cpu``), so DeepSpeed's communication layer is pointed at that group."""
+    import torch
+
+    _ = training_args.device
+    if training_args.deepspeed and torch.distributed.is_available() and torch.distributed.is_initialized():
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())

@@ -1,0 +1,231 @@
+"""The trainer every frozen-target method shares (DistillSpec, Medusa-1, EAGLE, BiTA, ...).
+
+:class:`FrozenTargetTrainer` is a ``transformers.Trainer`` that trains one module (a draft model, heads, prompt
+embeddings) beside a frozen target, and does once what each of those methods would otherwise copy:
+
+- the target is frozen, in eval mode, placed on the training device, or sharded under ZeRO-3 in an
+  inference engine that gathers each layer in forward (TRL's ``prepare_deepspeed`` recipe);
+- the trained module is gathered for generation under ZeRO-3 / FSDP (:meth:`generation_model`);
+- a hook turns every micro-batch before it is counted (:meth:`prepare_training_batch`: on-policy or
+  target-generated responses);
+- the loss is normalised by the number of loss tokens of the whole gradient-accumulation window, over every
+  process — not a mean of micro-batch means, which weights a short generated answer like a long one::
+
+      L = (sum over micro-batches m, processes r, loss tokens t of l_t) / N_window
+
+  (the correction transformers applies to its own causal-LM loss since 4.46); subclasses return the *sum* of
+  their per-token losses from :meth:`loss_sum`;
+- loss tokens are counted and logged (``trained_tokens``), resumed runs continue the count;
+- evaluation accumulates sums (e.g. TVD and greedy agreement) that :meth:`eval_metrics` turns into metrics,
+  reduced over processes (see :func:`acceptance_metrics`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import transformers
+
+from draftsmith.data.collate import PadCollator, response_mask
+from draftsmith.data.generation import eos_token_ids, pad_token_id
+from draftsmith.inference.draft_length import expected_tau
+from draftsmith.trainers.losses import acceptance_from_tvd
+
+TOKENS_LOG_KEY = "trained_tokens"
+
+
+class FrozenTargetTrainer(transformers.Trainer):
+    """Trains ``model`` against the frozen ``teacher_model`` (the target); see the module docstring.
+
+    Subclasses set ``config_class`` and implement :meth:`loss_sum`; they may override
+    :meth:`prepare_training_batch`, :meth:`count_loss_tokens` and :meth:`eval_metrics`."""
+
+    config_class: type | None = None
+
+    def __init__(self, model, teacher_model, method_config=None, *args, **kwargs):
+        if method_config is None:
+            method_config = self.config_class() if self.config_class is not None else None
+        self.method_config = method_config
+        tokenizer = kwargs.get("processing_class")
+        pad_id = pad_token_id(tokenizer, teacher_model.config)
+        if kwargs.get("data_collator") is None:
+            kwargs["data_collator"] = PadCollator(pad_id)
+        super().__init__(model, *args, **kwargs)
+        self.pad_token_id = pad_id
+        self.eos_token_ids = eos_token_ids(tokenizer, teacher_model.config)
+        # compute_loss normalises by the loss tokens of the accumulation window itself (num_items_in_batch)
+        self.model_accepts_loss_kwargs = False
+        self.loss_is_scaled_for_ga = True
+        self.teacher_module = teacher_model.eval().requires_grad_(False)  # the model itself (config, LM head)
+        self.teacher = self._place_teacher(self.teacher_module)  # what forward is called on
+        self._tokens_pending = torch.zeros((), dtype=torch.long)
+        self._tokens_total: int | None = None
+        self._eval_sums: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------------------------------ placement
+
+    def _zero_stage(self) -> int:
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None) if self.is_deepspeed_enabled else None
+        return int(plugin.zero_stage) if plugin is not None else 0
+
+    def _sharded(self) -> bool:
+        """Whether the trained module's parameters are sharded across processes (ZeRO-3 or FSDP)."""
+        return self._zero_stage() == 3 or self.is_fsdp_enabled
+
+    def _place_teacher(self, teacher):
+        if self._zero_stage() == 3:  # shard the frozen target too; its engine gathers each layer in forward
+            return deepspeed_frozen_engine(teacher, self.accelerator.state.deepspeed_plugin.deepspeed_config)
+        return teacher if _is_placed(teacher) else teacher.to(self.args.device)
+
+    @contextlib.contextmanager
+    def generation_model(self, model) -> Iterator[Any]:
+        """The unwrapped trained module, its parameters gathered while it generates (ZeRO-3; FSDP1). FSDP2
+        gathers layer by layer in every forward, so all ranks must generate in lockstep (``synced_gpus``)."""
+        unwrapped = self.accelerator.unwrap_model(model)
+        if self._zero_stage() == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(unwrapped.parameters())):
+                yield unwrapped
+            return
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if isinstance(model, FullyShardedDataParallel):
+            with FullyShardedDataParallel.summon_full_params(model, writeback=False, recurse=True):
+                yield unwrapped
+            return
+        yield unwrapped
+
+    # ----------------------------------------------------------------------------------------- the loss
+
+    def prepare_training_batch(self, model, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Turn a collated micro-batch (on the device) into what the loss sees; runs before the window's loss
+        tokens are counted. Default: unchanged."""
+        return inputs
+
+    def count_loss_tokens(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:  # scalar long
+        """Positions the loss sums over: by default every position whose next token is labelled."""
+        return response_mask(inputs["labels"]).sum()
+
+    def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+        """``(sum of the per-token losses over the batch's loss tokens, outputs)``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement loss_sum(model, inputs)")
+
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device: torch.device):
+        """The micro-batches of one optimizer step, prepared, and their loss tokens over every process."""
+        batches = []
+        for _ in range(num_batches):
+            try:
+                batch = next(epoch_iterator)
+            except StopIteration:
+                break
+            batches.append(self.prepare_training_batch(self.model_wrapped, self._prepare_inputs(batch)))
+        if not batches:
+            return batches, None
+        count = sum(self.count_loss_tokens(b).to(device) for b in batches)
+        if self.args.world_size > 1:
+            count = self.accelerator.reduce(count, reduction="sum")
+        return batches, count
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        total, outputs = self.loss_sum(model, inputs)
+        local = self.count_loss_tokens(inputs)
+        if model.training:
+            self._tokens_pending = self._tokens_pending.to(local.device) + local
+        if num_items_in_batch is None:  # outside the training loop: this batch's mean
+            loss = total / local.clamp(min=1).to(total.device)
+        else:  # processes average their gradients: scale so that the average is the window's token mean
+            loss = total * self.accelerator.num_processes / torch.as_tensor(num_items_in_batch).clamp(min=1).to(total.device)
+        return (loss, outputs) if return_outputs else loss
+
+    # ------------------------------------------------------------------------------------------- evaluation
+
+    def add_eval_sums(self, sums: torch.Tensor) -> None:
+        """Accumulate a vector of sums over the evaluation batches (reduced over processes at the end)."""
+        sums = sums.detach().float()
+        self._eval_sums = sums if self._eval_sums is None else self._eval_sums.to(sums.device) + sums
+
+    def eval_metrics(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
+        """Metrics from the accumulated sums (default: none)."""
+        return {}
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval"):
+        self._eval_sums = None
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        if self._eval_sums is not None:
+            sums = self.accelerator.reduce(self._eval_sums.to(self.args.device), reduction="sum")
+            output.metrics.update(self.eval_metrics(sums, metric_key_prefix))
+        self._eval_sums = None
+        return output
+
+    # ---------------------------------------------------------------------------------------------- logging
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs or "train_loss" in logs:  # training logs run on every rank: safe to reduce
+            if self._tokens_total is None:  # resumed run: continue the count of the checkpoint's log history
+                self._tokens_total = next((int(h[TOKENS_LOG_KEY]) for h in reversed(self.state.log_history)
+                                           if TOKENS_LOG_KEY in h), 0)
+            pending = self._tokens_pending.to(self.args.device)
+            self._tokens_total += int(self.accelerator.reduce(pending, reduction="sum").item())
+            self._tokens_pending = torch.zeros((), dtype=torch.long)
+            logs[TOKENS_LOG_KEY] = self._tokens_total
+        super().log(logs, start_time)
+
+    @property
+    def trained_tokens(self) -> int:
+        """Loss tokens trained on so far, over every process (as of the last training log)."""
+        return int(self._tokens_total or 0)
+
+    def manifest_training(self) -> dict[str, Any]:
+        """Method-specific facts for the artefact manifest's ``training`` record (default: none)."""
+        return {}
+
+
+def acceptance_metrics(sums: torch.Tensor, draft_length: int, prefix: str = "eval") -> dict[str, float]:
+    """``[sum TVD, sum greedy agreement, tokens]`` -> mean TVD, estimated acceptance ``1 - TVD``, the tau it
+    predicts for ``draft_length`` (Leviathan et al. 2023, eq. 1) and the same two for greedy verification."""
+    tvd_sum, agree_sum, count = (float(x) for x in sums.tolist())
+    if count == 0:
+        return {}
+    tvd = tvd_sum / count
+    alpha = float(acceptance_from_tvd(tvd))
+    greedy = agree_sum / count
+    return {
+        f"{prefix}_tvd": tvd,
+        f"{prefix}_estimated_acceptance": alpha,
+        f"{prefix}_predicted_tau": float(expected_tau(min(max(alpha, 0.0), 1.0), draft_length)),
+        f"{prefix}_greedy_acceptance": greedy,
+        f"{prefix}_predicted_tau_greedy": float(expected_tau(min(max(greedy, 0.0), 1.0), draft_length)),
+        f"{prefix}_tokens": count,
+    }
+
+
+def deepspeed_frozen_engine(model, train_config: dict):
+    """``model`` under a ZeRO-3 inference engine built from the training config (no optimizer): its parameters
+    are sharded like the trained module's and gathered layer by layer in forward (TRL's ``prepare_deepspeed``)."""
+    import deepspeed
+
+    config = copy.deepcopy(train_config)
+    for key in ("optimizer", "scheduler"):
+        config.pop(key, None)
+    zero = config.setdefault("zero_optimization", {})
+    zero.pop("offload_optimizer", None)
+    hidden = getattr(model.config, "hidden_size", None) or getattr(model.config, "n_embd", None)
+    sizes = {"reduce_bucket_size": hidden * hidden, "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+             "stage3_param_persistence_threshold": 10 * hidden} if hidden else {}
+    for key, value in sizes.items():
+        if zero.get(key) == "auto":
+            zero[key] = value
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    engine.eval()  # DeepSpeedEngine.eval returns None
+    return engine
+
+
+def _is_placed(model) -> bool:
+    """True when the model was loaded onto devices already (device_map / bitsandbytes) and must not be moved."""
+    return bool(getattr(model, "hf_device_map", None)) or getattr(model, "is_quantized", False)
