@@ -1,4 +1,5 @@
-"""Writing an evaluation report: ``<out>.json``, ``<out>.md`` and PNG plots beside them.
+"""The evaluation report: assembled from the decode runs (:func:`build_report`) and written as
+``<out>.json``, ``<out>.md`` and PNG plots beside them (:func:`write_report`).
 
 Given ``--out runs/report.json`` the files are ``runs/report.json``, ``runs/report.md``,
 ``runs/report_accept_lengths.png`` (histogram of tokens committed per target forward) and
@@ -7,14 +8,24 @@ Given ``--out runs/report.json`` the files are ``runs/report.json``, ``runs/repo
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import math
 import os
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
-from draftsmith.inference.artefact import atomic_write_text
+import torch
+
+from draftsmith.common import __version__
+from draftsmith.common.io import atomic_write_text, environment
+from draftsmith.inference.adapter import ModelAdapter
+from draftsmith.inference.baselines import HF_PROMPT_LOOKUP_TOKENS, summarize_hf
+from draftsmith.inference.metrics import question_record, summarize
+from draftsmith.inference.runs import QuestionRun
+from draftsmith.inference.sampling import SamplingParams
 
 SUMMARY_ROWS = (
     ("tau", "tau (tokens per target forward)"),
@@ -25,6 +36,127 @@ SUMMARY_ROWS = (
     ("predicted_speedup", "predicted speedup (Leviathan)"),
     ("greedy_identical", "greedy identical to AR"),
 )
+
+
+# ---------------------------------------------------------------------------------------------- assembly
+
+
+def build_report(
+    runs: Sequence[QuestionRun],
+    *,
+    method: str,
+    sampling: SamplingParams,
+    max_new_tokens: int,
+    seed: int,
+    warmup: int,
+    proposer,
+    target_name: str,
+    draft_name: str | None,
+    question_file: str | None,
+    command: str | None,
+    tol: float,
+    target: ModelAdapter,
+    compare_hf: bool,
+    extra: dict | None,
+) -> dict:
+    """The report dict of an evaluation (JSON-serialisable): settings, summary, per-category summaries,
+    transformers baselines, notes, environment and one record per question; ``extra`` keys are added last."""
+    greedy = sampling.greedy
+    lossless = bool(getattr(proposer, "lossless", True)) if proposer is not None else True
+    summary = summarize(runs, greedy)
+    categories = {
+        cat: summarize([r for r in runs if r.question.category == cat], greedy)
+        for cat in dict.fromkeys(r.question.category for r in runs)
+    }
+    env = environment(
+        torch_threads=torch.get_num_threads(), device=str(target.device), dtype=str(target.dtype).replace("torch.", "")
+    )
+    report = {
+        "method": method,
+        "target": target_name,
+        "draft": draft_name,
+        "question_file": question_file,
+        "num_questions": len(runs),
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+        "warmup": warmup,
+        "lossless": lossless,
+        "verification": "greedy (exact match)" if greedy else "speculative sampling",
+        "proposer": _proposer_info(proposer),
+        "summary": summary,
+        "categories": categories,
+        "baselines": _baselines(runs, summary) if compare_hf else {},
+        "notes": _notes(runs, greedy, lossless, getattr(proposer, "name", method), tol),
+        "near_tie_tolerance": tol,
+        "draftsmith_version": __version__,
+        "environment": env,
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": command,
+        "questions": [question_record(r, greedy) for r in runs],
+    }
+    if extra:
+        report.update(extra)
+    return report
+
+
+def _notes(runs: Sequence[QuestionRun], greedy: bool, lossless: bool, name: str, tol: float) -> list[str]:
+    """What a reader must know to read the figures: sampling, a lossy rule, differing answers, truncation."""
+    notes = []
+    if not greedy:
+        notes.append(
+            "temperature > 0: greedy_identical is null (sampled answers are not expected to match AR token for "
+            "token); losslessness under sampling is checked by `draftsmith eval --check-distribution`"
+        )
+    if not lossless:
+        notes.append(f"LOSSY: the {name} acceptance rule changes the output distribution")
+    near = [r.difference for r in runs if r.difference is not None]
+    if near:
+        ties = sum(1 for d in near if d.get("near_tie"))
+        notes.append(
+            f"{len(near)} answer(s) differ from AR; {ties} at a near-tie (top-2 logit gap <= {tol:g}), "
+            f"{len(near) - ties} not explained by a near-tie"
+        )
+    truncated = sum(1 for r in runs for t in r.method if t.truncated)
+    if truncated:
+        notes.append(f"{truncated} prompt(s) were truncated from the left to fit the context")
+    return notes
+
+
+def _baselines(runs: Sequence[QuestionRun], summary: dict) -> dict[str, dict]:
+    """The transformers baselines' fields, a skipped assisted baseline said so, and their settings."""
+    baselines = summarize_hf(runs, summary["ar_tokens_per_s"])
+    if "hf_assisted" not in baselines:
+        baselines["hf_assisted"] = {"speedup": None, "tau": None, "tokens_per_s": None,
+                                    "skipped": "no separate draft model for transformers' assisted generation (pass --draft)"}
+    assisted = baselines["hf_assisted"].get("speedup")
+    baselines["draftsmith_vs_hf_assisted"] = summary["speedup"] / assisted if assisted and summary["speedup"] else None
+    baselines["settings"] = {
+        "hf_assisted": "transformers defaults (num_assistant_tokens=20 'constant' schedule unless the draft's "
+        "generation_config says otherwise, assistant_confidence_threshold=0.4)",
+        "hf_prompt_lookup": f"prompt_lookup_num_tokens={HF_PROMPT_LOOKUP_TOKENS}",
+        "greedy": True,
+    }
+    return baselines
+
+
+def _proposer_info(proposer) -> dict | None:
+    if proposer is None:
+        return None
+    info: dict = {"name": getattr(proposer, "name", type(proposer).__name__), "lossless": getattr(proposer, "lossless", True)}
+    policy = getattr(proposer, "policy", None)
+    if policy is not None:
+        info["draft_length"] = policy.length
+        info["draft_length_mode"] = policy.mode
+    for attr in ("num_draft_tokens", "max_ngram", "min_ngram", "confidence_threshold"):
+        if hasattr(proposer, attr):
+            info[attr] = getattr(proposer, attr)
+    return info
+
+
+# ---------------------------------------------------------------------------------------------- writing
 
 
 def report_paths(out: str | Path) -> dict[str, Path]:

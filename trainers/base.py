@@ -36,6 +36,7 @@ from draftsmith.inference.draft_length import expected_tau
 from draftsmith.trainers.losses import acceptance_from_tvd
 
 TOKENS_LOG_KEY = "trained_tokens"
+BATCH_COLUMNS = ("input_ids", "labels", "attention_mask")
 
 
 class FrozenTargetTrainer(transformers.Trainer):
@@ -60,6 +61,8 @@ class FrozenTargetTrainer(transformers.Trainer):
         # compute_loss normalises by the loss tokens of the accumulation window itself (num_items_in_batch)
         self.model_accepts_loss_kwargs = False
         self.loss_is_scaled_for_ga = True
+        # the dataset columns the collator and the losses read, whatever the trained module's forward takes
+        self._signature_columns = list(BATCH_COLUMNS)
         self.teacher_module = teacher_model.eval().requires_grad_(False)  # the model itself (config, LM head)
         self.teacher = self._place_teacher(self.teacher_module)  # what forward is called on
         self._tokens_pending = torch.zeros((), dtype=torch.long)
@@ -143,6 +146,14 @@ class FrozenTargetTrainer(transformers.Trainer):
         return (loss, outputs) if return_outputs else loss
 
     # ------------------------------------------------------------------------------------------- evaluation
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """The held-out loss: the mean of :meth:`loss_sum` over the batch's loss tokens."""
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad():
+            total, _ = self.loss_sum(model, inputs)
+            loss = total / self.count_loss_tokens(inputs).clamp(min=1).to(total.device)
+        return loss.detach(), None, None
 
     def add_eval_sums(self, sums: torch.Tensor) -> None:
         """Accumulate a vector of sums over the evaluation batches (reduced over processes at the end)."""

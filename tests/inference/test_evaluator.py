@@ -2,23 +2,12 @@ import json
 import math
 
 import pytest
-import torch
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.data.tiny_models import random_model
-from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.inference.draft_length import DEFAULT_CONFIDENCE_THRESHOLD, DraftLengthPolicy, expected_speedup
-from draftsmith.inference.evaluator import (
-    SUMMARY_FIELDS,
-    answer_question,
-    chat_prompt_ids,
-    compare_with_ar,
-    count_forwards,
-    evaluate,
-    first_difference,
-    predicted_speedup,
-)
-from draftsmith.inference.generate import GenerationConfig
+from draftsmith.inference.draft_length import DEFAULT_CONFIDENCE_THRESHOLD, DraftLengthPolicy
+from draftsmith.inference.evaluator import evaluate
+from draftsmith.inference.metrics import SUMMARY_FIELDS
 from draftsmith.inference.proposers.draft_model import DraftModelProposer
 from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer
 from draftsmith.inference.questions import Question, read_questions
@@ -72,18 +61,6 @@ def test_report_shape_and_metric_definitions(lm_pair, chat_tokenizer, questions_
     assert math.isfinite(s["predicted_speedup"]) and s["predicted_speedup"] > 0
 
 
-def test_multi_turn_conversation_carries_the_answer(lm_pair, chat_tokenizer):
-    target, _ = lm_pair
-    q = Question(5, "chat", ("Hello, how are you?", "Tell me about the fox."))
-    turns = answer_question(ModelAdapter(target), chat_tokenizer, q, GenerationConfig(max_new_tokens=6), None, 0, 400)
-    assert len(turns) == 2
-    first = [{"role": "user", "content": q.turns[0]}]
-    assert turns[0].prompt_ids == chat_prompt_ids(chat_tokenizer, first)
-    second = first + [{"role": "assistant", "content": turns[0].text}, {"role": "user", "content": q.turns[1]}]
-    assert turns[1].prompt_ids == chat_prompt_ids(chat_tokenizer, second)
-    assert turns[0].text == chat_tokenizer.decode(turns[0].result.output_ids, skip_special_tokens=True)
-
-
 @pytest.mark.parametrize("method", ["draft", "pld", "self_draft"])
 def test_greedy_methods_are_token_identical_to_ar(lm_pair, chat_tokenizer, questions_file, method):
     target, _ = lm_pair
@@ -104,32 +81,6 @@ def test_ar_method_is_the_reference(lm_pair, chat_tokenizer, questions_file):
     s = rep["summary"]
     assert s["tau"] == 1.0 and s["acceptance_rate"] is None and s["greedy_identical"] == 1.0
     assert s["predicted_speedup"] == 1.0 and rep["proposer"] is None
-
-
-def test_first_difference():
-    assert first_difference([1, 2, 3], [1, 2, 3]) is None
-    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
-    assert first_difference([1, 2], [1, 2, 3]) == 2
-
-
-def test_difference_reports_position_and_top2_gap(lm_pair, chat_tokenizer):
-    target, _ = lm_pair
-    adapter = ModelAdapter(target)
-    q = Question(1, "x", ("Hello world",))
-    ar = answer_question(adapter, chat_tokenizer, q, GenerationConfig(max_new_tokens=8), None, 0, 400)
-    method = answer_question(adapter, chat_tokenizer, q, GenerationConfig(max_new_tokens=8), None, 0, 400)
-    assert compare_with_ar(target, method, ar, 1e-3) is None
-    prefix = ar[0].prompt_ids + ar[0].result.output_ids[:3]
-    with torch.no_grad():
-        logits = target(torch.tensor([prefix])).logits[0, -1]
-    top = logits.topk(2)
-    method[0].result.output_ids = ar[0].result.output_ids[:3] + [int(top.indices[1])] + [0] * 4
-    diff = compare_with_ar(target, method, ar, 1e-3)
-    assert diff["turn"] == 0 and diff["position"] == 3
-    assert diff["ar_token"] == ar[0].result.output_ids[3] == int(top.indices[0])
-    assert diff["method_token"] == int(top.indices[1]) and diff["method_token_rank"] == 1
-    assert diff["top2_gap"] == pytest.approx(float(top.values[0] - top.values[1]), abs=1e-5)
-    assert diff["near_tie"] == (diff["top2_gap"] <= 1e-3)
 
 
 def test_long_prompt_is_truncated_from_the_left_with_a_warning(chat_tokenizer):
@@ -163,23 +114,6 @@ def test_a_lossy_rule_is_labelled(lm_pair, chat_tokenizer, questions_file):
     rep = _run(lm_pair, chat_tokenizer, read_questions(questions_file, limit=1), "pld", LossyLookup)
     assert rep["lossless"] is False and rep["proposer"]["lossless"] is False
     assert any(n.startswith("LOSSY") for n in rep["notes"])
-
-
-def test_predicted_speedup_matches_leviathan():
-    tau, speedup = predicted_speedup(0.7, [4] * 10, 0.1)
-    assert speedup == pytest.approx(expected_speedup(0.7, 4, 0.1))
-    assert tau == pytest.approx((1 - 0.7**5) / 0.3)
-    assert predicted_speedup(0.7, [0, 0], 0.1) == (1.0, 1.0)
-
-
-def test_count_forwards_hook_is_removed(lm_pair):
-    target, _ = lm_pair
-    ids = torch.tensor([[1, 5, 7]])
-    with torch.no_grad(), count_forwards(target) as n:
-        target(ids)
-        target(ids)
-    target(ids)
-    assert n[0] == 2 and not target._forward_hooks
 
 
 def test_compare_hf_baselines(lm_pair, chat_tokenizer, questions_file):

@@ -159,3 +159,18 @@ def test_threads_are_restored(tiny_pair, qfile, tmp_path):
     before = torch.get_num_threads()
     _eval(tiny_pair, "--method", "ar", "--questions", qfile, "--limit", "1", "--out", tmp_path / "t.json")
     assert torch.get_num_threads() == before
+
+
+def test_unsupported_model_is_one_line(tiny_pair, qfile, tmp_path, capsys):
+    import transformers
+
+    from draftsmith.data.tiny_models import char_tokenizer
+
+    opt = tmp_path / "opt"
+    config = transformers.OPTConfig(vocab_size=128, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
+                                    num_attention_heads=2, word_embed_proj_dim=16, max_position_embeddings=64)
+    transformers.OPTForCausalLM(config).save_pretrained(opt)
+    char_tokenizer().save_pretrained(opt)
+    assert main(["eval", "--target", str(opt), "--method", "ar", "--questions", str(qfile), "--no-progress",
+                 "--max-new-tokens", "4", "--warmup", "0"]) == 2
+    assert "is not supported" in _one_line_error(capsys)

@@ -324,3 +324,22 @@ def test_eval_on_target_responses_measures_the_targets_greedy_answers(pair, toke
     for key in ("eval_loss", "eval_tvd", "eval_greedy_acceptance", "eval_tokens"):
         assert on_target[key] == pytest.approx(reference[key], rel=1e-5)
     assert on_target["eval_tokens"] <= 4 * 5
+
+
+def test_triton_backend_without_cuda_fails_when_the_config_is_checked(monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("checks the message on machines without CUDA")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ConfigError, match="kernel_backend=triton.*CUDA"):
+        DistillSpecConfig(kernel_backend="triton")
+    DistillSpecConfig(kernel_backend="triton", use_fused_kernel=False)  # the kernel is off: nothing to check
+
+
+def test_a_draft_with_another_vocabulary_is_refused(tokenizer, tmp_path):
+    from draftsmith.common.errors import TokenizerMismatchError
+    from draftsmith.data.tiny_models import random_model
+
+    target = random_model("llama", seed=0, layers=1)
+    draft = random_model("llama", seed=1, layers=1, vocab_size=160)
+    with pytest.raises(TokenizerMismatchError, match="vocabulary of 160 tokens but the target has 128"):
+        make_trainer((target, draft), tokenizer, tmp_path)
