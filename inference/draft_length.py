@@ -15,11 +15,6 @@ import torch
 
 from draftsmith.common.errors import ConfigError
 
-# Draft confidence below which a draft model stops drafting (its proposers' ``confidence_threshold``):
-# what `draftsmith eval` and loaded artefacts use unless told otherwise, transformers' default
-# ``assistant_confidence_threshold``. Measured on the tiny zoo in docs/BENCHMARKS.md.
-DEFAULT_CONFIDENCE_THRESHOLD = 0.4
-
 
 def expected_tau(alpha: float | torch.Tensor, k: int) -> float | torch.Tensor:
     """Expected tokens committed per target forward with ``k`` drafted tokens and acceptance ``alpha``.

@@ -4,8 +4,9 @@ import math
 import pytest
 
 from draftsmith.common.errors import ConfigError
+from draftsmith.common.registry import get_method
 from draftsmith.data.tiny_models import random_model
-from draftsmith.inference.draft_length import DEFAULT_CONFIDENCE_THRESHOLD, DraftLengthPolicy
+from draftsmith.inference.draft_length import DraftLengthPolicy
 from draftsmith.inference.evaluator import evaluate
 from draftsmith.inference.metrics import SUMMARY_FIELDS
 from draftsmith.inference.proposers.draft_model import DraftModelProposer
@@ -150,7 +151,8 @@ def test_zoo_greedy_identical_on_every_dev_question(method):
     tokenizer, target, draft = load_zoo("tiny")
     factory = {
         "draft": lambda: DraftModelProposer(draft, DraftLengthPolicy(length=4)),
-        "draft-confident": lambda: DraftModelProposer(draft, DraftLengthPolicy(length=4), DEFAULT_CONFIDENCE_THRESHOLD),
+        "draft-confident": lambda: DraftModelProposer(draft, DraftLengthPolicy(length=4),
+                                                        get_method("draft").eval_defaults["confidence_threshold"]),
         "pld": lambda: PromptLookupProposer(),
     }[method]
     rep = evaluate(target, tokenizer, method, factory, read_questions(), max_new_tokens=64, warmup=1, progress=False)
