@@ -1,0 +1,53 @@
+"""Recipe settings: the method's config parsed apart from RecipeArguments and TrainingArguments."""
+
+from dataclasses import dataclass, field, fields
+
+import pytest
+import transformers
+import yaml
+
+from draftsmith.common.errors import ConfigError
+from draftsmith.common.registry import REGISTRY, resolve
+from draftsmith.launch.recipe_args import RecipeArguments, parse_recipe_args, split_argv
+
+
+@dataclass
+class Clashing:
+    learning_rate: float = field(default=0.5, metadata={"help": "the method's own rate (clashes with the trainer's)"})
+    width: int = field(default=3, metadata={"help": "a method-only field"})
+
+
+def test_flat_method_fields_and_prefixed_clashes(tmp_path):
+    recipe, method, targs = parse_recipe_args(Clashing, ["--output_dir", str(tmp_path), "learning_rate=0.1",
+                                                         "method.learning_rate=0.25", "width=7", "max_length=32"])
+    assert targs.learning_rate == pytest.approx(0.1) and method.learning_rate == 0.25
+    assert method.width == 7 and recipe.max_length == 32
+
+
+def test_yaml_flat_keys_go_to_the_trainer_and_the_method_mapping_to_the_method(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"learning_rate": 0.01, "width": 5, "method": {"learning_rate": 0.3},
+                                   "output_dir": str(tmp_path)}))
+    _, method, targs = parse_recipe_args(Clashing, ["--config", str(cfg)])
+    assert targs.learning_rate == pytest.approx(0.01) and method.learning_rate == 0.3 and method.width == 5
+    _, method, _ = parse_recipe_args(Clashing, ["--config", str(cfg), "--method.width", "9"])
+    assert method.width == 9  # the command line beats the file
+    cfg.write_text(yaml.safe_dump({"method": {"depth": 2}}))
+    with pytest.raises(ConfigError, match="unknown setting.*depth"):
+        parse_recipe_args(Clashing, ["--config", str(cfg), "--output_dir", str(tmp_path)])
+
+
+def test_split_argv_keeps_values_with_their_flags():
+    main, method = split_argv(["--output_dir", "o", "--width", "4", "--method.learning_rate", "1e-3", "--evaluate"],
+                              {"width", "learning_rate"}, {"output_dir", "learning_rate", "evaluate"})
+    assert main == ["--output_dir", "o", "--evaluate"] and method == ["--width", "4", "--learning_rate", "1e-3"]
+
+
+def test_no_registered_method_field_shadows_a_trainer_flag_unnoticed():
+    """Built-in methods keep their fields distinct from RecipeArguments and TrainingArguments, so their flat
+    form always reaches them (a clash would still work, but only prefixed)."""
+    main = {f.name for f in fields(RecipeArguments)} | {f.name for f in fields(transformers.TrainingArguments)}
+    assert not {f.name for f in fields(RecipeArguments)} & {f.name for f in fields(transformers.TrainingArguments)}
+    for name in REGISTRY.names(trained=True):
+        clash = {f.name for f in fields(resolve(REGISTRY.get(name).config))} & main
+        assert not clash, f"{name}: {clash}"
