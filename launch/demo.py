@@ -24,7 +24,9 @@ def run(args: argparse.Namespace) -> int:
     from draftsmith.inference.draft_length import DraftLengthPolicy
     from draftsmith.inference.generate import GenerationConfig, generate
     from draftsmith.inference.proposers.draft_model import DraftModelProposer
+    from draftsmith.trainers.zoo import ensure_zoo
 
+    ensure_zoo(args.size, home=args.home)
     tokenizer, target, draft = load_zoo(args.size, home=args.home)
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": args.prompt}], add_generation_prompt=True, return_dict=False

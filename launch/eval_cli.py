@@ -20,6 +20,7 @@ from pathlib import Path
 from draftsmith.common.errors import ConfigError, DraftsmithError
 from draftsmith.common.models import DTYPES, load_model, load_tokenizer, tokenizer_dir_for
 from draftsmith.common.registry import REGISTRY, get_method, resolve
+from draftsmith.common.threads import parse_threads, torch_threads
 
 DEFAULT_OUT = "eval/report.json"
 # command-line option -> the proposer setting it overrides (None = not given: the artefact's, else the method's)
@@ -99,23 +100,6 @@ def zoo_paths(size: str, home: str | None) -> Path:
     from draftsmith.trainers.zoo import ensure_zoo
 
     return Path(ensure_zoo(size, home=home))
-
-
-@contextlib.contextmanager
-def _torch_threads(n: int | None) -> Iterator[None]:
-    import torch
-
-    if n is None:
-        yield
-        return
-    if n < 1:
-        raise ConfigError(f"--threads must be at least 1, got {n}")
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager
@@ -222,7 +206,9 @@ def run(args: argparse.Namespace) -> int:
     from draftsmith.inference.questions import read_questions
     from draftsmith.inference.sampling import SamplingParams
 
-    with _short_warnings(), _torch_threads(args.threads):
+    threads = contextlib.nullcontext() if args.threads is None else torch_threads(
+        parse_threads(args.threads, "--threads", "pass --threads N with N >= 1, or leave it out"))
+    with _short_warnings(), threads:
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
         questions = read_questions(args.questions, limit=args.limit)
         target, tokenizer, info = setup(args)

@@ -1,6 +1,6 @@
 """``draftsmith zoo``: build the built-in model zoo, or print where it lives.
 
-draftsmith zoo build --size tiny [--home DIR] [--force]
+draftsmith zoo build --size tiny [--home DIR] [--force] [--threads N]
 draftsmith zoo path --size tiny [--home DIR]      # builds first if missing
 """
 
@@ -22,9 +22,9 @@ def add_parser(sub) -> None:
         )
         q.add_argument(
             "--threads",
-            type=int,
+            metavar="N",
             default=None,
-            help="torch CPU threads (default: torch's default, lowered to the cores other processes leave idle)",
+            help="torch CPU threads for the build (default: $DRAFTSMITH_THREADS, else the cores idle right now)",
         )
         q.set_defaults(run=run)
 
@@ -35,7 +35,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftsmith.data.zoo import build_zoo, ensure_zoo, read_manifest
+    from draftsmith.data.zoo import read_manifest
+    from draftsmith.trainers.zoo import build_zoo, ensure_zoo
 
     if args.zoo_command == "path":
         print(ensure_zoo(args.size, home=args.home, threads=args.threads))

@@ -61,10 +61,13 @@ def test_dev_questions_are_shipped_in_spec_bench_format():
 
 
 def test_project_code_never_reads_the_shared_folder():
+    from draftsmith.common import threads
     from draftsmith.data import tokenizer, zoo
     from draftsmith.launch import zoo_cli
+    from draftsmith.trainers import pretrain
+    from draftsmith.trainers import zoo as zoo_build
 
-    for module in (corpus, tokenizer, zoo, zoo_cli):
+    for module in (corpus, tokenizer, zoo, zoo_cli, pretrain, zoo_build, threads):
         assert "/work/shared" not in open(module.__file__).read()
 
 

@@ -1,194 +1,29 @@
-"""The model zoo on a REDUCED spec (vocab 512, a few thousand tokens, seconds): manifest, loading,
-determinism, resume after an interruption, skip on rerun, spec checks and the ``draftsmith zoo`` command."""
+"""The zoo's data side: specs and their sizes, where a zoo lives, the packed rows, and reading a built zoo (a
+hand-made one here; tests/trainers/test_zoo.py builds real ones)."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import math
 
 import pytest
 import torch
 import transformers
 
-from draftsmith.common.errors import ConfigError
+from draftsmith.common.errors import ConfigError, DraftsmithError
 from draftsmith.data import zoo
-from draftsmith.data.corpus import corpus_sha256
-from draftsmith.launch import zoo_cli
+from draftsmith.data.tiny_models import char_tokenizer, random_model
+
+MODEL = dict(layers=2, hidden=32, intermediate=64, heads=4, kv_heads=2, tokens=1024, lr=1e-2, warmup_steps=2)
 
 
-def reduced_spec(seed: int = 0) -> zoo.ZooSpec:
-    return zoo.ZooSpec(
-        size="tiny",
-        target=zoo.ModelSpec(layers=2, hidden=32, intermediate=64, heads=4, kv_heads=2, tokens=64 * 4 * 8, lr=1e-2,
-                             warmup_steps=2),
-        draft=zoo.ModelSpec(layers=1, hidden=16, intermediate=32, heads=2, kv_heads=1, tokens=64 * 4 * 3, lr=3e-3,
-                            warmup_steps=1),
-        vocab_size=512, seq_len=64, batch_size=4, max_positions=512, seed=seed, checkpoint_every=2,
-        eval_tokens=1500, max_train_examples=200,
-    )  # fmt: skip
+def small_spec(**changes) -> zoo.ZooSpec:
+    spec = zoo.ZooSpec(size="tiny", target=zoo.ModelSpec(**MODEL), draft=zoo.ModelSpec(**MODEL), vocab_size=512,
+                       seq_len=8, batch_size=2, max_positions=64)  # fmt: skip
+    return dataclasses.replace(spec, **changes)
 
 
-class Interrupt(Exception):
-    pass
-
-
-def build(home, **kwargs):
-    kwargs.setdefault("spec", reduced_spec())
-    return zoo.build_zoo("tiny", home=home, progress=False, threads=1, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    home = tmp_path_factory.mktemp("home")
-    return home, build(home)
-
-
-def weights(out):
-    return {role: zoo.sha256_file(out / role / "model.safetensors") for role in zoo.MODEL_ROLES}
-
-
-# ------------------------------------------------------------------------------------------------- manifest
-
-
-def test_layout_and_manifest_fields(built):
-    home, out = built
-    assert out == zoo.zoo_dir("tiny", home) == home / "zoo" / "tiny"
-    assert sorted(p.name for p in out.iterdir()) == ["draft", "manifest.json", "target", "tokenizer"]
-    manifest = json.loads((out / "manifest.json").read_text())
-    spec = reduced_spec()
-    assert manifest["format"] == zoo.MANIFEST_FORMAT and manifest["size"] == "tiny"
-    assert manifest["seed"] == 0 and manifest["corpus_sha256"] == corpus_sha256()
-    assert zoo.ZooSpec(**manifest["spec"]) == spec
-    assert manifest["build_seconds"] > 0 and manifest["corpus"]["train_examples"] == 200
-    assert manifest["tokenizer"]["vocab_size"] == 512
-    assert manifest["tokenizer"]["sha256"] == zoo.sha256_file(out / "tokenizer" / "tokenizer.json")
-    for role in zoo.MODEL_ROLES:
-        info = manifest["models"][role]
-        assert info["config"]["num_hidden_layers"] == spec.model(role).layers
-        assert info["config"]["hidden_size"] == spec.model(role).hidden
-        assert info["steps"] == spec.steps(role) and info["tokens_seen"] == spec.steps(role) * 4 * 64
-        assert info["tokens_seen"] >= spec.model(role).tokens
-        assert math.isfinite(info["heldout_loss"]) and 0 < info["heldout_loss"] < math.log(512) + 1
-        assert 1400 < info["heldout_tokens"] < 1500  # eval_tokens minus one unscored token per row
-        assert info["train_seconds"] > 0 and info["tokens_per_second"] > 0
-        assert info["weights_sha256"] == weights(out)[role]
-    assert manifest["models"]["target"]["parameters"] > manifest["models"]["draft"]["parameters"]
-
-
-def test_directories_load_with_auto_classes(built):
-    home, out = built
-    manifest = zoo.read_manifest("tiny", home)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(out / "tokenizer")
-    assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 1, 2)
-    for role in zoo.MODEL_ROLES:
-        assert (out / role / "model.safetensors").is_file() and not list((out / role).glob("*.bin"))
-        model = transformers.AutoModelForCausalLM.from_pretrained(out / role)
-        assert isinstance(model, transformers.LlamaForCausalLM)
-        assert zoo.param_count(model) == manifest["models"][role]["parameters"]
-        assert model.config.vocab_size == len(tokenizer)
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
-                                            return_dict=False)  # fmt: skip
-        logits = model(torch.tensor([ids])).logits  # [1, T, V]
-        assert logits.shape == (1, len(ids), 512) and torch.isfinite(logits).all()
-    tok, target, draft = zoo.load_zoo("tiny", home)
-    assert not target.training and not draft.training and tok.eos_token_id == 2
-
-
-def test_training_beats_the_uniform_guess_and_the_heldout_loss_is_reproducible(built):
-    home, out = built
-    manifest = zoo.read_manifest("tiny", home)
-    assert manifest["models"]["target"]["heldout_loss"] < math.log(512) - 0.3
-    spec = reduced_spec()
-    rows = torch.tensor([list(range(6, 70))] * 3)  # [3, 64]
-    model = transformers.AutoModelForCausalLM.from_pretrained(out / "target")
-    loss, count = zoo.heldout_loss(model, rows, n_real=150, batch_size=2, device="cpu")
-    assert count == 150 - 3 and math.isfinite(loss)
-    assert spec.steps("target") == 8
-
-
-# ----------------------------------------------------------------------------- determinism, resume, rerun
-
-
-def test_two_builds_with_the_same_seed_are_identical(built, tmp_path):
-    _, first = built
-    second = build(tmp_path)
-    assert weights(second) == weights(first)
-    a, b = (json.loads((d / "manifest.json").read_text()) for d in (first, second))
-    for role in zoo.MODEL_ROLES:
-        assert a["models"][role]["heldout_loss"] == b["models"][role]["heldout_loss"]
-    assert (first / "tokenizer" / "tokenizer.json").read_bytes() == (
-        second / "tokenizer" / "tokenizer.json"
-    ).read_bytes()
-
-
-def test_interrupted_build_resumes_from_its_checkpoint(built, tmp_path):
-    calls = []
-
-    def crash_at_target_step_5(stage, step):
-        calls.append((stage, step))
-        if (stage, step) == ("target", 5):
-            raise Interrupt
-
-    with pytest.raises(Interrupt):
-        build(tmp_path, on_step=crash_at_target_step_5)
-    out = zoo.zoo_dir("tiny", tmp_path)
-    assert (out / "tokenizer").is_dir() and not (out / "target").exists() and not (out / "manifest.json").exists()
-    assert (out / ".build" / "target.ckpt.pt").is_file()
-    assert not [p for p in (out / ".build").iterdir() if ".tmp" in p.name]  # atomic writes leave no temp files
-    assert torch.load(out / ".build" / "target.ckpt.pt", weights_only=False)["state"]["step"] == 4
-
-    calls.clear()
-    build(tmp_path, on_step=lambda stage, step: calls.append((stage, step)))
-    assert calls[0] == ("target", 5)  # resumed after the last checkpoint, tokenizer stage skipped
-    assert [c for c in calls if c[0] == "draft"] == [("draft", s) for s in range(1, 4)]
-    assert weights(out) == weights(built[1])  # identical to the uninterrupted build
-    assert not (out / ".build").exists()
-
-
-def test_finished_zoo_is_not_rebuilt_and_other_spec_needs_force(built):
-    home, out = built
-    before = (out / "manifest.json").read_text()
-    assert build(home, on_step=lambda *_: pytest.fail("a finished zoo must not train again")) == out
-    assert zoo.ensure_zoo("tiny", home) == out
-    assert (out / "manifest.json").read_text() == before
-    with pytest.raises(ConfigError, match="--force"):
-        build(home, spec=reduced_spec(seed=1))
-
-
-def test_force_rebuilds_and_another_seed_gives_other_weights(built, tmp_path):
-    build(tmp_path)
-    out = build(tmp_path, spec=reduced_spec(seed=1), force=True)
-    assert zoo.read_manifest("tiny", tmp_path)["seed"] == 1
-    assert weights(out)["target"] != weights(built[1])["target"]
-
-
-# ------------------------------------------------------------------------------------------------- the CLI
-
-
-def run_cli(argv):
-    parser = argparse.ArgumentParser(prog="draftsmith")
-    zoo_cli.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.run(args)
-
-
-def test_cli_zoo_path_prints_the_directory(built, capsys):
-    home, out = built
-    assert run_cli(["zoo", "path", "--size", "tiny", "--home", str(home)]) == 0
-    assert capsys.readouterr().out.strip() == str(out)
-
-
-def test_cli_zoo_build_refuses_a_zoo_built_from_another_spec(built):
-    home, _ = built  # built from the reduced spec, not the built-in tiny one
-    with pytest.raises(ConfigError, match="--force"):
-        run_cli(["zoo", "build", "--size", "tiny", "--home", str(home)])
-    with pytest.raises(SystemExit):
-        run_cli(["zoo", "build", "--size", "huge"])
-
-
-# ------------------------------------------------------------------------------------ specs and helpers
+# ------------------------------------------------------------------------------------------------- specs
 
 
 def meta_params(spec: zoo.ZooSpec, role: str) -> int:
@@ -208,13 +43,20 @@ def test_builtin_sizes_have_the_promised_parameter_counts():
 
 
 def test_spec_validation():
-    good = dataclasses.asdict(reduced_spec().target)
     with pytest.raises(ConfigError, match="divisible"):
-        zoo.ModelSpec(**{**good, "hidden": 30})
+        zoo.ModelSpec(**{**MODEL, "hidden": 30})
     with pytest.raises(ConfigError, match="layers"):
-        zoo.ModelSpec(**{**good, "layers": 0})
+        zoo.ModelSpec(**{**MODEL, "layers": 0})
     with pytest.raises(ConfigError, match="max_positions"):
-        dataclasses.replace(reduced_spec(), seq_len=1024)
+        small_spec(seq_len=1024)
+    with pytest.raises(ConfigError, match="precision"):
+        small_spec(precision="fp16")
+
+
+def test_spec_round_trips_through_its_manifest_dict_and_counts_steps():
+    spec = small_spec()
+    assert zoo.ZooSpec(**json.loads(json.dumps(dataclasses.asdict(spec)))) == spec
+    assert spec.steps("target") == 1024 // (2 * 8) and spec.model("draft") is spec.draft
 
 
 def test_home_resolution(monkeypatch, tmp_path):
@@ -223,26 +65,57 @@ def test_home_resolution(monkeypatch, tmp_path):
     assert zoo.zoo_dir("tiny", home=tmp_path / "x") == tmp_path / "x" / "zoo" / "tiny"
     monkeypatch.delenv("DRAFTSMITH_HOME")
     assert str(zoo.zoo_dir("tiny")).endswith(".cache/draftsmith/zoo/tiny")
+    with pytest.raises(ConfigError, match="invalid zoo size"):
+        zoo.zoo_dir("../etc")
 
 
-def test_learning_rate_schedule_warms_up_then_decays():
-    m = reduced_spec().target  # lr 1e-2, 2 warmup steps, min ratio 0.1
-    lrs = [zoo.lr_at(s, 20, m) for s in range(20)]
-    assert lrs[0] == pytest.approx(5e-3) and lrs[1] == pytest.approx(1e-2) and lrs[2] == pytest.approx(1e-2)
-    assert all(a >= b for a, b in zip(lrs[1:], lrs[2:]))
-    assert zoo.lr_at(20, 20, m) == pytest.approx(1e-3)
-
-
-def test_batches_cover_every_row_once_per_epoch_and_depend_on_the_step_only():
-    n_rows, batch = 10, 4
-    seen = torch.cat([zoo.batch_rows(step, batch, n_rows, seed=3) for step in range(5)])  # 2 epochs
-    assert sorted(seen[:10].tolist()) == list(range(10)) and sorted(seen[10:20].tolist()) == list(range(10))
-    assert torch.equal(zoo.batch_rows(3, batch, n_rows, seed=3), seen[12:16])
-    other_seed = torch.cat([zoo.batch_rows(step, batch, n_rows, seed=4) for step in range(3)])
-    assert not torch.equal(other_seed[:10], seen[:10])
+# -------------------------------------------------------------------------------------------------- rows
 
 
 def test_pack_cuts_rows_and_pads_the_tail():
     seqs = [[1, 7, 8, 2], [1, 9, 2], [1, 5, 6, 2]]  # 11 tokens
     assert zoo.pack(seqs, 4).tolist() == [[1, 7, 8, 2], [1, 9, 2, 1]]
     assert zoo.pack(seqs, 4, pad_id=0, keep_tail=True).tolist()[-1] == [5, 6, 2, 0]
+
+
+def test_shuffled_is_a_seeded_permutation():
+    items = list(range(20))
+    assert zoo.shuffled(items, 3) == zoo.shuffled(items, 3) != zoo.shuffled(items, 4)
+    assert sorted(zoo.shuffled(items, 3)) == items
+
+
+def examples(n: int) -> list[dict]:
+    return [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"answer {i}"}]}
+            if i % 2 else {"text": f"plain text number {i}"} for i in range(n)]  # fmt: skip
+
+
+def test_zoo_rows_pack_train_and_heldout_and_cap_the_heldout_tokens():
+    tok = char_tokenizer()
+    rows = zoo.zoo_rows(tok, small_spec(), examples(10), examples(4))
+    assert rows.train.shape[1] == 8 and rows.train.shape[0] == rows.train_tokens // 8
+    assert rows.n_heldout > 8 and rows.heldout.shape[0] == -(-rows.n_heldout // 8)
+    capped = zoo.zoo_rows(tok, small_spec(eval_tokens=10), examples(10), examples(4))
+    assert capped.n_heldout == 10 and capped.heldout.shape == (2, 8) and capped.heldout[1, 2:].eq(0).all()
+    with pytest.raises(ConfigError, match="batch_size"):
+        zoo.zoo_rows(tok, small_spec(batch_size=1000), examples(10), examples(4))
+
+
+# -------------------------------------------------------------------------------------------- a built zoo
+
+
+def test_reading_a_zoo_that_is_not_built_names_the_build_command(tmp_path):
+    for read in (zoo.read_manifest, zoo.load_zoo):
+        with pytest.raises(DraftsmithError, match="draftsmith zoo build --size tiny"):
+            read("tiny", tmp_path)
+
+
+def test_load_zoo_loads_the_three_directories_in_eval_mode(tmp_path):
+    out = zoo.zoo_dir("tiny", tmp_path)
+    char_tokenizer().save_pretrained(out / "tokenizer")
+    for seed, role in enumerate(zoo.MODEL_ROLES):
+        random_model("llama", seed=seed, layers=1).train().save_pretrained(out / role)
+    (out / "manifest.json").write_text(json.dumps({"format": zoo.MANIFEST_FORMAT, "size": "tiny"}))
+    assert zoo.read_manifest("tiny", tmp_path)["format"] == zoo.MANIFEST_FORMAT
+    tok, target, draft = zoo.load_zoo("tiny", tmp_path)
+    assert not target.training and not draft.training and tok.eos_token_id == 2
+    assert not torch.equal(target.lm_head.weight, draft.lm_head.weight)

@@ -147,7 +147,9 @@ def test_tensorboard_logging(lm_pair, chat_tokenizer, questions_file, tmp_path):
 def test_zoo_greedy_identical_on_every_dev_question(method):
     """Issue 3, done-when: token-identical to AR on every bundled dev question with the tiny zoo."""
     from draftsmith.data.zoo import load_zoo
+    from draftsmith.trainers.zoo import ensure_zoo
 
+    ensure_zoo("tiny")
     tokenizer, target, draft = load_zoo("tiny")
     factory = {
         "draft": lambda: DraftModelProposer(draft, DraftLengthPolicy(length=4)),

@@ -1,0 +1,140 @@
+"""The measured cost model of speculative decoding on one target and machine.
+
+A decoding step costs one verification forward over ``1 + k`` tokens (the pending token and ``k`` draft nodes),
+``k`` draft tokens and some bookkeeping. On a GPU the forward is memory-bound and nearly flat in ``k``; on a
+CPU, or for a tiny target, it is not (verifying 5 tokens took 1.6x one on the tiny zoo). So the verification
+cost is a *measured curve* ``V(n)``, not a constant, and the expected speedup over plain decoding of steps that
+draft ``k_s`` tokens with per-depth acceptance ``a_1, a_2, ...`` (``a_d`` = P(depth d accepted | depth d - 1
+accepted and depth d proposed)) is::
+
+    E[tau | k]  = 1 + sum_{d=1..k} prod_{j=1..d} a_j                       (Leviathan et al. 2023, eq. 1,
+                                                                             with depth-dependent acceptance)
+    speedup     = mean_s E[tau | k_s] / mean_s (V(1 + k_s) + k_s D + O) * (V(1) + O)
+
+with ``D`` the cost of one draft token and ``O`` the per-step overhead outside the forwards. For a constant
+acceptance and a constant ``V`` this is Theorem 3.8 of Leviathan et al.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+DEFAULT_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+
+
+@dataclass
+class CostModel:
+    """Seconds of a verification forward by tokens verified, of one draft token, and of a step's overhead."""
+
+    verify_seconds: dict[int, float]  # tokens in one target forward -> seconds (measured)
+    draft_seconds: float = 0.0  # one drafted token
+    overhead_seconds: float = 0.0  # per step, outside the target and draft forwards
+    prefix_tokens: int = 0  # the KV-cache length the curve was measured at
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.verify_seconds = {int(n): float(s) for n, s in sorted(self.verify_seconds.items())}
+        if not self.verify_seconds or 1 not in self.verify_seconds:
+            raise ValueError("the verification curve needs at least the 1-token cost")
+
+    def verify(self, n: float) -> float:
+        """V(n), linearly interpolated between measured sizes and extrapolated past the last two."""
+        xs = list(self.verify_seconds)
+        ys = list(self.verify_seconds.values())
+        if n <= xs[0] or len(xs) == 1:  # one point: no slope to extrapolate with
+            return ys[0]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if n <= x1:
+                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        (x0, y0), (x1, y1) = (xs[-2], ys[-2]), (xs[-1], ys[-1])
+        return y1 + (y1 - y0) * (n - x1) / (x1 - x0)
+
+    def relative_verify(self, n: float) -> float:
+        """V(n) / V(1): how much one forward over ``n`` tokens costs against a plain decoding step."""
+        return self.verify(n) / self.verify(1)
+
+    def step_seconds(self, k: int) -> float:
+        """A speculative step that drafts ``k`` tokens (k = 0: a plain decoding step)."""
+        return self.verify(1 + k) + k * self.draft_seconds + self.overhead_seconds
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"verify_seconds": {str(k): v for k, v in self.verify_seconds.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CostModel:
+        return cls(**(dict(d) | {"verify_seconds": {int(k): v for k, v in d["verify_seconds"].items()}}))
+
+
+def expected_accepted(acceptance_by_depth: Sequence[float | None], k: int) -> float:
+    """E[tokens committed | k drafted] = 1 + sum_{d<=k} prod_{j<=d} a_j (missing depths count as 0)."""
+    total, survive = 1.0, 1.0
+    for d in range(k):
+        a = acceptance_by_depth[d] if d < len(acceptance_by_depth) else None
+        survive *= float(a) if a is not None else 0.0
+        total += survive
+    return total
+
+
+def predicted_speedup(cost: CostModel, draft_lengths: Sequence[int],
+                      acceptance_by_depth: Sequence[float | None]) -> tuple[float, float]:
+    """(predicted tau, predicted speedup over plain decoding) of steps drafting ``draft_lengths`` tokens each
+    (see the module docstring)."""
+    if not draft_lengths:
+        return 1.0, 1.0
+    taus = [expected_accepted(acceptance_by_depth, k) for k in draft_lengths]
+    seconds = [cost.step_seconds(k) for k in draft_lengths]
+    tau = sum(taus) / len(taus)
+    return tau, tau / (sum(seconds) / len(seconds)) * cost.step_seconds(0)
+
+
+def _median_seconds(fn, repeats: int, device: torch.device) -> float:
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def measure_verify_curve(target, prefix_tokens: int = 128, sizes: Sequence[int] = DEFAULT_SIZES,
+                         repeats: int = 7, warmup: int = 2, seed: int = 0) -> dict[int, float]:
+    """Median seconds of one target forward over ``n`` new tokens after a cached prefix of ``prefix_tokens``,
+    for every ``n`` in ``sizes`` (``target``: a :class:`~draftsmith.inference.adapter.ModelAdapter`). Each
+    measurement crops the cache back, so every size sees the same prefix."""
+    limit = target.max_positions
+    prefix_tokens = max(1, min(prefix_tokens, limit - max(sizes) - 1))
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, target.vocab_size, (1, prefix_tokens + max(sizes)), generator=g).to(target.device)
+    cache = target.new_cache(capacity=prefix_tokens + max(sizes) + 8)
+    target.forward(ids[:, :prefix_tokens], cache, compute_logits=False)
+    curve: dict[int, float] = {}
+    for n in sorted(set(int(s) for s in sizes)):
+        new = ids[:, prefix_tokens: prefix_tokens + n]
+
+        def step(new=new):
+            target.forward(new, cache)
+            cache.crop(prefix_tokens)
+
+        for _ in range(warmup):
+            step()
+        curve[n] = _median_seconds(step, repeats, target.device)
+    return curve
+
+
+def cost_model_from_run(curve: dict[int, float], draft_seconds_total: float, proposed: int, ar_wall: float,
+                        ar_steps: int, prefix_tokens: int = 0) -> CostModel:
+    """A cost model from a measured curve and one evaluation's timings: the draft cost per proposed token and
+    the per-step overhead of plain decoding (its wall time per step minus V(1))."""
+    draft = draft_seconds_total / proposed if proposed else 0.0
+    overhead = max(0.0, ar_wall / ar_steps - curve[1]) if ar_steps else 0.0
+    return CostModel(curve, draft_seconds=draft, overhead_seconds=overhead, prefix_tokens=prefix_tokens)

@@ -1,0 +1,63 @@
+"""The cost model: the measured verification curve on a synthetic target with a known cost, and the
+predicted speedup against hand computations."""
+
+import time
+
+import pytest
+import torch
+
+from draftsmith.inference.cost import CostModel, expected_accepted, measure_verify_curve, predicted_speedup
+
+
+class SleepyTarget:
+    """A target whose forward over n tokens takes 4 ms + 2 ms * n (and whose cache is a length)."""
+
+    max_positions, vocab_size, device = 512, 100, torch.device("cpu")
+
+    class Cache:
+        def __init__(self) -> None:
+            self.length = 0
+
+        def crop(self, n: int) -> None:
+            self.length = n
+
+    def new_cache(self, capacity: int):
+        return self.Cache()
+
+    def forward(self, ids, cache, compute_logits=True):
+        time.sleep(0.004 + 0.002 * ids.shape[1])
+        cache.length += ids.shape[1]
+
+
+def test_measured_curve_follows_the_known_cost():
+    curve = measure_verify_curve(SleepyTarget(), prefix_tokens=16, sizes=(1, 4, 8), repeats=3, warmup=0)
+    for n, seconds in curve.items():
+        assert seconds == pytest.approx(0.004 + 0.002 * n, rel=0.5, abs=0.002)
+    assert curve[1] < curve[4] < curve[8]
+
+
+def test_interpolation_and_extrapolation():
+    cost = CostModel({1: 1.0, 5: 2.0, 9: 4.0})
+    assert cost.verify(1) == 1.0 and cost.verify(3) == pytest.approx(1.5) and cost.verify(7) == pytest.approx(3.0)
+    assert cost.verify(13) == pytest.approx(6.0)  # the last slope carries on
+    assert cost.relative_verify(5) == pytest.approx(2.0)
+    assert CostModel.from_dict(cost.to_dict()).verify_seconds == cost.verify_seconds
+
+
+def test_expected_accepted_uses_conditional_depth_acceptance():
+    assert expected_accepted([0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_accepted([1.0, 0.0, 1.0], 3) == pytest.approx(2.0)
+    assert expected_accepted([0.8], 3) == pytest.approx(1.8)  # depths never observed count as rejected
+    assert expected_accepted([0.8], 0) == 1.0
+
+
+def test_predicted_speedup_by_hand():
+    # verify 1 token 10 ms, 5 tokens 15 ms; a draft token 1 ms; 2 ms bookkeeping per step
+    cost = CostModel({1: 0.010, 5: 0.015}, draft_seconds=0.001, overhead_seconds=0.002)
+    tau, speedup = predicted_speedup(cost, [4, 4], [0.5] * 4)
+    assert tau == pytest.approx(1 + 0.5 + 0.25 + 0.125 + 0.0625)
+    assert speedup == pytest.approx(tau / (0.015 + 0.004 + 0.002) * 0.012)
+    # a flat verification curve (GPU-like) predicts more than a steep one (CPU-like)
+    flat = CostModel({1: 0.010, 5: 0.010}, draft_seconds=0.001, overhead_seconds=0.002)
+    assert predicted_speedup(flat, [4], [0.5] * 4)[1] > speedup
+    assert predicted_speedup(cost, [], []) == (1.0, 1.0)
