@@ -10,11 +10,12 @@ Metrics (DESIGN.md "Metrics", Spec-Bench's definitions):
 - ``tau``: mean over all decoding steps of the tokens one target forward committed (bonus included).
 - ``acceptance_rate``: accepted draft tokens / proposed draft tokens.
 - ``speedup``: mean over questions of method tokens/s / mean over questions of AR tokens/s.
-- ``predicted_speedup``: Leviathan et al. (2023), Theorem 3.8, from the per-token acceptance
-  probability (geometric estimate: accepted / (accepted + rejections)), the draft length of every
-  step and the measured cost ratio c = (draft time per proposed token) / (verify time per step):
-  sum_s E[tau | alpha, k_s] / sum_s (1 + k_s c), which is ``expected_speedup(alpha, k, c)`` when
-  every step drafts k tokens.
+- ``predicted_speedup``: from the measured cost model (:mod:`draftsmith.inference.cost`): the target's
+  verification cost by tokens verified, measured before the runs (its shape, scaled to this run's plain
+  decoding step), the draft cost per proposed token, the per-depth conditional acceptance and the draft
+  length of every step; ``measured_over_predicted`` says how well it held. ``predicted_speedup_constant_cost``
+  is Leviathan et al.'s Theorem 3.8 with a verification cost that does not grow with the draft, for
+  comparison.
 - ``greedy_identical``: fraction of questions whose answers (all turns) are token-identical to AR
   (greedy only; null under sampling, where losslessness is a distribution check). Where an answer
   differs, the first differing position and the target's top-2 logit gap there (plain target forward
@@ -32,6 +33,7 @@ import torch
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.baselines import HF_PROMPT_LOOKUP_TOKENS, hf_pad_id, hf_runners, hf_variants
+from draftsmith.inference.cost import measure_verify_curve
 from draftsmith.inference.generate import GenerationConfig
 from draftsmith.inference.metrics import SUMMARY_FIELDS, compare_with_ar, mean_or_none, near_tie_tolerance, tokens_per_s
 from draftsmith.inference.proposers.base import Proposer
@@ -88,6 +90,7 @@ def evaluate(
         hf = hf_runners(target_model, variants, max_new_tokens, config.eos_token_ids, hf_pad_id(tokenizer))
     torch.manual_seed(seed)
     warm_up(target, tokenizer, questions, warmup, config, proposer, seed, max_prompt, list(hf.values()))
+    curve = measure_verify_curve(target, prefix_tokens=min(max_prompt, 128)) if inner is not None else None
     writer = _tensorboard(tensorboard_dir)
     tol = near_tie_tolerance(target.dtype)
     runs: list[QuestionRun] = []
@@ -106,7 +109,7 @@ def evaluate(
         runs, method=method, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed, warmup=warmup,
         proposer=inner, target_name=target_name or str(getattr(target_model.config, "_name_or_path", "") or ""),
         draft_name=draft_name, question_file=question_file, command=command, tol=tol, target=target,
-        compare_hf=compare_hf, extra=extra,
+        compare_hf=compare_hf, extra=extra, cost_curve=curve,
     )
     if writer is not None:
         _log_summary(writer, report, runs)

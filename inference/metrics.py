@@ -105,8 +105,43 @@ def predicted_speedup(alpha: float, draft_lengths: Sequence[int], cost_ratio: fl
     return sum(taus) / len(taus), sum(taus) / cost
 
 
-def summarize(runs: Sequence[QuestionRun], greedy: bool) -> dict:
-    """The summary fields over ``runs`` (all questions, or one category)."""
+def depth_acceptance(steps: Sequence[tuple[int, int]]) -> list[float | None]:
+    """Conditional acceptance by depth from (proposed, accepted) steps: ``a_d`` = accepted at depth d / steps
+    that proposed depth d and accepted every node above it (what the cost model's E[tau | k] multiplies)."""
+    depth = max((p for p, _ in steps), default=0)
+    reached, passed = [0] * depth, [0] * depth
+    for p, a in steps:
+        for d in range(min(p, a + 1)):  # depths 1..min(p, a + 1) were reached (0-based d)
+            reached[d] += 1
+            passed[d] += d < a
+    return [passed[d] / reached[d] if reached[d] else None for d in range(depth)]
+
+
+def cost_prediction(runs: Sequence[QuestionRun], curve: dict[int, float]) -> dict:
+    """Predicted tau and speedup from the measured verification curve (its shape, scaled to this run's AR step
+    time), this run's draft cost per proposed token and its per-depth acceptance (:mod:`~draftsmith.inference.
+    cost`), with the cost model itself."""
+    from draftsmith.inference.cost import CostModel
+    from draftsmith.inference.cost import predicted_speedup as cost_speedup
+
+    turns = [t for r in runs for t in r.method]
+    ar_steps = sum(t.result.steps for r in runs for t in r.ar)
+    ar_wall = sum(t.result.wall_time for r in runs for t in r.ar)
+    proposed = sum(t.result.num_proposed for t in turns)
+    if not ar_steps or ar_wall <= 0 or 1 not in curve:
+        return {}
+    step = ar_wall / ar_steps  # one plain decoding step, as this run measured it
+    cost = CostModel({n: s * step / curve[1] for n, s in curve.items()},
+                     draft_seconds=sum(t.result.draft_time for t in turns) / proposed if proposed else 0.0)
+    tau, speedup = cost_speedup(cost, [k for t in turns for k in t.draft_lengths],
+                                depth_acceptance([s for t in turns for s in t.steps]))
+    return {"predicted_tau": tau, "predicted_speedup": speedup, "cost_model": cost.to_dict()}
+
+
+def summarize(runs: Sequence[QuestionRun], greedy: bool, curve: dict[int, float] | None = None) -> dict:
+    """The summary fields over ``runs`` (all questions, or one category). With ``curve`` (the measured
+    verification cost by tokens, :func:`~draftsmith.inference.cost.measure_verify_curve`) the prediction uses
+    the cost model; without it, Leviathan et al.'s constant-cost formula."""
     turns = [t for r in runs for t in r.method]
     accept = [a for t in turns for a in t.result.accept_lengths]
     proposed = sum(t.result.num_proposed for t in turns)
@@ -129,15 +164,23 @@ def summarize(runs: Sequence[QuestionRun], greedy: bool) -> dict:
     identical = None
     if greedy:
         identical = sum(1 for r in runs if r.difference is None) / len(runs) if runs else None
+    constant_cost_speedup = pred_speedup
+    modelled = cost_prediction(runs, curve) if curve and proposed else {}
+    if modelled:
+        pred_tau, pred_speedup = modelled["predicted_tau"], modelled["predicted_speedup"]
+    speedup = ratio_or_none(tps, ar_tps)
     return {
         "tau": sum(accept) / len(accept) if accept else None,
         "acceptance_rate": accepted / proposed if proposed else None,
-        "speedup": ratio_or_none(tps, ar_tps),
+        "speedup": speedup,
         "tokens_per_s": tps,
         "ar_tokens_per_s": ar_tps,
         "predicted_speedup": pred_speedup,
         "greedy_identical": identical,
         "predicted_tau": pred_tau,
+        "measured_over_predicted": ratio_or_none(speedup, pred_speedup) if proposed else None,
+        "predicted_speedup_constant_cost": constant_cost_speedup,
+        "cost_model": modelled.get("cost_model"),
         "alpha_per_token": alpha,
         "cost_ratio": cost_ratio,
         "mean_draft_length": proposed / sum(1 for k in lengths if k) if any(lengths) else 0.0,

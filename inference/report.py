@@ -33,7 +33,8 @@ SUMMARY_ROWS = (
     ("speedup", "speedup vs AR"),
     ("tokens_per_s", "tokens/s"),
     ("ar_tokens_per_s", "AR tokens/s"),
-    ("predicted_speedup", "predicted speedup (Leviathan)"),
+    ("predicted_speedup", "predicted speedup (cost model)"),
+    ("measured_over_predicted", "measured / predicted speedup"),
     ("greedy_identical", "greedy identical to AR"),
 )
 
@@ -58,14 +59,16 @@ def build_report(
     target: ModelAdapter,
     compare_hf: bool,
     extra: dict | None,
+    cost_curve: dict[int, float] | None = None,
 ) -> dict:
     """The report dict of an evaluation (JSON-serialisable): settings, summary, per-category summaries,
-    transformers baselines, notes, environment and one record per question; ``extra`` keys are added last."""
+    transformers baselines, notes, environment and one record per question; ``extra`` keys are added last.
+    ``cost_curve`` (verification seconds by tokens) makes the predictions use the cost model."""
     greedy = sampling.greedy
     lossless = bool(getattr(proposer, "lossless", True)) if proposer is not None else True
-    summary = summarize(runs, greedy)
+    summary = summarize(runs, greedy, cost_curve)
     categories = {
-        cat: summarize([r for r in runs if r.question.category == cat], greedy)
+        cat: summarize([r for r in runs if r.question.category == cat], greedy, cost_curve)
         for cat in dict.fromkeys(r.question.category for r in runs)
     }
     env = environment(
@@ -228,8 +231,10 @@ def render_markdown(report: dict, paths: dict[str, Path] | None = None) -> str:
     lines += _table(["metric", "value"], [[label, fmt(s.get(key))] for key, label in SUMMARY_ROWS])
     lines += [
         "",
-        f"Predicted tau {fmt(s.get('predicted_tau'))} from per-token acceptance {fmt(s.get('alpha_per_token'))}, "
-        f"mean draft length {fmt(s.get('mean_draft_length'), 2)} and draft/target cost ratio {fmt(s.get('cost_ratio'))}.",
+        f"Predicted tau {fmt(s.get('predicted_tau'))} from the per-depth acceptance, mean draft length "
+        f"{fmt(s.get('mean_draft_length'), 2)}, the measured verification cost by tokens and the draft cost "
+        f"(draft/target cost ratio {fmt(s.get('cost_ratio'))}); with a constant verification cost (Leviathan et al.) "
+        f"it would be {fmt(s.get('predicted_speedup_constant_cost'))}.",
         "",
         "## By category",
         "",

@@ -29,6 +29,7 @@ class TurnRun:
     truncated: int = 0  # prompt tokens dropped from the left to fit the context
     draft_lengths: list[int] = field(default_factory=list)  # per step, 0 when nothing was proposed
     rejections: int = 0  # steps whose draft was not fully accepted
+    steps: list[tuple[int, int]] = field(default_factory=list)  # (proposed, accepted) of the steps that drafted
 
 
 @dataclass
@@ -125,6 +126,7 @@ def answer_question(
         run = TurnRun(prompt_ids=ids, result=res, text=text, truncated=dropped)
         if proposer is not None:
             run.draft_lengths, run.rejections = _recorded_steps(proposer.steps, res.steps)
+            run.steps = list(proposer.steps)
         turns.append(run)
         messages.append({"role": "assistant", "content": text})
     return turns

@@ -59,3 +59,31 @@ def test_near_tie_tolerance_depends_on_precision():
 def test_mean_and_ratio_of_nothing_are_none():
     assert mean_or_none([]) is None and mean_or_none([1.0, 3.0]) == 2.0
     assert ratio_or_none(None, 2.0) is None and ratio_or_none(1.0, 0.0) is None and ratio_or_none(1.0, 2.0) == 0.5
+
+
+def test_depth_acceptance_is_conditional_on_reaching_the_depth():
+    from draftsmith.inference.metrics import depth_acceptance
+
+    # (proposed, accepted): depth 1 reached 3 times, passed twice; depth 2 reached twice (a >= 1), passed once;
+    # depth 3 reached once (a >= 2), passed once; depth 4 reached only by the first step, which stops at 3
+    steps = [(4, 3), (2, 1), (3, 0)]
+    assert depth_acceptance(steps) == pytest.approx([2 / 3, 1 / 2, 1.0, 0.0])
+    assert depth_acceptance([]) == []
+
+
+def test_cost_prediction_scales_the_curve_to_the_runs_ar_step():
+    from types import SimpleNamespace
+
+    from draftsmith.inference.metrics import cost_prediction
+
+    def turn(wall, steps, proposed=0, draft_time=0.0, lengths=(), recorded=()):
+        result = SimpleNamespace(wall_time=wall, steps=steps, num_proposed=proposed, draft_time=draft_time)
+        return SimpleNamespace(result=result, draft_lengths=list(lengths), steps=list(recorded))
+
+    # AR: 10 steps in 0.1 s -> 10 ms a step; the curve says 3 tokens cost 2x one; drafts of 2, all accepted
+    run = SimpleNamespace(ar=[turn(0.1, 10)], method=[turn(0.05, 2, proposed=4, draft_time=0.004,
+                                                           lengths=[2, 2], recorded=[(2, 2), (2, 2)])])
+    out = cost_prediction([run], {1: 0.5, 3: 1.0})
+    assert out["predicted_tau"] == pytest.approx(3.0)
+    # a step: 20 ms verification + 2 x 1 ms drafting = 22 ms for 3 tokens, against 10 ms a token
+    assert out["predicted_speedup"] == pytest.approx(3.0 / 0.022 * 0.010)
