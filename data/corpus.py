@@ -45,12 +45,26 @@ def eval_dir() -> Path:
     return Path(__file__).parent / "eval"
 
 
-def dev_questions_path() -> Path:
-    """The evaluator's default question set (Spec-Bench question format, 324 questions)."""
-    path = eval_dir() / "dev_questions.jsonl"
+# bundled question sets by name (Spec-Bench question format; provenance in data/eval/SOURCES.md)
+QUESTION_SETS = {
+    "dev": "dev_questions.jsonl",  # 324: HumanEval prompts (coding) and GSM8K test questions (math_reasoning)
+    "broad": "dev_broad.jsonl",  # 244 in 12 categories: writing, roleplay, reasoning, math, coding, extraction, ...
+}
+
+
+def question_set_path(name: str = "dev") -> Path:
+    """The file of a bundled question set (``dev``, the evaluator's default, or ``broad``)."""
+    if name not in QUESTION_SETS:
+        raise DataError(f"no bundled question set {name!r}: choose one of {', '.join(QUESTION_SETS)}, or pass a file")
+    path = eval_dir() / QUESTION_SETS[name]
     if not path.is_file():
         raise DataError(f"the shipped question file {path} is missing; reinstall draftsmith (`pip install -e .`)")
     return path
+
+
+def dev_questions_path() -> Path:
+    """The evaluator's default question set (Spec-Bench question format, 324 questions)."""
+    return question_set_path("dev")
 
 
 def read_shipped(relpath: str) -> str:

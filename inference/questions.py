@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.common.errors import DataError
+from draftsmith.data.corpus import QUESTION_SETS, dev_questions_path, question_set_path
 
-DEV_QUESTIONS = "dev_questions.jsonl"
 DEFAULT_CATEGORY = "general"
 
 
@@ -33,22 +33,17 @@ class Question:
 
 
 def default_questions_path() -> Path:
-    """The dev prompts bundled with draftsmith (data/eval/dev_questions.jsonl, plain or .gz)."""
-    try:
-        from draftsmith.data.corpus import dev_questions_path
-    except ImportError:
-        dev_questions_path = None
-    if dev_questions_path is not None:
-        return Path(dev_questions_path())
-    import draftsmith.data
+    """The dev prompts bundled with draftsmith (data/eval/dev_questions.jsonl)."""
+    return dev_questions_path()
 
-    eval_dir = Path(draftsmith.data.__file__).parent / "eval"
-    for name in (DEV_QUESTIONS, DEV_QUESTIONS + ".gz"):
-        if (eval_dir / name).is_file():
-            return eval_dir / name
-    raise DataError(
-        f"the bundled dev questions ({eval_dir / DEV_QUESTIONS}) are missing: reinstall draftsmith or pass --questions FILE"
-    )
+
+def resolve_questions_path(path: str | Path | None) -> Path:
+    """A questions file: the name of a bundled set (``dev``, ``broad``), a path, or None for ``dev``."""
+    if path is None:
+        return default_questions_path()
+    if str(path) in QUESTION_SETS and not Path(path).exists():
+        return question_set_path(str(path))
+    return Path(path)
 
 
 def _lines(path: Path) -> Iterator[str]:
@@ -90,9 +85,9 @@ def parse_question(row: object, where: str) -> Question:
 
 
 def read_questions(path: str | Path | None = None, limit: int | None = None) -> list[Question]:
-    """Read a Spec-Bench/MT-Bench question file (default: the bundled dev prompts), first ``limit``
-    questions in file order. Any problem is a :class:`DataError` naming the file and line."""
-    path = Path(path) if path is not None else default_questions_path()
+    """Read a Spec-Bench/MT-Bench question file or a bundled set by name (default: the bundled dev prompts),
+    first ``limit`` questions in file order. Any problem is a :class:`DataError` naming the file and line."""
+    path = resolve_questions_path(path)
     if not path.is_file():
         raise DataError(f"questions file {path} does not exist: pass --questions with a Spec-Bench question.jsonl")
     if limit is not None and limit < 1:

@@ -52,7 +52,10 @@ def add_parser(sub) -> None:
     g.add_argument("--threads", metavar="N", type=int, default=None,
                    help="torch CPU threads while evaluating (default: torch's; 1 is best for tiny models on a busy machine)")
     g = p.add_argument_group("questions and decoding")
-    g.add_argument("--questions", metavar="FILE", default=None, help="Spec-Bench/MT-Bench question.jsonl[.gz] (default: bundled dev prompts)")
+    g.add_argument("--questions", metavar="FILE|SET", default=None,
+                   help="Spec-Bench/MT-Bench question.jsonl[.gz], or a bundled set: dev (default: HumanEval + GSM8K, "
+                        "324) or broad (244 in 12 categories: writing, roleplay, reasoning, math, coding, extraction, "
+                        "stem, humanities, summarization, qa, rag, translation)")
     g.add_argument("--limit", metavar="N", type=int, default=None, help="use the first N questions")
     g.add_argument("--max-new-tokens", metavar="N", type=int, default=128, help="new tokens per answer (same for AR and the method)")
     g.add_argument("--temperature", metavar="T", type=float, default=0.0, help="0 = greedy")
@@ -219,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_eval(args, target, tokenizer, info, questions, sampling) -> int:
     from draftsmith.inference.evaluator import evaluate
-    from draftsmith.inference.questions import default_questions_path
+    from draftsmith.inference.questions import resolve_questions_path
     from draftsmith.inference.report import summary_table, write_report
 
     extra = {}
@@ -240,7 +243,7 @@ def run_eval(args, target, tokenizer, info, questions, sampling) -> int:
         draft_model=info["draft_model"],
         target_name=info["target"],
         draft_name=info["draft"],
-        question_file=str(args.questions or default_questions_path()),
+        question_file=str(resolve_questions_path(args.questions)),
         tensorboard_dir=args.tensorboard,
         progress=not args.no_progress,
         command=command_line(args),

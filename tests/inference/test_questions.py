@@ -88,3 +88,12 @@ def test_bundled_dev_questions():
     assert len(qs) == 324
     assert {q.category for q in qs} == {"coding", "math_reasoning"}
     assert all(q.turns and all(t.strip() for t in q.turns) for q in qs)
+
+
+def test_bundled_broad_set_by_name():
+    questions = read_questions("broad")
+    assert len(questions) == 244
+    assert {q.category for q in questions} == {"writing", "roleplay", "reasoning", "math", "coding", "extraction",
+                                               "stem", "humanities", "summarization", "qa", "rag", "translation"}
+    assert sum(len(q.turns) == 2 for q in questions) == 11
+    assert read_questions("dev", limit=3) == read_questions(None, limit=3)
