@@ -57,6 +57,9 @@ class RecipeArguments:
     max_bad_fraction: float = field(default=0.05, metadata=_help("Fraction of unusable dataset rows tolerated."))
     max_train_examples: int | None = field(default=None, metadata=_help("Train on a seeded random subset of this "
                                                                         "many examples (default: all)."))
+    data_mix: str = field(default="proportional", metadata=_help("How --max_train_examples draws from the shipped "
+                                                                  "corpus: proportional (a plain random subset) or "
+                                                                  "balanced (an equal share from every source)."))
     eval_examples: int = field(default=64, metadata=_help("Held-out examples for the loss / acceptance estimate at "
                                                           "each evaluation (the corpus' held-out split, or rows "
                                                           "split off --dataset)."))
@@ -76,6 +79,8 @@ class RecipeArguments:
             raise ConfigError(f"dtype={self.dtype!r} is unknown: choose float32, bfloat16 or float16")
         if self.max_length < 2:
             raise ConfigError(f"max_length={self.max_length} must be at least 2")
+        if self.data_mix not in ("proportional", "balanced"):
+            raise ConfigError(f"data_mix={self.data_mix!r} is unknown: choose proportional or balanced")
         if self.eval_examples < 1:
             raise ConfigError(f"eval_examples={self.eval_examples} must be at least 1")
         if self.max_train_examples is not None and self.max_train_examples < 1:

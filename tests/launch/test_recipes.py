@@ -206,3 +206,17 @@ def test_kill_and_resume(tiny_pair, tmp_path):
     assert done.stdout.count("'loss':") == 40 - killed_at
     manifest = check_artefact(tiny_pair, out, world_size=1, steps=40)
     assert manifest["training"]["tokens"] == state["log_history"][-1]["trained_tokens"]
+
+
+def test_balanced_subset_takes_an_equal_share_of_every_source():
+    from collections import Counter
+
+    from draftsmith.launch.recipe import balanced_subset
+
+    rows = [{"source": "big", "i": i} for i in range(100)] + [{"source": "mid", "i": i} for i in range(30)] + \
+           [{"source": "small", "i": i} for i in range(5)]
+    picked = balanced_subset(rows, 60, seed=0)
+    assert Counter(r["source"] for r in picked) == {"small": 5, "mid": 27, "big": 28}
+    assert balanced_subset(rows, 60, seed=0) == picked and balanced_subset(rows, None, 0) is rows
+    with pytest.raises(ConfigError, match="data_mix"):
+        RecipeArguments(data_mix="random")
