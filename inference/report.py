@@ -187,6 +187,18 @@ def fmt(value, digits: int = 3) -> str:
     return str(value)
 
 
+def _tuning_lines(tuning: dict | None) -> list[str]:
+    """The artefact's tuned draft settings: the choice and the runner-up, predicted and measured."""
+    if not tuning:
+        return []
+    rows = [[name, str(c["draft_length"]), fmt(c["confidence_threshold"], 2), fmt(c["predicted_tau"]),
+             fmt(c["predicted_speedup"]), fmt(c.get("measured_tau")), fmt(c.get("measured_speedup"))]
+            for name, c in (("chosen", tuning.get("chosen")), ("runner-up", tuning.get("runner_up"))) if c]
+    return ["", "## Draft settings chosen for this artefact (`draftsmith tune`, calibration prompts)", "",
+            *_table(["", "draft length", "confidence stop", "predicted tau", "predicted speedup", "measured tau",
+                     "measured speedup"], rows)]
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -245,6 +257,7 @@ def render_markdown(report: dict, paths: dict[str, Path] | None = None) -> str:
         for name, c in report.get("categories", {}).items()
     ]
     lines += _table(["category", "questions", "tau", "acceptance", "speedup", "tokens/s", "AR tokens/s", "identical"], cat_rows)
+    lines += _tuning_lines((report.get("artefact") or {}).get("tuning"))
     baselines = {k: v for k, v in report.get("baselines", {}).items() if isinstance(v, dict) and k != "settings"}
     if baselines:
         lines += ["", "## transformers baselines (same prompts, greedy)", ""]

@@ -1,4 +1,4 @@
-"""The ``draftsmith`` command line: ``zoo``, ``eval`` and ``demo``.
+"""The ``draftsmith`` command line: ``zoo``, ``eval``, ``tune`` and ``demo``.
 
 Each subcommand lives in its own module with ``add_parser(subparsers)`` and ``run(args) -> int``;
 they are imported only when the command line is built, never at package import.
@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "zoo": "draftsmith.launch.zoo_cli",
     "eval": "draftsmith.launch.eval_cli",
     "demo": "draftsmith.launch.demo",
+    "tune": "draftsmith.launch.tune_cli",
 }
 
 

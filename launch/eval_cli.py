@@ -228,7 +228,8 @@ def run_eval(args, target, tokenizer, info, questions, sampling) -> int:
     extra = {}
     if info["manifest"] is not None:
         m = info["manifest"]
-        extra["artefact"] = {k: m.get(k) for k in ("method", "draftsmith_version", "created", "target", "proposer", "metrics")}
+        extra["artefact"] = {k: m.get(k) for k in ("method", "draftsmith_version", "created", "target", "proposer", "metrics",
+                                                   "tuning")}
     report = evaluate(
         target,
         tokenizer,

@@ -311,6 +311,12 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
     if trainer.is_world_process_zero():
         print(f"artefact: {artefact}  (load it with: draftsmith eval --artefact {artefact})")
         print("metrics: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float))))
+        if recipe.tune and spec.artefact_kind == "draft_model":
+            from draftsmith.launch.tune_cli import calibration_questions, summary_lines, tune_artefact
+
+            record = tune_artefact(artefact, models["target"], tokenizer, calibration_questions(recipe.tune_prompts,
+                                   targs.seed), max_new_tokens=recipe.eval_max_new_tokens)
+            print("\n".join(summary_lines(record)))
         if recipe.evaluate:
             baseline = None
             if recipe.eval_baseline and "draft" in paths:

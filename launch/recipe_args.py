@@ -63,6 +63,11 @@ class RecipeArguments:
     eval_examples: int = field(default=64, metadata=_help("Held-out examples for the loss / acceptance estimate at "
                                                           "each evaluation (the corpus' held-out split, or rows "
                                                           "split off --dataset)."))
+    tune: bool = field(default=False, metadata=_help("After training a draft-model artefact, choose its draft length "
+                                                     "and confidence stop on held-out calibration prompts "
+                                                     "(`draftsmith tune`) and record them in the manifest."))
+    tune_prompts: int = field(default=40, metadata=_help("With --tune, calibration prompts (the corpus' held-out "
+                                                         "split)."))
     evaluate: bool = field(default=False, metadata=_help("After training, run the evaluator (greedy, bundled dev "
                                                          "prompts) on the artefact and print its summary."))
     eval_baseline: bool = field(default=True, metadata=_help("With --evaluate, also evaluate the method as it was "

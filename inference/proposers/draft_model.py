@@ -57,6 +57,8 @@ class DraftModelProposer:
         self.adapter = ModelAdapter(draft_model)
         self.policy = policy or DraftLengthPolicy()
         self.confidence_threshold = float(confidence_threshold)
+        self.record_confidences = False  # keep every drafted token's draft probability (the tuner reads it)
+        self.last_confidences: list[float] = []  # of the last draft, when recorded
         self._cache = None
         self._ids = torch.empty(0, dtype=torch.long)
 
@@ -80,20 +82,25 @@ class DraftModelProposer:
         feed = tokens[keep:]  # [m], ends with the pending token
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
+        confidences: list[float] = []
         for _ in range(k):
             logits = self.adapter.forward(feed[None], self._cache, compute_logits=slice(-1, None)).logits[0, -1]  # [V]
             if sampling.greedy:
                 tok = int(logits.argmax())
-                unsure = self.confidence_threshold > 0 and float(logits.softmax(-1)[tok]) < self.confidence_threshold
+                wanted = self.confidence_threshold > 0 or self.record_confidences
+                conf = float(logits.softmax(-1)[tok]) if wanted else 1.0
             else:
                 q = process_logits(logits, sampling)  # [V]
                 tok = int(torch.multinomial(q, 1, generator=generator))
                 qs.append(q)
-                unsure = float(q[tok]) < self.confidence_threshold
+                conf = float(q[tok])
+            unsure = conf < self.confidence_threshold
+            confidences.append(conf)
             drafted.append(tok)
             if unsure:
                 break
             feed = torch.tensor([tok], dtype=torch.long, device=tokens.device)
+        self.last_confidences = confidences
         # the cache now holds tokens + drafted[:-1]
         self._ids = torch.cat([tokens, torch.tensor(drafted[:-1], dtype=torch.long, device=tokens.device)])
         return Draft.chain(drafted, q=torch.stack(qs) if qs else None)

@@ -1,0 +1,134 @@
+"""``draftsmith tune``: choose a draft artefact's decoding settings on held-out calibration prompts.
+
+    draftsmith tune --artefact runs/distillspec_tiny/artefact
+    draftsmith tune --artefact DIR --target PATH --prompts 60 --max-new-tokens 64 --threads 1
+
+Profiles the draft on calibration prompts (the shipped corpus' held-out split, never trained on and distinct from
+the evaluation sets), predicts every (draft length, confidence threshold) with the measured cost model, measures
+the best predicted ones against plain decoding and writes the winner into the artefact's manifest
+(``proposer``) with the runner-up and all figures (``tuning``). ``draftsmith eval --artefact`` then uses it.
+See :mod:`draftsmith.inference.tune`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+from pathlib import Path
+
+from draftsmith.common.errors import ArtefactError, ConfigError
+from draftsmith.common.io import atomic_write_json
+from draftsmith.common.threads import parse_threads, torch_threads
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("tune", help="choose a draft artefact's draft length and confidence stop on calibration prompts",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--artefact", metavar="DIR", required=True, help="a draft-model artefact (e.g. DistillSpec's)")
+    p.add_argument("--target", metavar="PATH", default=None, help="target model directory (default: the zoo's)")
+    p.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer (default: the target's, or the zoo's)")
+    p.add_argument("--zoo", default="tiny", choices=["tiny", "small"], help="zoo size used for the defaults")
+    p.add_argument("--prompts", metavar="N", type=int, default=40, help="calibration prompts (held-out corpus split)")
+    p.add_argument("--max-new-tokens", metavar="N", type=int, default=64, help="tokens per calibration answer")
+    p.add_argument("--max-length", metavar="K", type=int, default=8, help="longest draft profiled and considered")
+    p.add_argument("--measure-top", metavar="N", type=int, default=2,
+                   help="measure the N best predicted settings with the evaluator (0 = trust the prediction)")
+    p.add_argument("--threads", metavar="N", default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--allow-target-mismatch", action="store_true")
+    p.set_defaults(run=run)
+
+
+def calibration_questions(n: int, seed: int = 0):
+    """``n`` single-turn questions from the held-out split of the shipped corpus, an equal share per source."""
+    from draftsmith.data.corpus import load_corpus
+    from draftsmith.inference.questions import Question
+
+    rows = [r for r in load_corpus("heldout") if "messages" in r]
+    by_source: dict[str, list[dict]] = {}
+    for r in rows:
+        by_source.setdefault(r["source"], []).append(r)
+    rng, picked = random.Random(seed), []
+    for name in sorted(by_source):
+        picked += rng.sample(by_source[name], min(len(by_source[name]), -(-n // len(by_source))))
+    rng.shuffle(picked)
+    return [Question(question_id=f"cal-{i}", category=r["source"], turns=(r["messages"][0]["content"],))
+            for i, r in enumerate(picked[:n])]
+
+
+def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new_tokens: int = 64,
+                  max_length: int = 8, measure_top: int = 2, allow_target_mismatch: bool = False) -> dict:
+    """Tune ``artefact`` in place (see the module docstring); returns the tuning record."""
+    from draftsmith.inference.adapter import ModelAdapter
+    from draftsmith.inference.artefact import load_artefact, read_manifest
+    from draftsmith.inference.cost import CostModel, measure_verify_curve
+    from draftsmith.inference.evaluator import evaluate
+    from draftsmith.inference.runs import chat_prompt_ids
+    from draftsmith.inference.tune import choose, profile_draft, rank_candidates, tuning_record
+
+    manifest = read_manifest(artefact)
+    profiler, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, draft_length=max_length,
+                                draft_length_mode="fixed", confidence_threshold=0.0)
+    if getattr(profiler, "name", "") != "draft":
+        raise ArtefactError(f"{artefact} is a {manifest['method']} artefact: draftsmith tune chooses a draft model's "
+                            "length and confidence stop; other methods carry their own settings")
+    target = ModelAdapter(target_model)
+    prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in questions]
+    eos = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
+    profile_draft(target, profiler, prompts[:2], max_new_tokens, eos)  # warm-up
+    records, draft_seconds = profile_draft(target, profiler, prompts, max_new_tokens, eos)
+    curve = measure_verify_curve(target, prefix_tokens=128, sizes=range(1, max_length + 2))
+    cost = CostModel(curve, draft_seconds=draft_seconds)
+    ranked = rank_candidates(records, cost, lengths=[k for k in (1, 2, 3, 4, 5, 6, 8, 10, 12) if k <= max_length])
+    measured = ranked[: max(1, measure_top)]
+    for cand in measured if measure_top > 0 else []:
+        proposer, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, **cand.settings())
+        report = evaluate(target_model, tokenizer, "draft", lambda p=proposer: p, questions,
+                          max_new_tokens=max_new_tokens, progress=False)
+        cand.measured_tau, cand.measured_speedup = report["summary"]["tau"], report["summary"]["speedup"]
+    chosen, runner_up = choose(measured)
+    record = tuning_record(chosen, runner_up, ranked, cost, {
+        "source": "shipped corpus, held-out split", "prompts": len(questions), "max_new_tokens": max_new_tokens,
+        "profiled_steps": len(records), "measured": measure_top > 0})
+    manifest["proposer"].update(chosen.settings())
+    manifest["tuning"] = record
+    atomic_write_json(artefact / "manifest.json", manifest)
+    return record
+
+
+def summary_lines(record: dict) -> list[str]:
+    def line(name: str, c: dict | None) -> str:
+        if not c:
+            return f"{name}: -"
+        measured = "" if c["measured_speedup"] is None else \
+            f", measured tau {c['measured_tau']:.3f} speedup {c['measured_speedup']:.3f}"
+        return (f"{name}: draft length {c['draft_length']}, confidence {c['confidence_threshold']}: predicted tau "
+                f"{c['predicted_tau']:.3f} speedup {c['predicted_speedup']:.3f}{measured}")
+
+    return [line("chosen", record["chosen"]), line("runner-up", record["runner_up"])]
+
+
+def run(args: argparse.Namespace) -> int:
+    from draftsmith.common.models import load_model, load_tokenizer, tokenizer_dir_for
+    from draftsmith.launch.eval_cli import zoo_paths
+
+    if args.prompts < 1 or args.max_new_tokens < 1 or args.max_length < 1:
+        raise ConfigError("--prompts, --max-new-tokens and --max-length must be at least 1")
+    threads = contextlib.nullcontext() if args.threads is None else torch_threads(
+        parse_threads(args.threads, "--threads", "pass --threads N with N >= 1, or leave it out"))
+    with threads:
+        target_dir = Path(args.target) if args.target else zoo_paths(args.zoo, None) / "target"
+        target = load_model(target_dir, "float32", what="target").eval()
+        tok_dir = Path(args.tokenizer) if args.tokenizer else tokenizer_dir_for(target_dir)
+        if tok_dir is None:
+            raise ConfigError(f"the target directory {target_dir} holds no tokenizer: pass --tokenizer DIR")
+        tokenizer = load_tokenizer(tok_dir)
+        record = tune_artefact(Path(args.artefact), target, tokenizer, calibration_questions(args.prompts, args.seed),
+                               max_new_tokens=args.max_new_tokens, max_length=args.max_length,
+                               measure_top=args.measure_top, allow_target_mismatch=args.allow_target_mismatch)
+    for line in summary_lines(record):
+        print(line)
+    print(json.dumps({"artefact": str(args.artefact), "proposer": record["chosen"]}))
+    return 0
