@@ -9,6 +9,7 @@ Expected walltime improvement with draft/target cost ratio c (ibid., Theorem 3.8
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -34,14 +35,19 @@ def expected_tau(alpha: float | torch.Tensor, k: int) -> float | torch.Tensor:
     return float(sum(alpha**i for i in range(k + 1)))
 
 
-def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:
-    """Leviathan et al. (2023) Theorem 3.8: expected speedup over autoregressive decoding."""
-    return expected_tau(alpha, k) / (k * cost_ratio + 1.0)
+def expected_speedup(alpha: float, k: int, cost_ratio: float,
+                     relative_verify: Callable[[int], float] | None = None) -> float:
+    """Leviathan et al. (2023) Theorem 3.8: expected speedup over autoregressive decoding, with the verification
+    of ``1 + k`` tokens costing ``relative_verify(1 + k)`` plain steps (the measured cost model's
+    :meth:`~draftsmith.inference.cost.CostModel.relative_verify`; default 1, Leviathan's constant cost)."""
+    verify = relative_verify(1 + k) if relative_verify is not None else 1.0
+    return expected_tau(alpha, k) / (k * cost_ratio + verify)
 
 
-def best_draft_length(alpha: float, cost_ratio: float, max_length: int) -> int:
+def best_draft_length(alpha: float, cost_ratio: float, max_length: int,
+                      relative_verify: Callable[[int], float] | None = None) -> int:
     """The k in 0..max_length with the highest expected speedup (0 = do not draft)."""
-    return max(range(max_length + 1), key=lambda k: expected_speedup(alpha, k, cost_ratio))
+    return max(range(max_length + 1), key=lambda k: expected_speedup(alpha, k, cost_ratio, relative_verify))
 
 
 @dataclass
@@ -57,6 +63,9 @@ class DraftLengthPolicy:
     ema: float = 0.9  # smoothing of the running estimates
     alpha: float = 0.6  # running acceptance-rate estimate (prior)
     cost_ratio: float = 0.2  # running draft-token/target-forward time estimate (prior)
+    # the target's verification cost of n tokens in plain steps (a measured cost model's relative_verify);
+    # None = Leviathan's constant cost
+    relative_verify: Callable[[int], float] | None = None
     _current: float = field(default=0.0, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -73,7 +82,8 @@ class DraftLengthPolicy:
 
     def next_length(self) -> int:
         if self.mode == "leviathan":
-            return max(self.min_length, best_draft_length(self.alpha, self.cost_ratio, self.max_length))
+            return max(self.min_length, best_draft_length(self.alpha, self.cost_ratio, self.max_length,
+                                                          self.relative_verify))
         return int(self._current)
 
     def observe(self, num_proposed: int, num_accepted: int, draft_seconds: float, target_seconds: float) -> None:

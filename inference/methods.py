@@ -70,8 +70,18 @@ def draft_model_proposer(ctx: ProposerContext):
     length = int(ctx.option("draft_length", 4))
     if length < 1:
         raise ConfigError(f"draft length must be at least 1, got {length}")
-    policy = DraftLengthPolicy(length=length, mode=ctx.option("draft_length_mode", "fixed"), max_length=max(16, length))
+    policy = DraftLengthPolicy(length=length, mode=ctx.option("draft_length_mode", "fixed"), max_length=max(16, length),
+                               relative_verify=_relative_verify(ctx))
     return DraftModelProposer(draft, policy, confidence_threshold=float(ctx.option("confidence_threshold", 0.0)))
+
+
+def _relative_verify(ctx: ProposerContext):
+    """The artefact's measured verification curve (recorded by ``draftsmith tune``) for the Leviathan length
+    rule, or None."""
+    from draftsmith.inference.cost import CostModel
+
+    recorded = ((ctx.manifest or {}).get("tuning") or {}).get("cost_model")
+    return CostModel.from_dict(recorded).relative_verify if recorded else None
 
 
 def prompt_lookup_proposer(ctx: ProposerContext):

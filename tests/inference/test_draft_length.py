@@ -42,3 +42,14 @@ def test_policy_validation():
         DraftLengthPolicy(mode="magic")
     with pytest.raises(ConfigError):
         DraftLengthPolicy(length=0)
+
+
+def test_leviathan_rule_with_a_measured_verification_cost_drafts_less_on_a_steep_curve():
+    from draftsmith.inference.cost import CostModel
+
+    flat = CostModel({1: 1.0, 17: 1.0}).relative_verify
+    steep = CostModel({1: 1.0, 5: 1.6, 17: 4.0}).relative_verify
+    assert expected_speedup(0.8, 4, 0.1, flat) == pytest.approx(expected_speedup(0.8, 4, 0.1))
+    assert best_draft_length(0.8, 0.1, 16, steep) < best_draft_length(0.8, 0.1, 16, flat)
+    policy = DraftLengthPolicy(length=4, mode="leviathan", alpha=0.8, cost_ratio=0.1, relative_verify=steep)
+    assert policy.next_length() == best_draft_length(0.8, 0.1, 16, steep)
