@@ -1,0 +1,114 @@
+"""Draft settings on prompts unlike the dev set: the zoo draft and a distilled draft on the broad dev questions.
+
+    python tests/benchmarks/bench_broad.py --distilled runs/distillspec_tiny/artefact --out-dir runs/broad
+
+For each draft (the zoo's, written as an artefact, and the distilled one) it runs ``draftsmith tune`` (held-out
+calibration prompts from the corpus, never the broad set), then ``draftsmith eval --questions broad`` at the
+chosen settings, at fixed draft lengths 2, 4 and 6 without a confidence stop, and at the old defaults (4 tokens,
+confidence stop 0.4). Every cell is its own process with one torch thread; finished cells are not run again.
+Writes ``broad.json`` and ``broad.md`` (overall and per category: tau, speedup, predicted, measured/predicted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SETTINGS = {  # name -> draftsmith eval options (None: the artefact's tuned settings)
+    "chosen": [],
+    "fixed 2": ["--draft-length", "2", "--draft-confidence", "0"],
+    "fixed 4": ["--draft-length", "4", "--draft-confidence", "0"],
+    "fixed 6": ["--draft-length", "6", "--draft-confidence", "0"],
+    "old default (4, conf 0.4)": ["--draft-length", "4", "--draft-confidence", "0.4"],
+}
+
+
+def draftsmith(*args: str) -> None:
+    cmd = [str(Path(sys.executable).parent / "draftsmith"), *args]
+    print("$ " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def zoo_draft_artefact(out: Path) -> Path:
+    """The zoo draft as a ``draft`` artefact (so it can be tuned like a trained one)."""
+    if (out / "manifest.json").is_file():
+        return out
+    from draftsmith.common.models import load_model, load_tokenizer, target_identity
+    from draftsmith.inference.artefact import write_artefact
+    from draftsmith.trainers.zoo import ensure_zoo
+
+    zoo = ensure_zoo("tiny")
+    target, draft = load_model(zoo / "target"), load_model(zoo / "draft")
+    tokenizer = load_tokenizer(zoo / "tokenizer")
+    write_artefact(out, "draft_model", method="draft", target=target_identity(target, tokenizer, str(zoo / "target")),
+                   proposer={"draft_length": 4, "model_dir": "draft"}, model=draft, tokenizer=tokenizer)
+    return out
+
+
+def summary(report: dict) -> dict:
+    s = report["summary"]
+    cats = {name: {k: c.get(k) for k in ("tau", "speedup", "predicted_speedup")}
+            for name, c in report["categories"].items()}
+    return {k: s.get(k) for k in ("tau", "speedup", "predicted_speedup", "measured_over_predicted",
+                                  "greedy_identical", "mean_draft_length")} | {
+        "proposer": report.get("proposer"), "categories": cats}
+
+
+def fmt(x, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def markdown(results: dict) -> str:
+    lines = ["| draft | settings | tau | speedup | predicted | measured/predicted | identical |", "|---|---|---|---|---|---|---|"]
+    for draft, cells in results.items():
+        for name, r in cells.items():
+            p = r["proposer"] or {}
+            label = f"{name} (k {p.get('draft_length')}, conf {p.get('confidence_threshold')})"
+            lines.append(f"| {draft} | {label} | {fmt(r['tau'])} | {fmt(r['speedup'])} | {fmt(r['predicted_speedup'])} "
+                         f"| {fmt(r['measured_over_predicted'])} | {fmt(r['greedy_identical'], 2)} |")
+    first = next(iter(results.values()))["chosen"]["categories"]
+    lines += ["", "Per category at the chosen settings (tau / speedup):", "",
+              "| category | " + " | ".join(results) + " |", "|---|" + "---|" * len(results)]
+    for cat in first:
+        row = [f"{fmt(results[d]['chosen']['categories'][cat]['tau'])} / "
+               f"{fmt(results[d]['chosen']['categories'][cat]['speedup'])}" for d in results]
+        lines.append(f"| {cat} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--distilled", type=Path, required=True, help="a distilled draft artefact (DistillSpec recipe)")
+    p.add_argument("--out-dir", type=Path, default=Path("runs/broad"))
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--tune-prompts", type=int, default=40)
+    args = p.parse_args()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    drafts = {"zoo draft": zoo_draft_artefact(args.out_dir / "zoo_draft_artefact"), "distilled": args.distilled}
+    results: dict[str, dict] = {}
+    for draft, artefact in drafts.items():
+        manifest = json.loads((artefact / "manifest.json").read_text())
+        if "tuning" not in manifest:
+            draftsmith("tune", "--artefact", str(artefact), "--prompts", str(args.tune_prompts), "--max-new-tokens",
+                       str(args.max_new_tokens), "--threads", "1")
+        results[draft] = {}
+        for name, options in SETTINGS.items():
+            out = args.out_dir / draft.replace(" ", "_") / name.split(" (")[0].replace(" ", "_") / "report.json"
+            if not out.is_file():
+                extra = ["--limit", str(args.limit)] if args.limit else []
+                draftsmith("eval", "--artefact", str(artefact), "--questions", "broad", "--max-new-tokens",
+                           str(args.max_new_tokens), "--threads", "1", "--no-progress", "--out", str(out), *options,
+                           *extra)
+            results[draft][name] = summary(json.loads(out.read_text()))
+    (args.out_dir / "broad.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out_dir / "broad.md").write_text(markdown(results))
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
