@@ -26,3 +26,7 @@ class TokenizerMismatchError(DraftsmithError, ValueError):
 
 class UnsupportedModelError(DraftsmithError, ValueError):
     """A model whose layout draftsmith does not know how to run layer by layer."""
+
+
+class ProposerError(DraftsmithError, ValueError):
+    """A proposer broke the draft contract (malformed draft, target cache left inconsistent)."""

@@ -13,21 +13,38 @@ Supported layouts: Llama-style (Llama, Qwen2, Mistral and their relatives: ``mod
 their public forwards are called.
 
 Hidden-state indices follow transformers: index 0 is the embedding output, index ``i`` the output
-of decoder layer ``i - 1`` (before the final norm).
+of decoder layer ``i - 1`` (before the final norm). :meth:`ModelAdapter.forward_from` starts a
+forward at any layer from given hidden states (early exit hands verification the layer-E states of
+its draft), and ``inputs_embeds`` replaces token ids by embeddings (BiTA's prompt and mask tokens).
+Sublayer skipping (the attention or the MLP of a layer, Draft & Verify) composes the layer's own
+public submodules, for the layouts listed in :data:`SUBLAYER_LAYOUTS`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 from torch import nn
 
-from draftsmith.common.errors import UnsupportedModelError
+from draftsmith.common.errors import ConfigError, UnsupportedModelError
 from draftsmith.inference.kv_cache import KVCache
 
 LLAMA_LIKE = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "gemma", "phi3", "olmo", "olmo2")
+# Model types whose decoder layer is exactly ``h + attn(norm1(h))`` then ``h + mlp(norm2(h))``, so one
+# sublayer can run without the other; value: (norm1, attention, norm2, mlp) attribute names.
+_LLAMA_SUBLAYERS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+SUBLAYER_LAYOUTS = MappingProxyType(
+    {
+        "llama": _LLAMA_SUBLAYERS,
+        "qwen2": _LLAMA_SUBLAYERS,
+        "qwen3": _LLAMA_SUBLAYERS,
+        "mistral": _LLAMA_SUBLAYERS,
+        "gpt2": ("ln_1", "attn", "ln_2", "mlp"),
+    }
+)
 
 
 @dataclass
@@ -98,6 +115,7 @@ class ModelAdapter:
         self.model = model
         self.config = model.config
         model_type = getattr(self.config, "model_type", "")
+        self.model_type = model_type
         self.family: str
         if model_type == "gpt2":
             body = model.transformer
@@ -163,11 +181,18 @@ class ModelAdapter:
         self,
         input_ids: torch.Tensor,  # [B, T]
         position_ids: torch.Tensor,  # [B, T]
-    ) -> torch.Tensor:  # [B, T, H]
-        hidden = self._embed(input_ids)
+    ) -> torch.Tensor:  # [B, T, H], the input of layer 0
+        return self.add_positions(self._embed(input_ids), position_ids)
+
+    def add_positions(
+        self,
+        inputs_embeds: torch.Tensor,  # [B, T, H] token embeddings, as ``embed_tokens`` returns them
+        position_ids: torch.Tensor,  # [B, T]
+    ) -> torch.Tensor:  # [B, T, H], the input of layer 0
+        """Add learned position embeddings (GPT-2); rotary layouts apply positions inside attention."""
         if self._wpe is not None:
-            hidden = hidden + self._wpe(position_ids)
-        return hidden
+            return inputs_embeds + self._wpe(position_ids)
+        return inputs_embeds
 
     def norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._norm(hidden)
@@ -201,15 +226,22 @@ class ModelAdapter:
         start: int = 0,
         end: int | None = None,
         skip: Iterable[int] = (),
+        skip_attention: Iterable[int] = (),
+        skip_mlp: Iterable[int] = (),
         output_hidden_states: Iterable[int] = (),
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Run decoder layers ``start .. end-1`` except those in ``skip``. Returns the hidden
-        state after the last layer run (no final norm) and the requested hidden states (indices
-        as in transformers; a skipped layer passes its input through)."""
+        """Run decoder layers ``start .. end-1`` except those in ``skip``; in the layers listed in
+        ``skip_attention`` / ``skip_mlp`` only the other sublayer runs (both listed = skipped).
+        Returns the hidden state after the last layer run (no final norm) and the requested
+        hidden states (indices as in transformers; a skipped layer passes its input through)."""
         end = self.num_layers if end is None else end
         if not 0 <= start <= end <= self.num_layers:
             raise ValueError(f"layer range {start}..{end} is outside 0..{self.num_layers}")
-        skip = frozenset(skip)
+        no_attn, no_mlp = frozenset(skip_attention), frozenset(skip_mlp)
+        skip = frozenset(skip) | (no_attn & no_mlp)
+        partial = (no_attn | no_mlp) - skip
+        if partial:
+            self._check_sublayers(partial)
         want = frozenset(output_hidden_states)
         t = hidden.shape[1]
         if tree is None:
@@ -227,57 +259,141 @@ class ModelAdapter:
                 key = (past, self._windows[i])
                 if key not in masks:
                     masks[key] = self._layer_mask(past, tree, position_ids, self._windows[i], hidden.dtype)
-                hidden = self._run_layer(i, hidden, masks[key], position_ids, cache, rope)
+                if i in partial:
+                    hidden = self._run_sublayers(
+                        i, hidden, masks[key], position_ids, cache, rope, attn=i not in no_attn, mlp=i not in no_mlp
+                    )
+                else:
+                    hidden = self._run_layer(i, hidden, masks[key], position_ids, cache, rope)
             if i + 1 in want:
                 states[i + 1] = hidden
         return hidden, states
 
+    def _attention_kwargs(self, mask, position_ids, cache, rope) -> dict:
+        kwargs = dict(attention_mask=mask, past_key_values=cache, use_cache=cache is not None)
+        if self.family != "gpt2":
+            kwargs.update(position_ids=position_ids, position_embeddings=rope)
+        return kwargs
+
     def _run_layer(self, i, hidden, mask, position_ids, cache, rope):
-        layer = self._layers[i]
-        if self.family == "gpt2":
-            out = layer(hidden, past_key_values=cache, attention_mask=mask, use_cache=cache is not None)
-        else:
-            out = layer(
-                hidden,
-                attention_mask=mask,
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=cache is not None,
-                position_embeddings=rope,
-            )
+        out = self._layers[i](hidden, **self._attention_kwargs(mask, position_ids, cache, rope))
         return out[0] if isinstance(out, tuple) else out
+
+    def _check_sublayers(self, layers: Iterable[int]) -> None:
+        names = SUBLAYER_LAYOUTS.get(self.model_type)
+        if names is None:
+            raise UnsupportedModelError(
+                f"skipping only the attention or only the MLP of a layer is not supported for {self.model_type!r} "
+                f"(supported: {', '.join(SUBLAYER_LAYOUTS)}); skip whole layers instead"
+            )
+        bad = sorted(i for i in layers if not 0 <= i < self.num_layers)
+        if bad:
+            raise ConfigError(f"sublayer skip lists name layers {bad} outside 0..{self.num_layers - 1}")
+
+    def _run_sublayers(self, i, hidden, mask, position_ids, cache, rope, *, attn: bool, mlp: bool):
+        """``h + attn(norm1(h))`` and/or ``h + mlp(norm2(h))``: the layer's own submodules, either half alone."""
+        norm1, attention, norm2, ffn = (getattr(self._layers[i], name) for name in SUBLAYER_LAYOUTS[self.model_type])
+        if attn:
+            hidden = hidden + attention(norm1(hidden), **self._attention_kwargs(mask, position_ids, cache, rope))[0]
+        if mlp:
+            hidden = hidden + ffn(norm2(hidden))
+        return hidden
 
     def forward(
         self,
-        input_ids: torch.Tensor,  # [B, T]
+        input_ids: torch.Tensor | None = None,  # [B, T]
         cache: KVCache | None = None,
         *,
-        position_ids: torch.Tensor | None = None,  # [B, T]; default: cache length + arange(T)
+        inputs_embeds: torch.Tensor | None = None,  # [B, T, H] instead of input_ids (token embeddings)
+        position_ids: torch.Tensor | None = None,  # [B, T]; default: cached tokens + arange(T)
         tree: torch.Tensor | None = None,  # [T, T] bool; default: causal
         skip_layers: Iterable[int] = (),
+        skip_attention: Iterable[int] = (),
+        skip_mlp: Iterable[int] = (),
         exit_layer: int | None = None,  # stop after this many layers (early exit), then norm + head
         output_hidden_states: Iterable[int] = (),
         compute_logits: bool | slice = True,
     ) -> AdapterOutput:
         """Embed, run the layers (minus ``skip_layers``, up to ``exit_layer``), norm, LM head.
 
-        ``compute_logits`` may be a slice of positions (e.g. ``slice(-1, None)`` for the last
-        token only) to save the ``[T, V]`` head matmul during prefill."""
-        if input_ids.dim() == 1:
-            input_ids = input_ids[None]
+        ``inputs_embeds`` are token embeddings as :attr:`embed_tokens` returns them (GPT-2's
+        position embeddings are still added), as in transformers. ``compute_logits`` may be a slice
+        of positions (e.g. ``slice(-1, None)`` for the last token only) to save the ``[T, V]`` head
+        matmul during prefill."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ConfigError("give exactly one of input_ids and inputs_embeds")
+        if input_ids is not None:
+            if input_ids.dim() == 1:
+                input_ids = input_ids[None]
+            t, device = input_ids.shape[1], input_ids.device
+        else:
+            if inputs_embeds.dim() == 2:
+                inputs_embeds = inputs_embeds[None]
+            t, device = inputs_embeds.shape[1], inputs_embeds.device
         if position_ids is None:
-            past = cache.get_seq_length(0) if cache is not None else 0
-            position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]
+            past = self._cached_length(cache, exit_layer, frozenset(skip_layers) | frozenset(skip_attention))
+            position_ids = torch.arange(past, past + t, device=device)[None]
         elif position_ids.dim() == 1:
             position_ids = position_ids[None]
-        hidden = self.embed(input_ids, position_ids)
+        if input_ids is not None:
+            hidden = self.embed(input_ids, position_ids)
+        else:
+            hidden = self.add_positions(inputs_embeds, position_ids)
+        return self.forward_from(
+            hidden,
+            0,
+            cache,
+            position_ids=position_ids,
+            tree=tree,
+            end=exit_layer,
+            skip_layers=skip_layers,
+            skip_attention=skip_attention,
+            skip_mlp=skip_mlp,
+            output_hidden_states=output_hidden_states,
+            compute_logits=compute_logits,
+        )
+
+    def _cached_length(self, cache: KVCache | None, end: int | None, no_attention: frozenset[int]) -> int:
+        """Tokens already cached, read from the first layer this forward runs attention in."""
+        if cache is None:
+            return 0
+        end = self.num_layers if end is None else end
+        first = next((i for i in range(end) if i not in no_attention), 0)
+        return cache.get_seq_length(first)
+
+    def forward_from(
+        self,
+        hidden: torch.Tensor,  # [B, T, H] the input of decoder layer `start`
+        start: int,
+        cache: KVCache | None = None,
+        *,
+        position_ids: torch.Tensor,  # [B, T] absolute positions of the T tokens
+        tree: torch.Tensor | None = None,  # [T, T] bool; default: causal
+        end: int | None = None,
+        skip_layers: Iterable[int] = (),
+        skip_attention: Iterable[int] = (),
+        skip_mlp: Iterable[int] = (),
+        output_hidden_states: Iterable[int] = (),
+        compute_logits: bool | slice = True,
+    ) -> AdapterOutput:
+        """Layers ``start .. end-1`` from given hidden states, then norm and LM head.
+
+        ``forward_from(h, E, cache, ...)`` continues a forward whose layers ``0 .. E-1`` already
+        ran (their keys/values in ``cache``): the early-exit draft hands its layer-E states to the
+        verification, which then never re-runs the first E layers. Layers before ``start`` are not
+        touched, so their cache lengths do not affect the masks here."""
+        if position_ids.dim() == 1:
+            position_ids = position_ids[None]
         hidden, states = self.forward_layers(
             hidden,
             position_ids,
             cache,
             tree=tree,
-            end=exit_layer,
+            start=start,
+            end=end,
             skip=skip_layers,
+            skip_attention=skip_attention,
+            skip_mlp=skip_mlp,
             output_hidden_states=output_hidden_states,
         )
         last = self.norm(hidden)

@@ -5,6 +5,13 @@ target's KV cache). Each step runs the target once over ``[pending] + draft`` an
 accepted draft nodes plus one more token (the correction after a rejection, or the bonus token
 after a full accept), so a step commits between 1 and ``len(draft) + 1`` tokens; with no draft this
 is plain autoregressive decoding and every step commits exactly one token (tau = 1).
+
+Per step the host waits on the device once, for the verdict (accepted path, next token and the
+accepted tokens in one transfer; see :mod:`~draftsmith.inference.verify`). Self-drafting proposers
+reach the target and this sequence's cache through ``bind(TargetView)`` (see
+:class:`~draftsmith.inference.proposers.base.TargetView`); the loop checks the cache they leave.
+A draft's extra inputs ride along in the verification forward and are dropped from the cache with
+the rejected nodes. Stop strings are searched in a bounded window of the output's tail.
 """
 
 from __future__ import annotations
@@ -15,10 +22,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftsmith.inference.adapter import ModelAdapter
+from draftsmith.common.errors import ProposerError
+from draftsmith.inference.adapter import AdapterOutput, ModelAdapter
 from draftsmith.inference.kv_cache import KVCache
-from draftsmith.inference.proposers.base import Proposer, StepFeedback
+from draftsmith.inference.proposers.base import Proposer, StepFeedback, TargetView
 from draftsmith.inference.sampling import SamplingParams, process_logits
+from draftsmith.inference.timing import sync_device
 from draftsmith.inference.verify import Draft, Verdict, verify_greedy, verify_sampling
 
 Verifier = Callable[[torch.Tensor, Draft, "torch.Generator | None"], Verdict]
@@ -69,16 +78,18 @@ def prefill(
     if prompt_ids.numel() <= 1:
         return {}
     out = target.forward(
-        prompt_ids[None, :-1], cache, compute_logits=False, output_hidden_states=_layer_indices(target, hidden_layers)
+        prompt_ids[None, :-1], cache, compute_logits=False, output_hidden_states=_layer_indices(hidden_layers)
     )
     return _pick_hidden(out, hidden_layers)
 
 
-def _layer_indices(target: ModelAdapter, hidden_layers: Sequence[int]) -> list[int]:
+def _layer_indices(hidden_layers: Sequence[int]) -> list[int]:
     return [i for i in hidden_layers if i != -1]
 
 
-def _pick_hidden(out, hidden_layers: Sequence[int], rows: torch.Tensor | None = None) -> dict[int, torch.Tensor]:
+def _pick_hidden(
+    out: AdapterOutput, hidden_layers: Sequence[int], rows: torch.Tensor | slice | None = None
+) -> dict[int, torch.Tensor]:  # layer -> [rows, H]
     picked = {}
     for i in hidden_layers:
         h = out.last_hidden[0] if i == -1 else out.hidden_states[i][0]  # [T, H]
@@ -86,23 +97,73 @@ def _pick_hidden(out, hidden_layers: Sequence[int], rows: torch.Tensor | None = 
     return picked
 
 
+def start_sequence(
+    proposer: Proposer,
+    target: ModelAdapter,
+    cache: KVCache,
+    prompt_ids: torch.Tensor,  # [L]
+    prompt_hidden: dict[int, torch.Tensor],  # layer -> [L - 1, H]
+) -> None:
+    """Bind a self-drafting proposer to the target and this sequence's cache, then reset it."""
+    bind = getattr(proposer, "bind", None)
+    if bind is not None:
+        bind(TargetView(target, cache))
+    proposer.reset(prompt_ids)
+    if getattr(proposer, "hidden_layers", ()):
+        proposer.prefill_hidden(prompt_hidden)
+
+
+def expected_cache_lengths(num_layers: int, past: int, draft: Draft) -> list[int]:
+    """Per-layer target cache lengths the verification of ``draft`` expects (see TargetView):
+    ``past`` everywhere, except ``past + 1 + n`` in the layers a resumed draft already ran."""
+    start = draft.resume.start if draft.resume is not None else 0
+    return [past + 1 + len(draft)] * start + [past] * (num_layers - start)
+
+
+def check_target_cache(cache: KVCache, past: int, draft: Draft, proposer_name: str) -> None:
+    """Refuse a proposal that left the target's cache other than the verification expects."""
+    want = expected_cache_lengths(cache.num_layers, past, draft)
+    got = cache.lengths()
+    if got != want:
+        i = next(i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w)
+        raise ProposerError(
+            f"proposer {proposer_name!r} left {got[i]} entries in layer {i} of the target's KV cache where the "
+            f"verification expects {want[i]}: crop what the draft wrote (see TargetView)"
+        )
+
+
 def verify_forward(
     target: ModelAdapter,
     cache: KVCache,
+    past: int,  # committed tokens in the cache (the pending token's position)
     pending: torch.Tensor,  # [1]
     draft: Draft,
     hidden_layers: Sequence[int] = (),
-):
-    """One target forward over the pending token and the draft tree; ``.logits`` is ``[1, 1 + n, V]``."""
-    past = cache.get_seq_length()
-    ids = torch.cat([pending, draft.tokens.to(pending.device)])[None]  # [1, 1 + n]
-    want = _layer_indices(target, hidden_layers)
-    if draft.is_chain:
-        return target.forward(ids, cache, output_hidden_states=want)
-    depths = torch.cat([torch.zeros(1, dtype=torch.long), draft.depths]).to(pending.device)
-    return target.forward(
-        ids, cache, position_ids=(past + depths)[None], tree=draft.verify_mask, output_hidden_states=want
-    )
+) -> AdapterOutput:
+    """One target forward over the pending token, the draft tree and the draft's extra inputs;
+    ``.logits`` is ``[1, 1 + n + m, V]``. A resumed draft starts at its layer from its hidden states."""
+    device = pending.device
+    want = _layer_indices(hidden_layers)
+    pos = (past + draft.position_offsets.to(device))[None]  # [1, 1 + n + m]
+    mask = draft.forward_mask  # [T, T] bool or None (causal)
+    if draft.resume is not None:
+        start = draft.resume.start
+        if any(i < start for i in want):
+            raise ProposerError(
+                f"hidden states of layers {sorted(i for i in want if i < start)} were asked for, but the draft "
+                f"resumes the verification at layer {start}"
+            )
+        hidden = draft.resume.hidden.to(device, target.dtype)[None]  # [1, 1 + n, H]
+        return target.forward_from(hidden, start, cache, position_ids=pos, tree=mask, output_hidden_states=want)
+    ids = torch.cat([pending, draft.tokens.to(device)])  # [1 + n]
+    extra = draft.extra_inputs
+    if extra is None:
+        return target.forward(ids[None], cache, position_ids=pos, tree=mask, output_hidden_states=want)
+    if extra.input_ids is not None:
+        ids = torch.cat([ids, extra.input_ids.to(device)])  # [1 + n + m]
+        return target.forward(ids[None], cache, position_ids=pos, tree=mask, output_hidden_states=want)
+    embeds = torch.cat([target.embed_tokens(ids), extra.inputs_embeds.to(device, target.dtype)])  # [1 + n + m, H]
+    return target.forward(inputs_embeds=embeds[None], cache=cache, position_ids=pos, tree=mask, output_hidden_states=want)
 
 
 def accept(
@@ -120,8 +181,39 @@ def accept(
 
 
 def commit_cache(cache: KVCache, past: int, verdict: Verdict) -> None:
-    """Keep the pending token (at ``past``) and the accepted branch; drop every other node."""
+    """Keep the pending token (at ``past``) and the accepted branch; drop every other node and
+    every extra input."""
     cache.select(past + 1, torch.tensor(verdict.accepted, dtype=torch.long))
+
+
+def step_feedback(
+    out: AdapterOutput,
+    draft: Draft,
+    verdict: Verdict,
+    committed: list[int],
+    hidden_layers: Sequence[int],
+    draft_seconds: float,
+    target_seconds: float,
+) -> StepFeedback:
+    n = len(draft)
+    logits = out.logits[0]  # [1 + n + m, V]
+    hidden = {}
+    if hidden_layers:
+        rows = torch.tensor([0] + [a + 1 for a in verdict.accepted], device=logits.device)  # [1 + a]
+        hidden = _pick_hidden(out, hidden_layers, rows)
+    extra = draft.extra_inputs
+    return StepFeedback(
+        num_proposed=n,
+        num_accepted=len(verdict.accepted),
+        draft_seconds=draft_seconds,
+        target_seconds=target_seconds,
+        accepted=verdict.accepted,
+        committed=committed,
+        target_logits=logits[: 1 + n],
+        hidden_states=hidden,
+        extra_logits=logits[1 + n :] if extra is not None else None,
+        extra_hidden=_pick_hidden(out, extra.hidden_layers, slice(1 + n, None)) if extra is not None else {},
+    )
 
 
 def truncate(
@@ -140,23 +232,35 @@ def truncate(
     return new_tokens, None
 
 
-def stop_string_cut(tokenizer, output_ids: list[int], start: int, stop_strings: Sequence[str]) -> int | None:
-    """Smallest number of output tokens (>= ``start``) whose text contains a stop string, else None."""
-    if not stop_strings or tokenizer is None:
-        return None
-    text = tokenizer.decode(output_ids, skip_special_tokens=True)
-    if not any(s in text for s in stop_strings):
-        return None
-    for n in range(max(1, start), len(output_ids) + 1):
-        prefix = tokenizer.decode(output_ids[:n], skip_special_tokens=True)
-        if any(s in prefix for s in stop_strings):
-            return n
-    return len(output_ids)
+def stop_lookback(stop_strings: Sequence[str]) -> int:
+    """Earlier output tokens a stop-string search decodes before a step's new tokens.
+
+    A stop string that the earlier searches missed ends in the new tokens' text, so it starts at
+    most ``bytes(s) - 1`` bytes before them; every token decodes to at least one byte (byte-level
+    BPE, SentencePiece with byte fallback), so that many tokens cover it, plus one so the window
+    never starts on the stop string's first token (SentencePiece drops a leading space there)."""
+    return max((len(s.encode("utf-8")) for s in stop_strings), default=0) + 1
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def find_stop(
+    tokenizer,
+    context: list[int],  # the last stop_lookback(...) tokens of the output before this step
+    new_tokens: list[int],  # this step's tokens
+    stop_strings: Sequence[str],
+) -> int | None:
+    """Smallest ``k >= 1`` such that the text of ``context + new_tokens[:k]`` contains a stop
+    string, else None. Decodes at most ``len(new_tokens)`` windows of at most
+    ``len(context) + len(new_tokens)`` tokens, however long the output already is."""
+    if not stop_strings or tokenizer is None or not new_tokens:
+        return None
+
+    def hit(k: int) -> bool:
+        text = tokenizer.decode(context + new_tokens[:k], skip_special_tokens=True)
+        return any(s in text for s in stop_strings)
+
+    if not hit(len(new_tokens)):
+        return None
+    return next((k for k in range(1, len(new_tokens)) if hit(k)), len(new_tokens))
 
 
 @torch.inference_mode()
@@ -175,15 +279,14 @@ def generate(
     if prompt_ids.numel() == 0:
         raise ValueError("the prompt is empty: give at least one token (e.g. BOS)")
     max_new = min(config.max_new_tokens, target.max_positions - prompt_ids.numel())
-    _sync(device)
+    sync_device(device)
     t0 = time.perf_counter()
     cache = target.new_cache(capacity=prompt_ids.numel() + max_new + 64)
     hidden_layers = tuple(getattr(proposer, "hidden_layers", ()) or ())
     prompt_hidden = prefill(target, cache, prompt_ids, hidden_layers)
     if proposer is not None:
-        proposer.reset(prompt_ids)
-        if hidden_layers:
-            proposer.prefill_hidden(prompt_hidden)
+        start_sequence(proposer, target, cache, prompt_ids, prompt_hidden)
+    lookback = stop_lookback(config.stop_strings) if config.stop_strings and tokenizer is not None else 0
     tokens = prompt_ids
     output: list[int] = []
     accept_lengths: list[int] = []
@@ -194,52 +297,43 @@ def generate(
     finish = "length"
     while len(output) < max_new:
         room = max_new - len(output)
+        past = tokens.numel() - 1  # committed tokens in the cache; tokens[-1] is pending
         t_draft = time.perf_counter()
         if proposer is None:
             draft = Draft.empty()
         else:
             draft = proposer.propose(tokens, room - 1, config.sampling, generator)
-        _sync(device)
+            check_target_cache(cache, past, draft, getattr(proposer, "name", type(proposer).__name__))
+        sync_device(device)
         t_verify = time.perf_counter()
-        past = cache.get_seq_length()
-        out = verify_forward(target, cache, tokens[-1:], draft, hidden_layers)
-        logits = out.logits[0]  # [1 + n, V]
-        verdict = accept(logits, draft, config.sampling, generator, verifier)
+        want = hidden_layers + (draft.extra_inputs.hidden_layers if draft.extra_inputs is not None else ())
+        out = verify_forward(target, cache, past, tokens[-1:], draft, want)
+        verdict = accept(out.logits[0, : 1 + len(draft)], draft, config.sampling, generator, verifier)
         commit_cache(cache, past, verdict)
-        _sync(device)
+        sync_device(device)
         t_end = time.perf_counter()
         draft_time += t_verify - t_draft
         verify_time += t_end - t_verify
-        step_tokens = draft.tokens[verdict.accepted].tolist() + [verdict.next_token]
+        step_tokens = verdict.accepted_tokens(draft) + [verdict.next_token]
         if len(draft):
             n_proposed += len(draft)
             n_accepted += len(verdict.accepted)
             _count_depths(draft, verdict, proposed_by_depth, accepted_by_depth)
         if proposer is not None:
-            rows = torch.tensor([0] + [a + 1 for a in verdict.accepted], device=device)
             proposer.observe(
-                StepFeedback(
-                    num_proposed=len(draft),
-                    num_accepted=len(verdict.accepted),
-                    draft_seconds=t_verify - t_draft,
-                    target_seconds=t_end - t_verify,
-                    accepted=verdict.accepted,
-                    committed=step_tokens,
-                    target_logits=logits,
-                    hidden_states=_pick_hidden(out, hidden_layers, rows) if hidden_layers else {},
-                )
+                step_feedback(out, draft, verdict, step_tokens, hidden_layers, t_verify - t_draft, t_end - t_verify)
             )
         kept, reason = truncate(step_tokens, len(output), max_new, config.eos_token_ids)
-        cut = stop_string_cut(tokenizer, output + kept, len(output) + 1, config.stop_strings)
-        if cut is not None:
-            kept, reason = (output + kept)[len(output) : cut], "stop"
+        stop = find_stop(tokenizer, output[max(0, len(output) - lookback) :], kept, config.stop_strings)
+        if stop is not None:
+            kept, reason = kept[:stop], "stop"
         output.extend(kept)
         accept_lengths.append(len(kept))
         tokens = torch.cat([tokens, torch.tensor(kept, dtype=torch.long, device=device)])
         if reason is not None:
             finish = reason
             break
-    _sync(device)
+    sync_device(device)
     return GenerationResult(
         output_ids=output,
         accept_lengths=accept_lengths,

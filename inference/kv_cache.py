@@ -62,6 +62,11 @@ class KVCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self._lengths[layer_idx]
 
+    def lengths(self) -> list[int]:
+        """Entries per layer (they differ while a self-drafting proposer holds draft entries in some
+        layers, or after a forward that skipped layers)."""
+        return list(self._lengths)
+
     def __len__(self) -> int:
         return self.num_layers
 

@@ -65,13 +65,38 @@ def sample(
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def uniform(
+    shape: tuple[int, ...],
+    generator: torch.Generator | None,
+    device: torch.device,
+) -> torch.Tensor:  # shape, float32 in [0, 1), on ``device``
+    """Uniforms drawn on the generator's own device (a CPU generator may drive a CUDA decode) and
+    moved to ``device`` without a host synchronisation."""
+    where = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, device=where).to(device, non_blocking=True)
+
+
+def draw(
+    probs: torch.Tensor,  # [V], non-negative, sums to > 0
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:  # [] long on probs.device
+    """One token from ``probs`` by inversion of the CDF, on the device, without a host sync."""
+    cdf = probs.float().cumsum(-1)  # [V]
+    x = uniform((1,), generator, probs.device) * cdf[-1]  # [1]
+    idx = torch.searchsorted(cdf, x, right=True)[0]  # first token whose CDF exceeds x
+    # x < cdf[-1] in exact arithmetic; a float32 rounding up to it must not pick a zero-probability tail token
+    top = torch.where(probs > 0, torch.arange(probs.shape[-1], device=probs.device), 0).max()  # [] last possible token
+    return torch.minimum(idx, top)
+
+
 def residual(
-    p: torch.Tensor,  # [V] target distribution (possibly already a residual)
-    q: torch.Tensor,  # [V] draft distribution of the rejected proposal
-) -> torch.Tensor:  # [V]
+    p: torch.Tensor,  # [..., V] target distribution (possibly already a residual)
+    q: torch.Tensor,  # [..., V] draft distribution of the rejected proposal
+) -> torch.Tensor:  # [..., V]
     """norm(max(0, p - q)): the distribution to resample from after a rejection (Leviathan et al.
-    2023, Algorithm 1; Chen et al. 2023, eq. 3). If ``p <= q`` everywhere (only possible when p == q,
-    where rejection has probability 0) ``p`` is returned unchanged."""
+    2023, Algorithm 1; Chen et al. 2023, eq. 3), row-wise and without a host sync. Where ``p <= q``
+    everywhere (only possible when p == q, where rejection has probability 0) ``p`` is returned
+    unchanged."""
     r = (p - q).clamp_min(0)
-    total = r.sum()
-    return r / total if total > 0 else p
+    total = r.sum(-1, keepdim=True)
+    return torch.where(total > 0, r / total.clamp_min(torch.finfo(r.dtype).tiny), p)

@@ -4,6 +4,16 @@ A proposer sees the committed tokens (prompt + generated, the last one *pending*
 not processed it yet) and returns a :class:`~draftsmith.inference.verify.Draft`. After the
 target's verification the loop calls :meth:`Proposer.observe` so that stateful proposers (their own
 KV caches, adaptive draft lengths) can follow what was committed.
+
+Self-drafting proposers (LayerSkip's early exit, Draft & Verify's layer skipping) draft with the
+target itself. They define the optional hook ``bind(target: TargetView)``, which the loop calls
+before ``reset`` for every sequence with the target's adapter and the sequence's KV cache; the
+contract on that cache is in :class:`TargetView`. Proposers without ``bind`` never see the target.
+
+A draft can ask for more from the verification forward than the tree's logits:
+``Draft.resume`` starts it at a layer from hidden states the proposer computed (early exit), and
+``Draft.extra_inputs`` adds tokens of the proposer's own after the tree (BiTA's mask tokens, Jacobi
+blocks), whose logits and hidden states come back in :class:`StepFeedback`.
 """
 
 from __future__ import annotations
@@ -13,8 +23,31 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from draftsmith.inference.adapter import ModelAdapter
+from draftsmith.inference.kv_cache import KVCache
 from draftsmith.inference.sampling import SamplingParams
 from draftsmith.inference.verify import Draft
+
+__all__ = ["Draft", "Proposer", "StepFeedback", "TargetView", "common_prefix_length"]
+
+
+@dataclass(frozen=True)
+class TargetView:
+    """The target and the KV cache of the sequence being decoded, for proposers that draft with the
+    target's own layers.
+
+    At every ``propose(tokens, ...)`` call the cache holds exactly the committed tokens but the
+    pending one: ``cache.get_seq_length(i) == len(tokens) - 1`` in every layer ``i``. The proposer
+    may run target layers with the cache (``adapter.forward(..., cache)``), reading the committed
+    entries and appending its own. When ``propose`` returns, every layer must again hold
+    ``len(tokens) - 1`` entries (crop what the draft wrote: ``cache.crop(len(tokens) - 1)``), with one
+    exception: a draft with ``resume=Resume(start=E, hidden)`` leaves layers ``0 .. E-1`` holding
+    ``len(tokens) + n`` entries, the pending token and the ``n`` nodes at the positions the
+    verification forward uses, so that the verification runs layers ``E ..`` only. The loop checks
+    this after every proposal (:class:`~draftsmith.common.errors.ProposerError` otherwise)."""
+
+    adapter: ModelAdapter
+    cache: KVCache
 
 
 @dataclass
@@ -31,10 +64,16 @@ class StepFeedback:
     hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)
     # layer index -> [1 + a, H]: the target's hidden states at the pending token and the accepted
     # nodes (only the layers the proposer lists in ``hidden_layers``; -1 = last, after the final norm)
+    extra_logits: torch.Tensor | None = None  # [m, V] the target's logits at Draft.extra_inputs (None: no extras)
+    extra_hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    # layer index -> [m, H] at the extras (the layers listed in ExtraInputs.hidden_layers)
 
 
 @runtime_checkable
 class Proposer(Protocol):
+    """Required members. Optional ones the loop uses when present: ``bind(target: TargetView)``
+    (self-drafting, see :class:`TargetView`) and ``prefill_hidden`` (when ``hidden_layers``)."""
+
     name: str
     lossless: bool  # False for rules that change the output distribution (must be reported)
     # Target hidden states the proposer needs (EAGLE, Medusa): transformers-style layer indices,

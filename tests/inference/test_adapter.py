@@ -150,3 +150,93 @@ def test_unsupported_model_is_refused():
 
     with pytest.raises(UnsupportedModelError, match="not supported"):
         ModelAdapter(Fake())
+
+
+def test_inputs_embeds_match_input_ids_and_transformers(family):
+    model = random_model(family)
+    adapter = ModelAdapter(model)
+    ids = _ids(9)
+    with torch.no_grad():
+        embeds = adapter.embed_tokens(ids)  # [1, 9, H]
+        by_ids = adapter.forward(ids).logits
+        by_embeds = adapter.forward(inputs_embeds=embeds).logits
+        ref = model(inputs_embeds=embeds).logits
+    assert (by_embeds - by_ids).abs().max() <= 1e-6
+    assert (by_embeds - ref).abs().max() <= 1e-5
+    with pytest.raises(ValueError, match="exactly one"):
+        adapter.forward(ids, inputs_embeds=embeds)
+
+
+@pytest.mark.parametrize("exit_layer", [1, 2, 3])
+def test_forward_from_a_layer_continues_an_early_exit(family, exit_layer):
+    """Layers 0..E-1 run with the cache (the early-exit draft), then forward_from(E) runs the rest:
+    the logits are the full model's, and every layer ends up caching every token."""
+    model = random_model(family)
+    adapter = ModelAdapter(model)
+    ids = _ids(13)
+    with torch.no_grad():
+        ref = adapter.forward(ids).logits[:, 8:]
+        cache = adapter.new_cache()
+        adapter.forward(ids[:, :8], cache)
+        early = adapter.forward(ids[:, 8:], cache, exit_layer=exit_layer, output_hidden_states=[exit_layer])
+        assert cache.lengths() == [13] * exit_layer + [8] * (3 - exit_layer)
+        pos = torch.arange(8, 13)[None]
+        out = adapter.forward_from(early.hidden_states[exit_layer], exit_layer, cache, position_ids=pos)
+    assert cache.lengths() == [13, 13, 13]
+    assert (out.logits - ref).abs().max() <= 1e-5
+
+
+def _zero_sublayer(model, family, layer, part):
+    """A copy of ``model`` whose ``part`` ("attn" or "mlp") of ``layer`` outputs zeros."""
+    import copy
+
+    model = copy.deepcopy(model)
+    block = (model.transformer.h if family == "gpt2" else model.model.layers)[layer]
+    if family == "gpt2":
+        proj = block.attn.c_proj if part == "attn" else block.mlp.c_proj
+    else:
+        proj = block.self_attn.o_proj if part == "attn" else block.mlp.down_proj
+    with torch.no_grad():
+        for p in proj.parameters():
+            p.zero_()
+    return model
+
+
+@pytest.mark.parametrize("part", ["attn", "mlp"])
+def test_skipping_a_sublayer_equals_zeroing_its_output(family, part):
+    model = random_model(family, layers=3)
+    adapter = ModelAdapter(model)
+    ids = _ids(10)
+    with torch.no_grad():
+        ref = _zero_sublayer(model, family, 1, part)(ids).logits
+        kwargs = {"skip_attention": [1]} if part == "attn" else {"skip_mlp": [1]}
+        out = adapter.forward(ids, **kwargs).logits
+        full = adapter.forward(ids).logits
+        both = adapter.forward(ids, skip_attention=[1], skip_mlp=[1]).logits
+        whole = adapter.forward(ids, skip_layers=[1]).logits
+    assert (out - ref).abs().max() <= 1e-5
+    assert (out - full).abs().max() > 1e-4
+    assert (both - whole).abs().max() == 0
+
+
+def test_sublayer_skipping_with_cache_and_default_positions(family):
+    """With layer 0's attention skipped, layer 0 caches nothing; positions come from a layer that does."""
+    model = random_model(family, layers=3)
+    adapter = ModelAdapter(model)
+    ids = _ids(12)
+    with torch.no_grad():
+        ref = adapter.forward(ids, skip_attention=[0]).logits
+        cache = adapter.new_cache()
+        a = adapter.forward(ids[:, :7], cache, skip_attention=[0]).logits
+        b = adapter.forward(ids[:, 7:], cache, skip_attention=[0]).logits
+    assert cache.lengths() == [0, 12, 12]
+    assert (torch.cat([a, b], 1) - ref).abs().max() <= 1e-5
+
+
+def test_sublayer_skipping_refuses_unknown_layouts_and_layers():
+    adapter = ModelAdapter(random_model("llama"))
+    with pytest.raises(ValueError, match="outside"):
+        adapter.forward(_ids(3), skip_mlp=[7])
+    adapter.model_type = "gemma"  # the adapter's own record of the layout, not a transformers module
+    with pytest.raises(UnsupportedModelError, match="whole layers"):
+        adapter.forward(_ids(3), skip_mlp=[1])

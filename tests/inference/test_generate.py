@@ -2,13 +2,13 @@ import pytest
 import torch
 
 from draftsmith.data.tiny_models import random_model
-from draftsmith.inference.adapter import ModelAdapter
+from draftsmith.inference.adapter import ModelAdapter, additive_mask
 from draftsmith.inference.draft_length import DraftLengthPolicy
-from draftsmith.inference.generate import GenerationConfig, generate, truncate
+from draftsmith.inference.generate import GenerationConfig, find_stop, generate, stop_lookback, truncate
 from draftsmith.inference.proposers.draft_model import DraftModelProposer
 from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer
 from draftsmith.inference.sampling import SamplingParams
-from draftsmith.inference.verify import Draft
+from draftsmith.inference.verify import Draft, ExtraInputs
 
 
 @pytest.fixture(scope="module")
@@ -245,3 +245,158 @@ def test_hidden_states_reach_the_proposer(pair):
         assert torch.allclose(fb.hidden_states[-1], ref.hidden_states[-1][0, pos : pos + n], atol=1e-4)
         assert fb.committed[: fb.num_accepted] == full[pos + 1 : pos + n].tolist()
         pos += len(fb.committed)
+
+
+# --------------------------------------------------------------------------------------- extra inputs
+class _WithExtras:
+    """Wraps a proposer and appends ``m`` extra inputs with a random visibility and random
+    position offsets to each draft; records what it proposed and what came back."""
+
+    name, lossless, hidden_layers = "extras-test", True, ()
+
+    def __init__(self, inner, m=3, as_embeds=False, seed=0):
+        self.inner, self.m, self.as_embeds = inner, m, as_embeds
+        self.g = torch.Generator().manual_seed(seed)
+        self.steps = []
+
+    def bind(self, target):
+        self.view = target
+
+    def reset(self, prompt_ids):
+        self.inner.reset(prompt_ids)
+
+    def propose(self, tokens, max_tokens, sampling, generator=None):
+        d = self.inner.propose(tokens, max_tokens, sampling, generator)
+        n, m = len(d), self.m
+        ids = torch.randint(3, 128, (m,), generator=self.g)
+        visible = torch.rand(m, 1 + n + m, generator=self.g) < 0.6
+        depths = torch.randint(1, n + 3, (m,), generator=self.g)
+        embeds = self.view.adapter.embed_tokens(ids) if self.as_embeds else None
+        extra = ExtraInputs(visible, depths, None if self.as_embeds else ids, embeds, hidden_layers=(1, -1))
+        draft = Draft(tokens=d.tokens, parents=d.parents, q=d.q, extra_inputs=extra)
+        self.steps.append({"tokens": tokens.clone(), "draft": draft, "ids": ids})
+        return draft
+
+    def observe(self, feedback):
+        self.steps[-1].update(feedback=feedback, cache=self.view.cache.lengths())
+        self.inner.observe(feedback)
+
+
+def _plain_forward_of_step(model, step):
+    """The committed tokens, the draft and the extras in one plain forward (no cache), with the
+    visibility and positions the step asked for: logits and hidden states of the extras."""
+    tokens, d, ids = step["tokens"], step["draft"], step["ids"]
+    past = tokens.numel() - 1
+    n, m = len(d), len(ids)
+    seq = torch.cat([tokens, d.tokens, ids])[None]  # [1, past + 1 + n + m]
+    vis = torch.zeros(past + 1 + n + m, past + 1 + n + m, dtype=torch.bool)
+    vis[:past, :past] = torch.ones(past, past, dtype=torch.bool).tril()
+    vis[past:, :past] = True
+    vis[past:, past:] = d.forward_mask  # [1 + n + m, 1 + n + m]: the tree (or chain), then the extras' rows
+    pos = torch.cat([torch.arange(past), past + d.position_offsets])[None]
+    out = model(seq, attention_mask=additive_mask(vis, torch.float32), position_ids=pos, output_hidden_states=True)
+    return out.logits[0, -m:], out.hidden_states[1][0, -m:], out.hidden_states[-1][0, -m:]
+
+
+@pytest.mark.parametrize("as_embeds", [False, True], ids=["ids", "embeds"])
+def test_extra_inputs_get_the_logits_of_a_plain_forward(family, as_embeds):
+    target = random_model(family, seed=0, layers=3, hidden=64)
+    weak = random_model(family, seed=1, layers=1, hidden=32)
+    adapter = ModelAdapter(target)
+    for inner in (DraftModelProposer(weak, DraftLengthPolicy(3)), _TreeProposer(target, depth=2)):
+        p = _prompt(5)
+        ar = generate(adapter, p, GenerationConfig(max_new_tokens=14))
+        prop = _WithExtras(inner, as_embeds=as_embeds)
+        sp = generate(adapter, p, GenerationConfig(max_new_tokens=14), prop)
+        assert sp.output_ids == ar.output_ids  # the extras change nothing in the answer
+        for step in prop.steps:
+            fb = step["feedback"]
+            logits, h1, last = _plain_forward_of_step(target, step)
+            assert fb.extra_logits.shape == (3, 128) and fb.target_logits.shape[0] == 1 + len(step["draft"])
+            assert (fb.extra_logits - logits).abs().max() <= 1e-4
+            assert (fb.extra_hidden[1] - h1).abs().max() <= 1e-5
+            assert (fb.extra_hidden[-1] - last).abs().max() <= 1e-4
+            # the cache keeps the pending token and the accepted nodes only: no extras, no rejected nodes
+            past = step["tokens"].numel() - 1
+            assert step["cache"] == [past + len(fb.committed)] * 3
+
+
+def test_a_jacobi_block_after_a_chain_sees_the_chain(pair):
+    """ExtraInputs.after_chain continues the draft: with the draft and the block on the greedy path,
+    the block's logits are those of the plain causal forward over the whole continuation."""
+    target, _ = pair
+    adapter = ModelAdapter(target)
+    p = _prompt(2)
+    ar = generate(adapter, p, GenerationConfig(max_new_tokens=8)).output_ids
+    seen = {}
+
+    class Block:
+        name, lossless, hidden_layers = "jacobi-test", True, ()
+
+        def reset(self, prompt_ids):
+            pass
+
+        def propose(self, tokens, max_tokens, sampling, generator=None):
+            if seen:
+                return Draft.empty()
+            return Draft.chain(ar[:3], extra_inputs=ExtraInputs.after_chain(3, input_ids=torch.tensor(ar[3:6])))
+
+        def observe(self, feedback):
+            seen.setdefault("logits", feedback.extra_logits)
+
+    generate(adapter, p, GenerationConfig(max_new_tokens=8), Block())
+    full = target(torch.cat([p, torch.tensor(ar[:6])])[None]).logits[0, -3:]
+    assert (seen["logits"] - full).abs().max() <= 1e-4
+
+
+# --------------------------------------------------------------------------------------- stop strings
+class _CharTok:
+    """Token i decodes to one letter; counts the tokens it is asked to decode per call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.calls.append(len(ids))
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+def test_find_stop_returns_the_smallest_cut():
+    tok = _CharTok()
+    # context "ab", new "cdcd": "bc" is found with the first new token
+    assert find_stop(tok, [0, 1], [2, 3, 2, 3], ("bc",)) == 1
+    assert find_stop(tok, [0, 1], [2, 3, 2, 3], ("dc",)) == 3
+    assert find_stop(tok, [0, 1], [2, 3], ("zz",)) is None
+    assert find_stop(None, [0], [1], ("b",)) is None and find_stop(tok, [0], [1], ()) is None
+    assert stop_lookback(("ab", "é")) == 3  # bytes of the longest stop string, plus one
+
+
+def test_stop_string_across_a_step_boundary_is_cut_at_the_right_token(pair):
+    target, _ = pair
+    adapter = ModelAdapter(target)
+    p = _prompt(4)
+    free = generate(adapter, p, GenerationConfig(max_new_tokens=30)).output_ids
+    text = _CharTok().decode(free)
+    # AR commits one token per step, so a 3-letter stop string always spans steps; the perfect
+    # draft commits 4 per step, so text[11:14] spans its step boundary at 12
+    for proposer in (None, PromptLookupProposer(num_draft_tokens=4), DraftModelProposer(target, DraftLengthPolicy(3))):
+        for at in (5, 11, 17):
+            stop = text[at : at + 3]
+            first = text.find(stop)
+            cfg = GenerationConfig(max_new_tokens=30, stop_strings=(stop,))
+            res = generate(adapter, p, cfg, proposer, tokenizer=_CharTok())
+            assert res.finish_reason == "stop" and res.output_ids == free[: first + 3], (proposer, at)
+
+
+def test_stop_string_search_decodes_a_bounded_window(pair):
+    target, _ = pair
+    adapter = ModelAdapter(target)
+    tok = _CharTok()
+    stops = ("STOP", "##")  # the tokenizer writes lowercase letters only: never found
+    res = generate(adapter, _prompt(4), GenerationConfig(max_new_tokens=60, stop_strings=stops),
+                   DraftModelProposer(target, DraftLengthPolicy(4)), tokenizer=tok)
+    assert res.finish_reason == "length" and len(res.output_ids) == 60
+    window = stop_lookback(stops) + max(res.accept_lengths)
+    assert max(tok.calls) <= window  # never the whole answer
+    assert len(tok.calls) == res.steps  # one decode per step when nothing matches
+    assert sum(tok.calls) <= res.steps * window

@@ -45,3 +45,15 @@ def test_select_rejects_out_of_range():
     c.update(*_kv(3, 1), layer_idx=0)
     with pytest.raises(IndexError):
         c.select(1, torch.tensor([0, 5]))
+
+
+def test_lengths_per_layer():
+    c = KVCache(num_layers=3)
+    c.update(*_kv(4, 1), layer_idx=0)
+    c.update(*_kv(2, 1), layer_idx=2)
+    assert c.lengths() == [4, 0, 2]
+    lengths = c.lengths()
+    lengths[0] = 99  # a copy: the cache is not changed through it
+    assert c.get_seq_length(0) == 4
+    c.crop(3)
+    assert c.lengths() == [3, 0, 2]

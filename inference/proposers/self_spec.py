@@ -1,0 +1,182 @@
+"""Self-speculation: the target drafts for itself with part of its own layers, over its own cache.
+
+- :class:`EarlyExitProposer` (LayerSkip, Elhoushi et al. 2024): draft with layers ``0 .. E-1``, the
+  final norm and the shared LM head. The first ``E`` layers of the verification are the same
+  computation, so the draft leaves its keys/values in those layers of the target's cache and hands
+  the verification the layer-``E`` hidden states of the pending token and every drafted token
+  (:class:`~draftsmith.inference.verify.Resume`); the verification runs layers ``E ..`` only
+  (LayerSkip's shared KV cache and exit query cache).
+- :class:`SkipLayerProposer` (Draft & Verify, Zhang et al. 2023): draft with every layer except a
+  skip set (whole layers, or only their attention or MLP), reading the target's cache of the
+  committed prefix; what it writes for its own tokens differs from the full model's, so it crops
+  the cache back before the verification.
+
+Both need the target: :func:`~draftsmith.inference.generate.generate` binds it through
+``bind(TargetView)`` before every sequence. Drafted tokens stay on the device (no host sync per
+drafted token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from draftsmith.common.errors import ConfigError
+from draftsmith.inference.draft_length import DraftLengthPolicy
+from draftsmith.inference.proposers.base import StepFeedback, TargetView
+from draftsmith.inference.sampling import SamplingParams, draw, process_logits
+from draftsmith.inference.verify import Draft, Resume
+
+
+def pick_token(
+    logits: torch.Tensor,  # [V]
+    sampling: SamplingParams,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # token [1] long on the device, q [V] (None when greedy)
+    """The draft's next token, without leaving the device."""
+    if sampling.greedy:
+        return logits.argmax(-1, keepdim=True), None
+    q = process_logits(logits, sampling)
+    return draw(q, generator).reshape(1), q
+
+
+def chain_draft(tokens: list[torch.Tensor], qs: list[torch.Tensor], resume: Resume | None = None) -> Draft:
+    """A chain from per-step ``[1]`` token tensors and ``[V]`` draft distributions (empty: greedy)."""
+    return Draft.chain(torch.cat(tokens), q=torch.stack(qs) if qs else None, resume=resume)
+
+
+def _check_layers(what: str, layers: Iterable[int], num_layers: int) -> None:
+    bad = sorted(i for i in layers if not 0 <= i < num_layers)
+    if bad:
+        raise ConfigError(f"{what} {bad} are outside the target's layers 0..{num_layers - 1}")
+
+
+class _SelfDrafting:
+    """Shared plumbing: the bound target, the draft length policy, the step feedback."""
+
+    lossless = True
+    hidden_layers: tuple[int, ...] = ()
+
+    def __init__(self, policy: DraftLengthPolicy | None) -> None:
+        self.policy = policy or DraftLengthPolicy()
+        self._target: TargetView | None = None
+
+    def bind(self, target: TargetView) -> None:
+        self._check(target.adapter.num_layers)
+        self._target = target
+
+    def _check(self, num_layers: int) -> None:
+        raise NotImplementedError
+
+    def reset(self, prompt_ids: torch.Tensor) -> None:
+        if self._target is None:
+            raise ConfigError(f"the {self.name} proposer drafts with the target: bind(TargetView(adapter, cache)) first")
+        self.policy.reset()
+
+    def _length(self, tokens: torch.Tensor, max_tokens: int) -> int:
+        return min(self.policy.next_length(), max_tokens, self._target.adapter.max_positions - tokens.numel())
+
+    def observe(self, feedback: StepFeedback) -> None:
+        self.policy.observe(feedback.num_proposed, feedback.num_accepted, feedback.draft_seconds, feedback.target_seconds)
+
+
+class EarlyExitProposer(_SelfDrafting):
+    """Drafts a chain with the target's first ``exit_layer`` layers (LayerSkip's self-speculation)."""
+
+    name = "early-exit"
+
+    def __init__(self, exit_layer: int, policy: DraftLengthPolicy | None = None) -> None:
+        super().__init__(policy)
+        if exit_layer < 1:
+            raise ConfigError(f"exit_layer must be at least 1 (draft with layers 0..exit_layer-1), got {exit_layer}")
+        self.exit_layer = int(exit_layer)
+
+    def _check(self, num_layers: int) -> None:
+        if self.exit_layer > num_layers:
+            raise ConfigError(f"exit_layer {self.exit_layer} is past the target's {num_layers} layers")
+
+    def propose(
+        self,
+        tokens: torch.Tensor,  # [L]; tokens[-1] is pending
+        max_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> Draft:
+        k = self._length(tokens, max_tokens)
+        if k <= 0:
+            return Draft.empty()
+        adapter, cache, exit_ = self._target.adapter, self._target.cache, self.exit_layer
+        feed = tokens[-1:]  # [1]
+        drafted: list[torch.Tensor] = []
+        qs: list[torch.Tensor] = []
+        hidden: list[torch.Tensor] = []  # layer-E states of the pending token and the drafted ones, [1, H] each
+        for _ in range(k):
+            out = adapter.forward(feed[None], cache, exit_layer=exit_, output_hidden_states=(exit_,))
+            hidden.append(out.hidden_states[exit_][0])
+            feed, q = pick_token(out.logits[0, -1], sampling, generator)
+            drafted.append(feed)
+            if q is not None:
+                qs.append(q)
+        # layers 0..E-1 of the last drafted token as well: the verification starts at layer E for every row
+        out = adapter.forward(feed[None], cache, exit_layer=exit_, output_hidden_states=(exit_,), compute_logits=False)
+        hidden.append(out.hidden_states[exit_][0])
+        return chain_draft(drafted, qs, Resume(start=exit_, hidden=torch.cat(hidden)))  # hidden [1 + k, H]
+
+
+class SkipLayerProposer(_SelfDrafting):
+    """Drafts a chain with the target minus a skip set (Draft & Verify's self-speculation).
+
+    ``skip_layers`` are skipped whole; in ``skip_attention`` / ``skip_mlp`` only that sublayer is
+    (the adapter supports sublayer skipping for Llama, Qwen2, Qwen3, Mistral and GPT-2 layouts)."""
+
+    name = "skip-layers"
+
+    def __init__(
+        self,
+        skip_layers: Iterable[int] = (),
+        skip_attention: Iterable[int] = (),
+        skip_mlp: Iterable[int] = (),
+        policy: DraftLengthPolicy | None = None,
+    ) -> None:
+        super().__init__(policy)
+        self.skip_layers = tuple(sorted(set(skip_layers)))
+        self.skip_attention = tuple(sorted(set(skip_attention)))
+        self.skip_mlp = tuple(sorted(set(skip_mlp)))
+        if not (self.skip_layers or self.skip_attention or self.skip_mlp):
+            raise ConfigError("a skip-layer draft needs something to skip (skip_layers, skip_attention or skip_mlp)")
+
+    def _check(self, num_layers: int) -> None:
+        _check_layers("skip_layers", self.skip_layers, num_layers)
+        _check_layers("skip_attention", self.skip_attention, num_layers)
+        _check_layers("skip_mlp", self.skip_mlp, num_layers)
+
+    def propose(
+        self,
+        tokens: torch.Tensor,  # [L]; tokens[-1] is pending
+        max_tokens: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> Draft:
+        k = self._length(tokens, max_tokens)
+        if k <= 0:
+            return Draft.empty()
+        adapter, cache = self._target.adapter, self._target.cache
+        past = tokens.numel() - 1
+        feed = tokens[-1:]  # [1]
+        drafted: list[torch.Tensor] = []
+        qs: list[torch.Tensor] = []
+        for _ in range(k):
+            logits = adapter.forward(
+                feed[None],
+                cache,
+                skip_layers=self.skip_layers,
+                skip_attention=self.skip_attention,
+                skip_mlp=self.skip_mlp,
+            ).logits[0, -1]  # [V]
+            feed, q = pick_token(logits, sampling, generator)
+            drafted.append(feed)
+            if q is not None:
+                qs.append(q)
+        cache.crop(past)  # the draft's own entries are not the full model's: drop them
+        return chain_draft(drafted, qs)
