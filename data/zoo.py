@@ -261,7 +261,7 @@ def zoo_rows(
 # ------------------------------------------------------------------------------------------------ a built zoo
 
 
-def read_manifest(size: str = "tiny", home: str | os.PathLike | None = None) -> dict:
+def read_zoo_manifest(size: str = "tiny", home: str | os.PathLike | None = None) -> dict:
     """The manifest of a built zoo (raises :class:`DraftsmithError` if it is not built)."""
     path = zoo_dir(size, home) / "manifest.json"
     manifest = read_json(path)
@@ -275,7 +275,7 @@ def load_zoo(
 ) -> tuple[transformers.PreTrainedTokenizerBase, transformers.PreTrainedModel, transformers.PreTrainedModel]:
     """``(tokenizer, target, draft)`` of the built zoo of ``size`` in eval mode (raises :class:`DraftsmithError`
     if it is not built; :func:`draftsmith.trainers.zoo.ensure_zoo` builds it)."""
-    read_manifest(size, home)
+    read_zoo_manifest(size, home)
     out = zoo_dir(size, home)
     tokenizer = transformers.AutoTokenizer.from_pretrained(out / "tokenizer")
     target = transformers.AutoModelForCausalLM.from_pretrained(out / "target").eval()
@@ -298,6 +298,6 @@ __all__ = [
     "shuffled",
     "ZooRows",
     "zoo_rows",
-    "read_manifest",
+    "read_zoo_manifest",
     "load_zoo",
 ]

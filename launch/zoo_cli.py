@@ -35,14 +35,14 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftsmith.data.zoo import read_manifest
+    from draftsmith.data.zoo import read_zoo_manifest
     from draftsmith.trainers.zoo import build_zoo, ensure_zoo
 
     if args.zoo_command == "path":
         print(ensure_zoo(args.size, home=args.home, threads=args.threads))
         return 0
     out = build_zoo(args.size, home=args.home, force=args.force, threads=args.threads)
-    manifest = read_manifest(args.size, home=args.home)
+    manifest = read_zoo_manifest(args.size, home=args.home)
     for role, info in manifest["models"].items():
         print(
             f"{role}: {info['parameters'] / 1e6:.2f}M parameters, {info['tokens_seen']:,} tokens, "

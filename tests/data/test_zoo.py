@@ -104,7 +104,7 @@ def test_zoo_rows_pack_train_and_heldout_and_cap_the_heldout_tokens():
 
 
 def test_reading_a_zoo_that_is_not_built_names_the_build_command(tmp_path):
-    for read in (zoo.read_manifest, zoo.load_zoo):
+    for read in (zoo.read_zoo_manifest, zoo.load_zoo):
         with pytest.raises(DraftsmithError, match="draftsmith zoo build --size tiny"):
             read("tiny", tmp_path)
 
@@ -115,7 +115,7 @@ def test_load_zoo_loads_the_three_directories_in_eval_mode(tmp_path):
     for seed, role in enumerate(zoo.MODEL_ROLES):
         random_model("llama", seed=seed, layers=1).train().save_pretrained(out / role)
     (out / "manifest.json").write_text(json.dumps({"format": zoo.MANIFEST_FORMAT, "size": "tiny"}))
-    assert zoo.read_manifest("tiny", tmp_path)["format"] == zoo.MANIFEST_FORMAT
+    assert zoo.read_zoo_manifest("tiny", tmp_path)["format"] == zoo.MANIFEST_FORMAT
     tok, target, draft = zoo.load_zoo("tiny", tmp_path)
     assert not target.training and not draft.training and tok.eos_token_id == 2
     assert not torch.equal(target.lm_head.weight, draft.lm_head.weight)

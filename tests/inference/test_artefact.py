@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from draftsmith.common.errors import ArtefactError
+from draftsmith.common.models import target_identity
 from draftsmith.data.tiny_models import random_model
 from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.inference.artefact import FORMAT, load_artefact, read_manifest, target_identity, write_manifest
+from draftsmith.inference.artefact import FORMAT, load_artefact, read_manifest, write_manifest
 from draftsmith.inference.generate import GenerationConfig, generate
 
 
@@ -74,3 +75,40 @@ def test_unknown_method_is_refused(tmp_path):
     (out / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ArtefactError, match="telepathy"):
         load_artefact(out, target)
+
+
+@pytest.mark.parametrize("kind", ["draft_model", "adapted_target", "lora_adapter", "heads", "embeddings", "none"])
+def test_every_artefact_kind_is_written_with_a_manifest_over_its_weights(kind, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from draftsmith.common.models import target_identity
+    from draftsmith.data.tiny_models import char_tokenizer
+    from draftsmith.inference.artefact import WEIGHT_PATHS, write_artefact
+
+    target, tokenizer = random_model("llama", 0), char_tokenizer()
+    weights: dict = {}
+    if kind in ("draft_model", "adapted_target"):
+        weights = {"model": random_model("llama", 1, layers=1), "tokenizer": tokenizer}
+    elif kind == "lora_adapter":
+        import peft
+
+        lora = peft.get_peft_model(random_model("llama", 1, layers=1),
+                                   peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+        weights = {"model": lora}
+    elif kind in ("heads", "embeddings"):
+        weights = {"tensors": {"w": torch.ones(3, 4)}, "config": {"rows": 3}}
+    out = tmp_path / kind
+    manifest = write_artefact(out, kind, method="distillspec", target=target_identity(target, tokenizer),
+                              proposer={}, **weights)
+    assert manifest["kind"] == kind and read_manifest(out) == manifest
+    if kind == "none":
+        assert manifest["weights"] == {}
+        return
+    assert all(name.startswith(WEIGHT_PATHS[kind]) for name in manifest["weights"])
+    if kind == "lora_adapter":
+        assert (out / "adapter" / "adapter_config.json").is_file()
+    if kind in ("heads", "embeddings"):
+        assert load_file(str(out / WEIGHT_PATHS[kind]))["w"].shape == (3, 4)
+        assert json.loads((out / f"{kind}_config.json").read_text()) == {"rows": 3}
+    assert not list(out.glob(".staging*"))

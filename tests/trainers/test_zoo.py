@@ -83,7 +83,7 @@ def test_layout_and_manifest_fields(built):
 
 def test_directories_load_with_auto_classes(built):
     home, out = built
-    manifest = zoo.read_manifest("tiny", home)
+    manifest = zoo.read_zoo_manifest("tiny", home)
     tokenizer = transformers.AutoTokenizer.from_pretrained(out / "tokenizer")
     assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 1, 2)
     for role in zoo.MODEL_ROLES:
@@ -102,7 +102,7 @@ def test_directories_load_with_auto_classes(built):
 
 def test_training_beats_the_uniform_guess_and_the_heldout_loss_is_reproducible(built):
     home, out = built
-    manifest = zoo.read_manifest("tiny", home)
+    manifest = zoo.read_zoo_manifest("tiny", home)
     assert manifest["models"]["target"]["heldout_loss"] < math.log(512) - 0.3
     assert reduced_spec().steps("target") == 8
     tokenizer, target, _ = zoo.load_zoo("tiny", home)
@@ -164,7 +164,7 @@ def test_finished_zoo_is_not_rebuilt_and_other_spec_needs_force(built):
 def test_force_rebuilds_and_another_seed_gives_other_weights(built, tmp_path):
     build(tmp_path)
     out = build(tmp_path, spec=reduced_spec(seed=1), force=True)
-    assert zoo.read_manifest("tiny", tmp_path)["seed"] == 1
+    assert zoo.read_zoo_manifest("tiny", tmp_path)["seed"] == 1
     assert weights(out)["target"] != weights(built[1])["target"]
 
 
