@@ -17,7 +17,6 @@ acceptance and a constant ``V`` this is Theorem 3.8 of Leviathan et al.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -92,43 +91,53 @@ def predicted_speedup(cost: CostModel, draft_lengths: Sequence[int],
     return tau, tau / (sum(seconds) / len(seconds)) * cost.step_seconds(0)
 
 
-def _median_seconds(fn, repeats: int, device: torch.device) -> float:
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _seconds(fn, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def monotone(curve: dict[int, float]) -> dict[int, float]:
+    """The curve made non-decreasing in the number of tokens (a forward over more tokens never costs less;
+    a dip is timing noise)."""
+    out, best = {}, 0.0
+    for n in sorted(curve):
+        best = max(best, curve[n])
+        out[n] = best
+    return out
 
 
 @torch.inference_mode()
 def measure_verify_curve(target, prefix_tokens: int = 128, sizes: Sequence[int] = DEFAULT_SIZES,
-                         repeats: int = 7, warmup: int = 2, seed: int = 0) -> dict[int, float]:
-    """Median seconds of one target forward over ``n`` new tokens after a cached prefix of ``prefix_tokens``,
-    for every ``n`` in ``sizes`` (``target``: a :class:`~draftsmith.inference.adapter.ModelAdapter`). Each
-    measurement crops the cache back, so every size sees the same prefix."""
+                         repeats: int = 9, warmup: int = 2, seed: int = 0) -> dict[int, float]:
+    """Seconds of one target forward over ``n`` new tokens after a cached prefix of ``prefix_tokens``, for every
+    ``n`` in ``sizes`` (``target``: a :class:`~draftsmith.inference.adapter.ModelAdapter`). The sizes are timed
+    round-robin, ``repeats`` rounds, and each keeps its fastest time, so a burst of load from other processes
+    hits every size alike and is filtered out; the curve is then made non-decreasing. Each measurement crops
+    the cache back, so every size sees the same prefix."""
+    sizes = sorted(set(int(s) for s in sizes) | {1})
     limit = target.max_positions
     prefix_tokens = max(1, min(prefix_tokens, limit - max(sizes) - 1))
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, target.vocab_size, (1, prefix_tokens + max(sizes)), generator=g).to(target.device)
     cache = target.new_cache(capacity=prefix_tokens + max(sizes) + 8)
     target.forward(ids[:, :prefix_tokens], cache, compute_logits=False)
-    curve: dict[int, float] = {}
-    for n in sorted(set(int(s) for s in sizes)):
-        new = ids[:, prefix_tokens: prefix_tokens + n]
 
-        def step(new=new):
-            target.forward(new, cache)
-            cache.crop(prefix_tokens)
+    def step(n: int) -> None:
+        target.forward(ids[:, prefix_tokens: prefix_tokens + n], cache)
+        cache.crop(prefix_tokens)
 
-        for _ in range(warmup):
-            step()
-        curve[n] = _median_seconds(step, repeats, target.device)
-    return curve
+    best = {n: float("inf") for n in sizes}
+    for r in range(warmup + repeats):
+        for n in sizes:
+            seconds = _seconds(lambda n=n: step(n), target.device)
+            if r >= warmup:
+                best[n] = min(best[n], seconds)
+    return monotone(best)
 
 
 def cost_model_from_run(curve: dict[int, float], draft_seconds_total: float, proposed: int, ar_wall: float,

@@ -61,3 +61,9 @@ def test_predicted_speedup_by_hand():
     flat = CostModel({1: 0.010, 5: 0.010}, draft_seconds=0.001, overhead_seconds=0.002)
     assert predicted_speedup(flat, [4], [0.5] * 4)[1] > speedup
     assert predicted_speedup(cost, [], []) == (1.0, 1.0)
+
+
+def test_monotone_removes_noise_dips():
+    from draftsmith.inference.cost import monotone
+
+    assert monotone({1: 2.0, 2: 1.5, 4: 3.0, 8: 2.5}) == {1: 2.0, 2: 2.0, 4: 3.0, 8: 3.0}
