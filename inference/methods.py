@@ -85,7 +85,17 @@ def _relative_verify(ctx: ProposerContext):
 
 
 def prompt_lookup_proposer(ctx: ProposerContext):
+    """Prompt lookup: longest-match-first n-gram copying with an acceptance-adaptive draft length."""
     from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer
 
-    return PromptLookupProposer(num_draft_tokens=int(ctx.option("pld_tokens", 10)),
-                                max_ngram=int(ctx.option("pld_max_ngram", 3)))
+    length = ctx.option("pld_length", "adaptive")
+    if length not in ("adaptive", "fixed"):
+        raise ConfigError(f"prompt lookup draft length must be adaptive or fixed, got {length!r}")
+    try:
+        return PromptLookupProposer(num_draft_tokens=int(ctx.option("pld_tokens", 24)),
+                                    max_ngram=int(ctx.option("pld_max_ngram", 4)),
+                                    min_ngram=int(ctx.option("pld_min_ngram", 2)),
+                                    adaptive=length == "adaptive",
+                                    threshold=float(ctx.option("pld_threshold", 0.15)))
+    except ValueError as e:
+        raise ConfigError(f"prompt lookup: {e}") from None

@@ -153,7 +153,7 @@ def _proposer_info(proposer) -> dict | None:
     if policy is not None:
         info["draft_length"] = policy.length
         info["draft_length_mode"] = policy.mode
-    for attr in ("num_draft_tokens", "max_ngram", "min_ngram", "confidence_threshold"):
+    for attr in ("num_draft_tokens", "max_ngram", "min_ngram", "adaptive", "threshold", "confidence_threshold"):
         if hasattr(proposer, attr):
             info[attr] = getattr(proposer, attr)
     return info

@@ -26,7 +26,8 @@ DEFAULT_OUT = "eval/report.json"
 # command-line option -> the proposer setting it overrides (None = not given: the artefact's, else the method's)
 PROPOSER_OPTIONS = {"draft_length": "draft_length", "draft_length_mode": "draft_length_mode",
                     "draft_confidence": "confidence_threshold", "pld_tokens": "pld_tokens",
-                    "pld_max_ngram": "pld_max_ngram"}
+                    "pld_max_ngram": "pld_max_ngram", "pld_min_ngram": "pld_min_ngram", "pld_length": "pld_length",
+                    "pld_threshold": "pld_threshold"}
 
 
 def add_parser(sub) -> None:
@@ -70,8 +71,21 @@ def add_parser(sub) -> None:
                    help="draft model: stop a draft after a token the draft gives probability < P "
                         f"(default {get_method('draft').eval_defaults['confidence_threshold']}, or the artefact's; "
                         "0 = always draft --draft-length tokens)")
-    g.add_argument("--pld-tokens", metavar="N", type=int, default=None, help="prompt lookup: tokens copied per step (default 10)")
-    g.add_argument("--pld-max-ngram", metavar="N", type=int, default=None, help="prompt lookup: longest n-gram matched (default 3)")
+    pld = get_method("pld").eval_defaults
+    g.add_argument("--pld-tokens", metavar="N", type=int, default=None,
+                   help=f"prompt lookup: longest draft, tokens copied per step (default {pld['pld_tokens']})")
+    g.add_argument("--pld-max-ngram", metavar="N", type=int, default=None,
+                   help=f"prompt lookup: longest n-gram matched, tried first (default {pld['pld_max_ngram']})")
+    g.add_argument("--pld-min-ngram", metavar="N", type=int, default=None,
+                   help=f"prompt lookup: shortest n-gram matched (default {pld['pld_min_ngram']}; 1 also copies after a "
+                        "lone matching token)")
+    g.add_argument("--pld-length", choices=["adaptive", "fixed"], default=None,
+                   help="prompt lookup: draft length that follows how often copies are accepted, or always --pld-tokens "
+                        f"(default {pld['pld_length']})")
+    g.add_argument("--pld-threshold", metavar="P", type=float, default=None,
+                   help="prompt lookup, adaptive length: draft a copied token only while its estimated chance of "
+                        f"acceptance is at least P (default {pld['pld_threshold']}; lower where verifying more tokens "
+                        "is cheap, e.g. on a GPU)")
     g = p.add_argument_group("output")
     g.add_argument("--compare", choices=["hf"], default=None, help="also run transformers' assisted generation and prompt lookup")
     g.add_argument("--out", metavar="FILE", default=None, help=f"report JSON path; .md and .png files go beside it (default {DEFAULT_OUT})")

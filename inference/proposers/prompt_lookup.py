@@ -1,57 +1,215 @@
-"""Prompt lookup decoding (Saxena 2023): copy what followed the last n-gram's earlier occurrence.
+"""Prompt lookup decoding (Saxena 2023): copy what followed an earlier occurrence of the context's last n-gram.
 
-Training-free: the draft is the continuation of the most recent earlier match of the context's
-final n-gram (longest n first). Its proposals are deterministic, so under sampling each node's
-``q`` is one-hot (``Draft.q`` is None), which keeps speculative sampling exact.
+Training-free and deterministic. At every step the proposer
+
+1. **matches longest first**: it looks the context's final ``n`` tokens up among the committed tokens for
+   ``n = max_ngram`` down to ``min_ngram`` and stops at the first ``n`` that occurred before. It never
+   matches fewer than ``min_ngram`` tokens (default 2): a lone token occurs almost everywhere, and its
+   copies are mostly rejected;
+2. **builds one chain from every earlier occurrence** of that n-gram (the ``max_candidates`` most
+   recent): at each depth it drafts the token that most of the occurrences still agreeing with the chain
+   continue with (ties: the most recent occurrence's), and drops the occurrences that disagree. With one
+   occurrence left it copies that one. A continuation that runs into the end of the context goes on
+   copying the chain itself, so a span that repeats (``a b c a b c a b``) is drafted at full length
+   rather than cut where the context ends;
+3. **adapts the draft length to how often copies are accepted**, per match length ``n``: it keeps decayed
+   counts of the copied tokens that were accepted (``A``) and of the drafts that met a rejection (``R``),
+   whose ratio ``alpha = A / (A + R)`` (with a prior) is the per-token acceptance of a geometric model
+   (Leviathan et al. 2023). The draft is as long as the copied tokens stay likely to be accepted, the
+   largest ``k`` with ``alpha ** k >= threshold``, within ``[1, num_draft_tokens]``: a fully accepted draft
+   raises ``alpha`` and lengthens the next ones, a rejection lowers it and shortens them. The estimates
+   live as long as the proposer (``reset`` starts a sequence, not the statistics), like the running
+   estimates of :class:`~draftsmith.inference.draft_length.DraftLengthPolicy`. ``adaptive=False`` always
+   drafts up to ``num_draft_tokens``.
+
+The n-gram table is built incrementally from the committed tokens (each new token indexes
+``max_ngram - min_ngram + 1`` n-grams), so a proposal costs a few dictionary look-ups however long the
+context. Proposals are a deterministic function of the committed tokens and of the acceptance counts,
+so under sampling each node's ``q`` is one-hot (``Draft.q`` is None), which keeps speculative sampling
+exact.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from draftsmith.common.errors import ConfigError
 from draftsmith.inference.sampling import SamplingParams
 from draftsmith.inference.verify import Draft
 
+DEFAULT_NUM_DRAFT_TOKENS = 24
+DEFAULT_MAX_NGRAM = 4
+DEFAULT_MIN_NGRAM = 2
+DEFAULT_THRESHOLD = 0.15
 
-def lookup_continuation(
-    tokens: torch.Tensor,  # [L]
-    max_ngram: int,
-    min_ngram: int,
-    length: int,
-) -> torch.Tensor:  # [<= length]
-    """Tokens that followed the most recent earlier occurrence of the last n-gram."""
-    L = tokens.numel()
-    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
-        pattern = tokens[L - n :]  # [n]
-        windows = tokens[: L - 1].unfold(0, n, 1)  # [L - n, n]: windows ending before the last token
-        hits = (windows == pattern).all(-1).nonzero().flatten()
-        for start in reversed(hits.tolist()):
-            cont = tokens[start + n : start + n + length]
-            if cont.numel():
-                return cont
-    return tokens.new_empty(0)
+
+class NgramTable:
+    """Every n-gram (``min_n`` .. ``max_n`` tokens) of a growing token list -> the positions right after
+    its occurrences, ascending."""
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self.after: dict[tuple[int, ...], list[int]] = {}
+
+    def sync(self, tokens: list[int]) -> None:
+        """Make the table describe ``tokens``: index the new tail, or start over if they do not continue
+        the tokens indexed so far."""
+        have = len(self.tokens)
+        if len(tokens) < have or tokens[:have] != self.tokens:
+            self.tokens, self.after, have = [], {}, 0
+        toks, after, lo, hi = self.tokens, self.after, self.min_n, self.max_n
+        for t in tokens[have:]:
+            toks.append(t)
+            end = len(toks)
+            for n in range(lo, min(hi, end) + 1):
+                key = tuple(toks[end - n :])
+                hits = after.get(key)
+                if hits is None:
+                    after[key] = [end]
+                else:
+                    hits.append(end)
+
+    def occurrences(self) -> tuple[int, list[int]]:
+        """``(n, starts)``: the longest ``n`` whose final n-gram occurred earlier, and the positions right
+        after those earlier occurrences (ascending); ``(0, [])`` when none did."""
+        toks, end = self.tokens, len(self.tokens)
+        for n in range(min(self.max_n, end - 1), self.min_n - 1, -1):
+            hits = self.after.get(tuple(toks[end - n :]))
+            if hits is not None and len(hits) > 1:  # the last hit is the final n-gram itself
+                return n, hits[:-1]
+        return 0, []
+
+
+def continuation(tokens: list[int], starts: list[int], length: int, max_candidates: int = 8) -> list[int]:
+    """One chain of up to ``length`` tokens continuing the occurrences that end right before ``starts``
+    (ascending positions < ``len(tokens)``): at each depth the token most still-agreeing occurrences
+    continue with, ties going to the most recent; only the ``max_candidates`` most recent occurrences
+    vote. Positions at or past the end of ``tokens`` continue with the chain itself."""
+    if not starts or length <= 0:
+        return []
+    end = len(tokens)
+    alive = starts[::-1][:max_candidates]  # most recent first
+    out: list[int] = []
+
+    def at(p: int) -> int:
+        return tokens[p] if p < end else out[p - end]  # p - end < len(out) since every start < end
+
+    for d in range(length):
+        if len(alive) == 1:
+            s = alive[0]
+            while len(out) < length:  # a lone occurrence: copy it
+                out.append(at(s + len(out)))
+            break
+        votes: dict[int, int] = {}
+        for s in alive:  # insertion order = recency, so max() keeps the most recent among equals
+            t = at(s + d)
+            votes[t] = votes.get(t, 0) + 1
+        tok = max(votes, key=votes.__getitem__)
+        out.append(tok)
+        alive = [s for s in alive if at(s + d) == tok]
+    return out
+
+
+class CopyAcceptance:
+    """Per match class: decayed counts of accepted copied tokens and of rejections -> the per-token
+    acceptance ``alpha`` of a geometric model, and the draft length ``floor(log(threshold) / log(alpha))``."""
+
+    def __init__(self, max_length: int, threshold: float = DEFAULT_THRESHOLD, prior: float = 0.8,
+                 prior_weight: float = 2.0, decay: float = 0.995) -> None:
+        if not 0.0 < threshold < 1.0:
+            raise ConfigError(f"threshold must lie in (0, 1), got {threshold}")
+        self.max_length, self.threshold = max_length, threshold
+        self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
+        self.counts: dict[int, tuple[float, float]] = {}  # class -> (accepted tokens, rejections)
+
+    def alpha(self, cls: int) -> float:
+        accepted, rejected = self.counts.get(cls, (0.0, 0.0))
+        return (accepted + self.prior * self.prior_weight) / (accepted + rejected + self.prior_weight)
+
+    def length(self, cls: int) -> int:
+        a = self.alpha(cls)
+        if a >= 1.0:
+            return self.max_length
+        if a <= self.threshold:
+            return 1
+        return max(1, min(self.max_length, int(math.log(self.threshold) / math.log(a))))
+
+    def observe(self, cls: int, proposed: int, accepted: int) -> None:
+        a, r = self.counts.get(cls, (0.0, 0.0))
+        self.counts[cls] = (a * self.decay + accepted, r * self.decay + (accepted < proposed))
 
 
 class PromptLookupProposer:
+    """Prompt lookup (see the module docstring). ``num_draft_tokens``: the longest draft; ``max_ngram`` /
+    ``min_ngram``: the n-gram lengths matched, longest first; ``adaptive``: the draft length follows the
+    acceptance of copies (else always ``num_draft_tokens``); ``threshold``: the acceptance chance below
+    which a copied token is not drafted (lower it where verifying more tokens costs little, on GPUs)."""
+
     name = "pld"
     lossless = True
     hidden_layers: tuple[int, ...] = ()
 
-    def __init__(self, num_draft_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(
+        self,
+        num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+        max_ngram: int = DEFAULT_MAX_NGRAM,
+        min_ngram: int = DEFAULT_MIN_NGRAM,
+        *,
+        adaptive: bool = True,
+        threshold: float = DEFAULT_THRESHOLD,
+        max_candidates: int = 8,
+    ) -> None:
         if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+            raise ConfigError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        if num_draft_tokens < 1:
+            raise ConfigError(f"num_draft_tokens must be at least 1, got {num_draft_tokens}")
+        if max_candidates < 1:
+            raise ConfigError(f"max_candidates must be at least 1, got {max_candidates}")
         self.num_draft_tokens = num_draft_tokens
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self.adaptive = adaptive
+        self.threshold = threshold
+        self.max_candidates = max_candidates
+        self.acceptance = CopyAcceptance(num_draft_tokens, threshold)
+        self._table = NgramTable(min_ngram, max_ngram)
+        self._last_n = 0  # match length behind the pending proposal (0: none)
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
-        """Stateless: every proposal is computed from the committed tokens alone."""
+        """Start a sequence: index the prompt. The acceptance estimates carry over."""
+        self._last_n = 0
+        self._table = NgramTable(self.min_ngram, self.max_ngram)
+        self._table.sync(prompt_ids.reshape(-1).tolist())
+
+    def draft_length(self, n: int) -> int:
+        """The draft length for a match of ``n`` tokens."""
+        return self.acceptance.length(n) if self.adaptive else self.num_draft_tokens
+
+    def lookup(self, tokens: torch.Tensor | list[int], max_tokens: int | None = None) -> tuple[int, list[int]]:
+        """``(n, chain)``: the match length and the chain drafted after ``tokens`` (``(0, [])``: no match)."""
+        toks = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+        self._table.sync(toks)
+        n, starts = self._table.occurrences()
+        if not starts:
+            return 0, []
+        k = self.draft_length(n) if max_tokens is None else min(self.draft_length(n), max_tokens)
+        return n, continuation(self._table.tokens, starts, k, self.max_candidates)
 
     def propose(self, tokens, max_tokens, sampling: SamplingParams, generator=None) -> Draft:
-        k = min(self.num_draft_tokens, max_tokens)
-        if k <= 0:
+        self._last_n = 0
+        if max_tokens <= 0:
             return Draft.empty()
-        return Draft.chain(lookup_continuation(tokens, self.max_ngram, self.min_ngram, k))
+        n, chain = self.lookup(tokens, max_tokens)
+        if not chain:
+            return Draft.empty()
+        self._last_n = n
+        return Draft.chain(torch.tensor(chain, dtype=torch.long, device=tokens.device))
 
     def observe(self, feedback) -> None:
-        """Stateless: the draft length is fixed, so step feedback changes nothing."""
+        """Count the step's accepted copies and its rejection (if any) for the match length it drafted from."""
+        n, self._last_n = self._last_n, 0
+        if n and feedback.num_proposed > 0:
+            self.acceptance.observe(n, feedback.num_proposed, feedback.num_accepted)
