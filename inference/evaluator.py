@@ -11,8 +11,8 @@ Metrics (DESIGN.md "Metrics", Spec-Bench's definitions):
 - ``acceptance_rate``: accepted draft tokens / proposed draft tokens.
 - ``speedup``: mean over questions of method tokens/s / mean over questions of AR tokens/s.
 - ``predicted_speedup``: from the measured cost model (:mod:`draftsmith.inference.cost`): the target's
-  verification cost by tokens verified, measured before the runs (its shape, scaled to this run's plain
-  decoding step), the draft cost per proposed token, the per-depth conditional acceptance and the draft
+  verification cost by tokens verified, measured before the runs (its extra cost over one token, added
+  to this run's plain decoding step), the draft cost per proposed token, the per-depth conditional acceptance and the draft
   length of every step; ``measured_over_predicted`` says how well it held. ``predicted_speedup_constant_cost``
   is Leviathan et al.'s Theorem 3.8 with a verification cost that does not grow with the draft, for
   comparison.

@@ -118,8 +118,8 @@ def depth_acceptance(steps: Sequence[tuple[int, int]]) -> list[float | None]:
 
 
 def cost_prediction(runs: Sequence[QuestionRun], curve: dict[int, float]) -> dict:
-    """Predicted tau and speedup from the measured verification curve (its shape, scaled to this run's AR step
-    time), this run's draft cost per proposed token and its per-depth acceptance (:mod:`~draftsmith.inference.
+    """Predicted tau and speedup from this run's plain decoding step plus the measured verification curve's extra
+    cost for more tokens, this run's draft cost per proposed token and its per-depth acceptance (:mod:`~draftsmith.inference.
     cost`), with the cost model itself."""
     from draftsmith.inference.cost import CostModel
     from draftsmith.inference.cost import predicted_speedup as cost_speedup
@@ -130,8 +130,9 @@ def cost_prediction(runs: Sequence[QuestionRun], curve: dict[int, float]) -> dic
     proposed = sum(t.result.num_proposed for t in turns)
     if not ar_steps or ar_wall <= 0 or 1 not in curve:
         return {}
-    step = ar_wall / ar_steps  # one plain decoding step, as this run measured it
-    cost = CostModel({n: s * step / curve[1] for n, s in curve.items()},
+    step = ar_wall / ar_steps  # one plain decoding step, as this run measured it (forward + bookkeeping)
+    # verifying n tokens costs the plain step plus the forward's measured extra for the n - 1 more tokens
+    cost = CostModel({n: step + (s - curve[1]) for n, s in curve.items()},
                      draft_seconds=sum(t.result.draft_time for t in turns) / proposed if proposed else 0.0)
     tau, speedup = cost_speedup(cost, [k for t in turns for k in t.draft_lengths],
                                 depth_acceptance([s for t in turns for s in t.steps]))

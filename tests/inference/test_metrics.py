@@ -71,7 +71,7 @@ def test_depth_acceptance_is_conditional_on_reaching_the_depth():
     assert depth_acceptance([]) == []
 
 
-def test_cost_prediction_scales_the_curve_to_the_runs_ar_step():
+def test_cost_prediction_adds_the_curves_extra_cost_to_the_runs_ar_step():
     from types import SimpleNamespace
 
     from draftsmith.inference.metrics import cost_prediction
@@ -83,7 +83,7 @@ def test_cost_prediction_scales_the_curve_to_the_runs_ar_step():
     # AR: 10 steps in 0.1 s -> 10 ms a step; the curve says 3 tokens cost 2x one; drafts of 2, all accepted
     run = SimpleNamespace(ar=[turn(0.1, 10)], method=[turn(0.05, 2, proposed=4, draft_time=0.004,
                                                            lengths=[2, 2], recorded=[(2, 2), (2, 2)])])
-    out = cost_prediction([run], {1: 0.5, 3: 1.0})
+    out = cost_prediction([run], {1: 0.005, 3: 0.015})  # the forward over 3 tokens costs 10 ms more than over 1
     assert out["predicted_tau"] == pytest.approx(3.0)
-    # a step: 20 ms verification + 2 x 1 ms drafting = 22 ms for 3 tokens, against 10 ms a token
+    # a step: the 10 ms plain step + 10 ms more verification + 2 x 1 ms drafting = 22 ms for 3 tokens
     assert out["predicted_speedup"] == pytest.approx(3.0 / 0.022 * 0.010)
