@@ -102,13 +102,13 @@ def _seconds(fn, device: torch.device) -> float:
 
 
 def monotone(curve: dict[int, float]) -> dict[int, float]:
-    """The curve made non-decreasing in the number of tokens (a forward over more tokens never costs less;
-    a dip is timing noise)."""
-    out, best = {}, 0.0
-    for n in sorted(curve):
-        best = max(best, curve[n])
+    """The curve made non-decreasing in the number of tokens: a forward over more tokens never costs less, and
+    timing noise only ever adds time, so a size slower than a larger one is lowered to it."""
+    out, best = {}, float("inf")
+    for n in sorted(curve, reverse=True):
+        best = min(best, curve[n])
         out[n] = best
-    return out
+    return dict(sorted(out.items()))
 
 
 @torch.inference_mode()

@@ -13,7 +13,8 @@ Metrics (DESIGN.md "Metrics", Spec-Bench's definitions):
 - ``predicted_speedup``: from the measured cost model (:mod:`draftsmith.inference.cost`): the target's
   verification cost by tokens verified, measured before the runs (its extra cost over one token, added
   to this run's plain decoding step), the draft cost per proposed token, the per-depth conditional acceptance and the draft
-  length of every step; ``measured_over_predicted`` says how well it held. ``predicted_speedup_constant_cost``
+  length of every step. It predicts ``aggregate_speedup`` (all new tokens over all time, against AR's),
+  and ``measured_over_predicted`` is that ratio's measured value over the prediction. ``predicted_speedup_constant_cost``
   is Leviathan et al.'s Theorem 3.8 with a verification cost that does not grow with the draft, for
   comparison.
 - ``greedy_identical``: fraction of questions whose answers (all turns) are token-identical to AR

