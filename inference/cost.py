@@ -138,12 +138,3 @@ def measure_verify_curve(target, prefix_tokens: int = 128, sizes: Sequence[int] 
             if r >= warmup:
                 best[n] = min(best[n], seconds)
     return monotone(best)
-
-
-def cost_model_from_run(curve: dict[int, float], draft_seconds_total: float, proposed: int, ar_wall: float,
-                        ar_steps: int, prefix_tokens: int = 0) -> CostModel:
-    """A cost model from a measured curve and one evaluation's timings: the draft cost per proposed token and
-    the per-step overhead of plain decoding (its wall time per step minus V(1))."""
-    draft = draft_seconds_total / proposed if proposed else 0.0
-    overhead = max(0.0, ar_wall / ar_steps - curve[1]) if ar_steps else 0.0
-    return CostModel(curve, draft_seconds=draft, overhead_seconds=overhead, prefix_tokens=prefix_tokens)

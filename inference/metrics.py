@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
+from draftsmith.inference.cost import CostModel
+from draftsmith.inference.cost import predicted_speedup as modelled_speedup
 from draftsmith.inference.draft_length import expected_tau
 from draftsmith.inference.runs import QuestionRun, TurnRun
 
@@ -121,9 +123,6 @@ def cost_prediction(runs: Sequence[QuestionRun], curve: dict[int, float]) -> dic
     """Predicted tau and speedup from this run's plain decoding step plus the measured verification curve's extra
     cost for more tokens, this run's draft cost per proposed token and its per-depth acceptance (:mod:`~draftsmith.inference.
     cost`), with the cost model itself."""
-    from draftsmith.inference.cost import CostModel
-    from draftsmith.inference.cost import predicted_speedup as cost_speedup
-
     turns = [t for r in runs for t in r.method]
     ar_steps = sum(t.result.steps for r in runs for t in r.ar)
     ar_wall = sum(t.result.wall_time for r in runs for t in r.ar)
@@ -134,7 +133,7 @@ def cost_prediction(runs: Sequence[QuestionRun], curve: dict[int, float]) -> dic
     # verifying n tokens costs the plain step plus the forward's measured extra for the n - 1 more tokens
     cost = CostModel({n: step + (s - curve[1]) for n, s in curve.items()},
                      draft_seconds=sum(t.result.draft_time for t in turns) / proposed if proposed else 0.0)
-    tau, speedup = cost_speedup(cost, [k for t in turns for k in t.draft_lengths],
+    tau, speedup = modelled_speedup(cost, [k for t in turns for k in t.draft_lengths],
                                 depth_acceptance([s for t in turns for s in t.steps]))
     return {"predicted_tau": tau, "predicted_speedup": speedup, "cost_model": cost.to_dict()}
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from draftsmith.inference.cost import CostModel
+from draftsmith.inference.runs import StepRecorder
 
 LENGTHS = (1, 2, 3, 4, 5, 6, 8)
 THRESHOLDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
@@ -110,25 +111,16 @@ def profile_draft(target, proposer, prompts: Sequence[Sequence[int]], max_new_to
     return recorder.records, (seconds / drafted if drafted else 0.0)
 
 
-class _Recorder:
-    """Delegates to a draft-model proposer and keeps a :class:`StepRecord` per verified step."""
+class _Recorder(StepRecorder):
+    """A :class:`~draftsmith.inference.runs.StepRecorder` that also keeps a :class:`StepRecord` (the draft's
+    confidences and the accepted count) per verified step."""
 
     def __init__(self, inner) -> None:
-        self.inner, self.records = inner, []
-        self.name, self.lossless = inner.name, inner.lossless
-        self.hidden_layers = tuple(getattr(inner, "hidden_layers", ()) or ())
-
-    def __getattr__(self, name: str):
-        return getattr(self.__dict__["inner"], name)
-
-    def reset(self, prompt_ids) -> None:
-        self.inner.reset(prompt_ids)
-
-    def propose(self, tokens, max_tokens, sampling, generator=None):
-        return self.inner.propose(tokens, max_tokens, sampling, generator)
+        super().__init__(inner)
+        self.records: list[StepRecord] = []
 
     def observe(self, feedback) -> None:
         if feedback.num_proposed > 0:
             confs = tuple(self.inner.last_confidences[: feedback.num_proposed])
             self.records.append(StepRecord(confs, feedback.num_accepted))
-        self.inner.observe(feedback)
+        super().observe(feedback)

@@ -67,7 +67,8 @@ class _SelfDrafting:
         self._target = target
 
     def _check(self, num_layers: int) -> None:
-        raise NotImplementedError
+        """Raise :class:`ConfigError` when the settings do not fit a target of ``num_layers`` layers."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _check(num_layers)")
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         if self._target is None:
