@@ -17,7 +17,11 @@ DTYPES = ("float32", "bfloat16", "float16", "auto")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 # config keys that do not change what the model computes
 _VOLATILE_CONFIG_KEYS = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures",
-                         "_attn_implementation", "_attn_implementation_autoset", "use_cache"}
+                         "_attn_implementation", "_attn_implementation_autoset", "use_cache",
+                         "quantization_config"}  # a GGUF file's dequantized weights compute like the plain model's
+# Names that work as a model path everywhere: imported on first use (draftsmith.data.model_import).
+NAMED_MODELS = {"smollm2-135m": "draftsmith.data.model_import:ensure_imported"}
+GGUF_SUFFIX = ".gguf"
 
 
 def torch_dtype(name: str | Any):
@@ -91,13 +95,62 @@ def quantization_kwargs(kind: str) -> dict:
     return {"quantization_config": config, "device_map": {"": torch.cuda.current_device()}}
 
 
+def resolve_model_path(name_or_path: str | os.PathLike) -> str:
+    """A named model (:data:`NAMED_MODELS`, e.g. ``smollm2-135m``) -> its imported directory, importing it on
+    first use; anything else unchanged (a directory, a ``.gguf`` file or a hub id)."""
+    name = str(name_or_path)
+    if name in NAMED_MODELS and not Path(name).exists():
+        from draftsmith.common.registry import resolve
+
+        return str(resolve(NAMED_MODELS[name])(name))
+    return name
+
+
+def is_gguf(name_or_path: str | os.PathLike) -> bool:
+    return str(name_or_path).lower().endswith(GGUF_SUFFIX)
+
+
+def _gguf_file(path: str | os.PathLike, what: str) -> Path:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise DraftsmithError(f"{what} {path} does not exist: pass an existing .gguf file")
+    return path
+
+
+def load_gguf_model(path: str | os.PathLike, dtype: Any = "float32", what: str = "model"):
+    """A causal LM from a GGUF file through transformers' GGUF loader, dequantized to ``dtype`` (float32 or
+    bfloat16)."""
+    import transformers
+
+    path = _gguf_file(path, what)
+    if dtype == "auto":
+        dtype = "float32"
+    try:
+        with quiet_transformers():
+            return transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                                     dtype=torch_dtype(dtype))
+    except ImportError as err:
+        raise DraftsmithError(f"loading {path.name} needs the gguf package: pip install gguf ({_first_line(err)})") \
+            from None
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise DraftsmithError(f"cannot load the {what} from {path}: {_first_line(err)}") from None
+
+
 def load_model(name_or_path: str | os.PathLike, dtype: Any = "float32", device: str | None = None,
                what: str = "model", quantization: str = "none", **kwargs):
     """A causal LM from a Hugging Face directory or hub id (``kwargs`` go to ``from_pretrained``), optionally
-    quantized, moved to ``device`` when given (never a quantized one). Left in the mode ``from_pretrained``
-    gives (eval). Errors are one line."""
+    quantized, moved to ``device`` when given (never a quantized one). A ``.gguf`` file is dequantized
+    (:func:`load_gguf_model`); a named model (:data:`NAMED_MODELS`) is imported on first use. Left in the mode
+    ``from_pretrained`` gives (eval). Errors are one line."""
     import transformers
 
+    name_or_path = resolve_model_path(name_or_path)
+    if is_gguf(name_or_path):
+        if quantization != "none":
+            raise ConfigError("a GGUF target is loaded dequantized: drop target_quantization (or pass a model "
+                              "directory to quantize with bitsandbytes)")
+        model = load_gguf_model(name_or_path, dtype, what)
+        return model.to(device) if device is not None else model
     kwargs.update(quantization_kwargs(quantization))
 
     path = Path(name_or_path).expanduser()
@@ -115,12 +168,15 @@ def load_model(name_or_path: str | os.PathLike, dtype: Any = "float32", device: 
 
 
 def has_tokenizer(path: str | os.PathLike) -> bool:
+    if is_gguf(path):
+        return Path(path).is_file()  # a GGUF file carries its tokenizer
     return any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
 
 
 def tokenizer_dir_for(model_dir: str | os.PathLike) -> Path | None:
-    """The model's own tokenizer directory, else a zoo-style sibling ``tokenizer/`` directory, else None."""
-    model_dir = Path(model_dir)
+    """The model's own tokenizer directory (or its GGUF file), else a zoo-style sibling ``tokenizer/`` directory,
+    else None."""
+    model_dir = Path(resolve_model_path(model_dir))
     if has_tokenizer(model_dir):
         return model_dir
     sibling = model_dir.parent / "tokenizer"
@@ -131,9 +187,14 @@ def load_tokenizer(name_or_path: str | os.PathLike, what: str = "tokenizer"):
     """A tokenizer with a pad token (the EOS token when it has none); one-line errors."""
     import transformers
 
+    name_or_path = resolve_model_path(name_or_path)
+    source = {"pretrained_model_name_or_path": str(name_or_path)}
+    if is_gguf(name_or_path):
+        path = _gguf_file(name_or_path, what)
+        source = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name}
     try:
         with quiet_transformers():
-            tokenizer = transformers.AutoTokenizer.from_pretrained(str(name_or_path))
+            tokenizer = transformers.AutoTokenizer.from_pretrained(**source)
     except (OSError, ValueError, KeyError) as err:
         raise DraftsmithError(f"cannot load the {what} from {name_or_path}: {_first_line(err)} "
                               "(pass --tokenizer DIR)") from None

@@ -86,7 +86,7 @@ def sample_completions(
         do_sample=sample,
         temperature=temperature if sample else None,
         top_p=top_p if sample else None,
-        top_k=None,
+        top_k=0,  # off: None would take transformers' default of 50, truncating the target's distribution
         pad_token_id=pad_token_id,
         eos_token_id=list(eos_ids) or None,
         use_cache=True,

@@ -50,6 +50,19 @@ class ModelSpec:
     min_lr_ratio: float = field(default=0.1, metadata={"help": "final learning rate as a fraction of lr"})
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay on matrices (not norms)"})
     grad_clip: float = field(default=1.0, metadata={"help": "global gradient-norm clip"})
+    init_from_target: bool = field(
+        default=False,
+        metadata={"help": "start from the target's embedding, first `layers` layers and final norm (the draft "
+                  "then has the target's width and head shapes)"},
+    )
+    freeze_embeddings: bool = field(
+        default=False, metadata={"help": "keep the (tied) embedding and LM head frozen while training"}
+    )
+    draft_vocab: int = field(
+        default=0,
+        metadata={"help": "draft only among the N tokens most frequent in the training rows (plus the special "
+                  "tokens): recorded as config.draft_vocab, it cuts the LM head of every draft step; 0 = all"},
+    )
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "intermediate", "heads", "kv_heads", "tokens"):
@@ -89,6 +102,11 @@ class ZooSpec:
     max_train_examples: int | None = field(
         default=None, metadata={"help": "use only the first N train examples (reduced test builds); None = all"}
     )
+    target_import: str | None = field(
+        default=None,
+        metadata={"help": "a real target imported instead of trained (draftsmith.data.model_import); the tokenizer "
+                  "is then the target's and `target` only describes its shape"},
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.target, dict):
@@ -101,6 +119,8 @@ class ZooSpec:
             raise ConfigError("ZooSpec: seq_len, batch_size, checkpoint_every and eval_batch_size must be >= 1")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"ZooSpec.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.draft.init_from_target and self.target_import is None:
+            raise ConfigError("ZooSpec: draft.init_from_target needs target_import (a real target to start from)")
         if self.max_positions < self.seq_len:
             raise ConfigError(f"ZooSpec.max_positions ({self.max_positions}) must be >= seq_len ({self.seq_len})")
 
@@ -135,6 +155,43 @@ ZOO_SIZES: dict[str, Callable[[], ZooSpec]] = {
         checkpoint_every=100,
     ),
 }
+
+
+# smollm2: the real target SmolLM2-135M-Instruct (imported, not trained) and a 2-layer draft of its width that
+# starts from the target's embedding, first two layers and final norm, shares its frozen tied embedding/LM head
+# and trains its layers on the corpus. Why this shape: docs/BENCHMARKS.md ("Real target").
+ZOO_SIZES["smollm2"] = lambda: ZooSpec(
+    size="smollm2",
+    target_import="smollm2-135m",
+    target=ModelSpec(layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3, tokens=1, lr=1e-3),
+    draft=ModelSpec(layers=2, hidden=576, intermediate=1536, heads=9, kv_heads=3, tokens=700_000, lr=5e-4,
+                    warmup_steps=20, init_from_target=True, freeze_embeddings=True, draft_vocab=8192),
+    vocab_size=49152,
+    seq_len=512,
+    batch_size=4,
+    max_positions=8192,
+    checkpoint_every=20,
+    eval_tokens=40_000,
+    precision="fp32",  # bf16 autocast is several times slower on CPUs without native bf16 matmuls
+)
+
+
+# named real targets whose zoo holds a draft for them: `--target smollm2-135m` defaults the draft to that zoo's
+ZOO_FOR_TARGET = {"smollm2-135m": "smollm2"}
+
+
+def zoo_size_for_target(target: str | None) -> str | None:
+    """The zoo size whose draft belongs to the named target ``target`` (None for any other target)."""
+    return ZOO_FOR_TARGET.get(str(target)) if target is not None else None
+
+
+def frequent_tokens(rows: torch.Tensor, vocab_size: int, n: int, always: list[int] = ()) -> tuple[list[int], float]:
+    """``(ids, coverage)``: the ``n`` most frequent token ids of ``rows`` plus ``always`` (special tokens), sorted,
+    and the fraction of the tokens of ``rows`` they cover."""
+    counts = torch.bincount(rows.flatten(), minlength=vocab_size)  # [V]
+    top = counts.topk(min(n, vocab_size)).indices.tolist()
+    ids = sorted(set(top) | set(always))
+    return ids, float(counts[ids].sum()) / max(1, int(counts.sum()))
 
 
 def zoo_spec(size: str) -> ZooSpec:
@@ -288,6 +345,9 @@ __all__ = [
     "ZooSpec",
     "ZOO_SIZES",
     "zoo_spec",
+    "frequent_tokens",
+    "ZOO_FOR_TARGET",
+    "zoo_size_for_target",
     "draftsmith_home",
     "zoo_dir",
     "llama_config",

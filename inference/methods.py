@@ -56,7 +56,7 @@ def draft_model_proposer(ctx: ProposerContext):
     """A separate draft model: the caller's, else the artefact's; refused unless it shares the target's
     vocabulary."""
     from draftsmith.inference.draft_length import DraftLengthPolicy
-    from draftsmith.inference.proposers.draft_model import DraftModelProposer, check_same_tokenizer
+    from draftsmith.inference.proposers.draft_model import DraftModelProposer, check_same_tokenizer, draft_vocab_of
 
     if ctx.draft_model is not None:
         draft = ctx.draft_model.to(ctx.target_model.device, ctx.target_model.dtype).eval()
@@ -72,7 +72,12 @@ def draft_model_proposer(ctx: ProposerContext):
         raise ConfigError(f"draft length must be at least 1, got {length}")
     policy = DraftLengthPolicy(length=length, mode=ctx.option("draft_length_mode", "fixed"), max_length=max(16, length),
                                relative_verify=_relative_verify(ctx))
-    return DraftModelProposer(draft, policy, confidence_threshold=float(ctx.option("confidence_threshold", 0.0)))
+    vocab = ctx.option("draft_vocab", "auto")
+    if vocab not in ("auto", "full"):
+        raise ConfigError(f"draft vocabulary must be auto (the draft's config.draft_vocab when it has one) or full, "
+                          f"got {vocab!r}")
+    return DraftModelProposer(draft, policy, confidence_threshold=float(ctx.option("confidence_threshold", 0.0)),
+                              vocab=draft_vocab_of(draft) if vocab == "auto" else None)
 
 
 def _relative_verify(ctx: ProposerContext):

@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "eval": "draftsmith.launch.eval_cli",
     "demo": "draftsmith.launch.demo",
     "tune": "draftsmith.launch.tune_cli",
+    "data": "draftsmith.launch.data_cli",
 }
 
 

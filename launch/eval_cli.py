@@ -21,13 +21,14 @@ from draftsmith.common.errors import ConfigError, DraftsmithError
 from draftsmith.common.models import DTYPES, load_model, load_tokenizer, tokenizer_dir_for
 from draftsmith.common.registry import REGISTRY, get_method, resolve
 from draftsmith.common.threads import parse_threads, torch_threads
+from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 DEFAULT_OUT = "eval/report.json"
 # command-line option -> the proposer setting it overrides (None = not given: the artefact's, else the method's)
 PROPOSER_OPTIONS = {"draft_length": "draft_length", "draft_length_mode": "draft_length_mode",
                     "draft_confidence": "confidence_threshold", "pld_tokens": "pld_tokens",
                     "pld_max_ngram": "pld_max_ngram", "pld_min_ngram": "pld_min_ngram", "pld_length": "pld_length",
-                    "pld_threshold": "pld_threshold"}
+                    "pld_threshold": "pld_threshold", "draft_vocab": "draft_vocab"}
 
 
 def add_parser(sub) -> None:
@@ -46,7 +47,7 @@ def add_parser(sub) -> None:
     g.add_argument("--draft", metavar="PATH", default=None, help="draft model directory for --method draft (default: the zoo's draft)")
     g.add_argument("--artefact", metavar="DIR", default=None, help="a draftsmith artefact directory; the method comes from its manifest")
     g.add_argument("--allow-target-mismatch", action="store_true", help="run an artefact on a target it was not trained for")
-    g.add_argument("--zoo", default="tiny", choices=["tiny", "small"], help="zoo size used for the defaults")
+    g.add_argument("--zoo", default="tiny", choices=ZOO_SIZE_NAMES, help="zoo size used for the defaults")
     g.add_argument("--home", metavar="DIR", default=None, help="DRAFTSMITH_HOME of the zoo (default ~/.cache/draftsmith)")
     g.add_argument("--dtype", default="float32", choices=DTYPES, help="weights dtype")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
@@ -71,6 +72,9 @@ def add_parser(sub) -> None:
                    help="draft model: stop a draft after a token the draft gives probability < P "
                         f"(default {get_method('draft').eval_defaults['confidence_threshold']}, or the artefact's; "
                         "0 = always draft --draft-length tokens)")
+    g.add_argument("--draft-vocab", choices=("auto", "full"), default=None,
+                   help="draft model: auto = draft only among the tokens of the draft's config.draft_vocab when it "
+                        "has one (a cheaper LM head; the zoo's smollm2 draft has 8,192), full = the whole vocabulary")
     pld = get_method("pld").eval_defaults
     g.add_argument("--pld-tokens", metavar="N", type=int, default=None,
                    help=f"prompt lookup: longest draft, tokens copied per step (default {pld['pld_tokens']})")
@@ -165,6 +169,11 @@ def setup(args: argparse.Namespace):
     device = resolve_device(args.device)
     zoo = zoo_paths(args.zoo, args.home) if args.target is None else None
     target_dir = zoo / "target" if zoo is not None else Path(args.target)
+    from draftsmith.data.zoo import zoo_size_for_target
+
+    own_zoo = zoo_size_for_target(args.target)  # a named real target drafts with its zoo's draft by default
+    if own_zoo is not None and args.draft is None and args.method in (None, "draft"):
+        zoo = zoo_paths(own_zoo, args.home)
     target = load_model(target_dir, args.dtype, device, what="target").eval()
     tok_dir = Path(args.tokenizer) if args.tokenizer else tokenizer_dir_for(target_dir)
     if tok_dir is None:

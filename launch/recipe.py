@@ -59,6 +59,14 @@ def resolve_models(args: RecipeArguments, spec: MethodSpec) -> dict[str, str]:
         home = ensure_zoo(args.zoo_size)
         paths = {"tokenizer": str(home / "tokenizer"), "target": str(home / "target")}
         return paths | ({"draft": str(home / "draft")} if needs_draft else {})
+    from draftsmith.data.zoo import zoo_size_for_target
+
+    own_zoo = zoo_size_for_target(args.target)
+    if needs_draft and args.draft is None and own_zoo is not None:  # a named real target: its zoo's draft
+        from draftsmith.trainers.zoo import ensure_zoo
+
+        paths = {"tokenizer": args.tokenizer or args.target, "target": args.target}
+        return paths | {"draft": str(ensure_zoo(own_zoo) / "draft")}
     if needs_draft and args.draft is None:
         raise ConfigError(f"--target was given without --draft: {spec.name} trains a separate draft model; pass the "
                           "draft to start from")

@@ -21,6 +21,7 @@ from pathlib import Path
 from draftsmith.common.errors import ArtefactError, ConfigError
 from draftsmith.common.io import atomic_write_json
 from draftsmith.common.threads import parse_threads, torch_threads
+from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 
 def add_parser(sub) -> None:
@@ -29,7 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--artefact", metavar="DIR", required=True, help="a draft-model artefact (e.g. DistillSpec's)")
     p.add_argument("--target", metavar="PATH", default=None, help="target model directory (default: the zoo's)")
     p.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer (default: the target's, or the zoo's)")
-    p.add_argument("--zoo", default="tiny", choices=["tiny", "small"], help="zoo size used for the defaults")
+    p.add_argument("--zoo", default="tiny", choices=ZOO_SIZE_NAMES, help="zoo size used for the defaults")
     p.add_argument("--prompts", metavar="N", type=int, default=40, help="calibration prompts (held-out corpus split)")
     p.add_argument("--max-new-tokens", metavar="N", type=int, default=64, help="tokens per calibration answer")
     p.add_argument("--max-length", metavar="K", type=int, default=8, help="longest draft profiled and considered")

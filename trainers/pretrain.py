@@ -47,9 +47,10 @@ def lr_at(step: int, total: int, m: ModelSpec) -> float:
 
 
 def make_optimizer(model: torch.nn.Module, m: ModelSpec) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (norm weights are not decayed)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    """AdamW over the trainable parameters, with weight decay on matrices only (norm weights are not decayed)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trainable if p.dim() >= 2]
+    no_decay = [p for p in trainable if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": m.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=m.lr, betas=(0.9, 0.95), eps=1e-8)
 

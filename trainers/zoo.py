@@ -44,6 +44,7 @@ from draftsmith.data.zoo import (
     STAGES,
     ZooRows,
     ZooSpec,
+    frequent_tokens,
     llama_config,
     param_count,
     train_zoo_tokenizer,
@@ -76,8 +77,10 @@ def build_lock(directory: Path) -> Iterator[None]:
 
 
 def publish_dir(tmp: Path, final: Path) -> None:
-    """Move a fully written directory into place (replacing an older one)."""
-    if final.exists():
+    """Move a fully written directory (or a symlink) into place, replacing an older one."""
+    if final.is_symlink():
+        final.unlink()
+    elif final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
 
@@ -106,7 +109,9 @@ def start_over(out: Path) -> None:
     """Remove every stage, the build directory and the manifest of the zoo at ``out``."""
     for name in (*STAGES, ".build", "manifest.json"):
         target = out / name
-        if target.is_dir():
+        if target.is_symlink():  # an imported target is linked, never removed through the link
+            target.unlink()
+        elif target.is_dir():
             shutil.rmtree(target)
         elif target.exists():
             target.unlink()
@@ -131,6 +136,85 @@ def build_tokenizer_stage(out: Path, spec: ZooSpec, train: list[dict]) -> dict:
     }
 
 
+def imported_tokenizer_stage(out: Path, spec: ZooSpec) -> dict:
+    """The tokenizer stage of a zoo around a real target: import the target (first use) and copy its tokenizer
+    (chat template included) to ``out/tokenizer``."""
+    from draftsmith.common.models import load_tokenizer
+    from draftsmith.data.model_import import ensure_imported
+
+    started = time.perf_counter()
+    source = ensure_imported(spec.target_import, out.parent.parent)
+    tokenizer = load_tokenizer(source)
+    tmp = out / ".build" / "tokenizer.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer.save_pretrained(tmp)
+    publish_dir(tmp, out / "tokenizer")
+    return {
+        "path": "tokenizer",
+        "source": spec.target_import,
+        "vocab_size": len(tokenizer),
+        "sha256": sha256_file(out / "tokenizer" / "tokenizer.json"),
+        "train_seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def imported_target_stage(out: Path, spec: ZooSpec, rows: ZooRows, device: str) -> dict:
+    """The target stage of a zoo around a real target: ``out/target`` links to the imported model directory
+    (``$DRAFTSMITH_HOME/models/...``); the record holds its held-out loss on the corpus."""
+    from draftsmith.common.models import load_model
+    from draftsmith.data.model_import import ensure_imported
+
+    started = time.perf_counter()
+    source = ensure_imported(spec.target_import, out.parent.parent)
+    link = out / ".build" / "target.link"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    os.symlink(os.path.relpath(source, out), link, target_is_directory=True)
+    publish_dir(link, out / "target")
+    model = load_model(out / "target", "float32", device, what="imported target")
+    loss, n_scored = heldout_loss(model, rows.heldout, rows.n_heldout, spec.eval_batch_size, device)
+    return {
+        "path": "target",
+        "imported": spec.target_import,
+        "source_dir": str(source),
+        "config": model.config.to_diff_dict(),
+        "parameters": param_count(model),
+        "tokens_seen": 0,
+        "train_seconds": 0.0,
+        "tokens_per_second": 0.0,
+        "heldout_loss": round(loss, 4),
+        "heldout_tokens": n_scored,
+        "weights_sha256": read_json(source / "manifest.json")["weights_sha256"],
+        "stage_seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def draft_from_target(target: transformers.PreTrainedModel, m) -> transformers.PreTrainedModel:
+    """A ``m.layers``-layer model of the target's architecture and width holding the target's embedding (tied
+    LM head), first ``m.layers`` decoder layers and final norm; the embedding is frozen when
+    ``m.freeze_embeddings``."""
+    cfg = target.config
+    if (m.hidden, m.intermediate, m.heads, m.kv_heads) != (cfg.hidden_size, cfg.intermediate_size,
+                                                          cfg.num_attention_heads, cfg.num_key_value_heads):
+        raise ConfigError("draft.init_from_target needs the draft's hidden/intermediate/heads/kv_heads to equal the "
+                          f"target's ({cfg.hidden_size}/{cfg.intermediate_size}/{cfg.num_attention_heads}/"
+                          f"{cfg.num_key_value_heads})")
+    settings = {k: v for k, v in cfg.to_dict().items() if k != "quantization_config"}
+    config = transformers.AutoConfig.for_model(**{**settings, "num_hidden_layers": m.layers})
+    draft = transformers.AutoModelForCausalLM.from_config(config)
+    keep = {}
+    for key, value in target.state_dict().items():
+        parts = key.split(".")
+        if "layers" in parts and int(parts[parts.index("layers") + 1]) >= m.layers:
+            continue
+        keep[key] = value.detach().clone()
+    draft.load_state_dict(keep, strict=True)
+    draft.tie_weights()
+    if m.freeze_embeddings:
+        draft.get_input_embeddings().weight.requires_grad_(False)
+    return draft
+
+
 def model_seed(spec: ZooSpec, role: str) -> int:
     """Seed of ``role``'s initialisation and data order (target and draft are independent)."""
     return spec.seed * 1000 + MODEL_ROLES.index(role) + 1
@@ -150,11 +234,22 @@ def build_model_stage(
     started = time.perf_counter()
     seed = model_seed(spec, role)
     torch.manual_seed(seed)
-    config = llama_config(spec, role)
-    model = transformers.LlamaForCausalLM(config).to(device)
+    if spec.model(role).init_from_target:
+        from draftsmith.common.models import load_model
+
+        model = draft_from_target(load_model(out / "target", "float32", what="zoo target"), spec.model(role)).to(device)
+    else:
+        model = transformers.LlamaForCausalLM(llama_config(spec, role)).to(device)
+    config = model.config
     checkpoint = out / ".build" / f"{role}.ckpt.pt"
     stats = train_model(model, rows.train, spec.model(role), spec, role, seed, checkpoint, device, on_step, progress)
     loss, n_scored = heldout_loss(model, rows.heldout, rows.n_heldout, spec.eval_batch_size, device)
+    vocab_record = {}
+    if spec.model(role).draft_vocab:
+        special = transformers.AutoTokenizer.from_pretrained(out / "tokenizer").all_special_ids
+        ids, coverage = frequent_tokens(rows.train, model.config.vocab_size, spec.model(role).draft_vocab, special)
+        model.config.draft_vocab = ids  # read by the draft proposer (draftsmith.inference.proposers.draft_model)
+        vocab_record = {"draft_vocab": len(ids), "draft_vocab_coverage": round(coverage, 4)}
     tmp = out / ".build" / f"{role}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.to("cpu").save_pretrained(tmp, safe_serialization=True)
@@ -162,12 +257,13 @@ def build_model_stage(
     checkpoint.unlink(missing_ok=True)
     return {
         "path": role,
-        "config": config.to_diff_dict(),
+        "config": {k: v for k, v in config.to_diff_dict().items() if k != "draft_vocab"},
         "parameters": param_count(model),
         **stats,
         "tokens_per_second": round(stats["tokens_seen"] / max(stats["train_seconds"], 1e-9), 1),
         "heldout_loss": round(loss, 4),
         "heldout_tokens": n_scored,
+        **vocab_record,
         "weights_sha256": sha256_file(out / role / "model.safetensors"),
         "stage_seconds": round(time.perf_counter() - started, 3),
     }
@@ -241,7 +337,8 @@ def run_stages(
     data_seconds = time.perf_counter() - started
     records = {"tokenizer": stage_record(out, "tokenizer")}
     if records["tokenizer"] is None:
-        records["tokenizer"] = build_tokenizer_stage(out, spec, examples[0])
+        records["tokenizer"] = (imported_tokenizer_stage(out, spec) if spec.target_import
+                                else build_tokenizer_stage(out, spec, examples[0]))
         write_stage_record(out, "tokenizer", records["tokenizer"])
 
     started = time.perf_counter()
@@ -252,7 +349,10 @@ def run_stages(
     for role in MODEL_ROLES:
         records[role] = stage_record(out, role)
         if records[role] is None:
-            records[role] = build_model_stage(out, spec, role, rows, device, on_step, progress)
+            if role == "target" and spec.target_import:
+                records[role] = imported_target_stage(out, spec, rows, device)
+            else:
+                records[role] = build_model_stage(out, spec, role, rows, device, on_step, progress)
             write_stage_record(out, role, records[role])
 
     env = build_environment(device)

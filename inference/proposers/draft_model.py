@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from draftsmith.common.errors import ConfigError, TokenizerMismatchError
 from draftsmith.common.models import tokenizer_sha256
@@ -32,6 +33,23 @@ def check_same_tokenizer(
             )
 
 
+def draft_vocab_of(draft_model) -> torch.Tensor | None:
+    """The token ids a draft was built to propose (``config.draft_vocab``, written by the zoo build), or None."""
+    ids = getattr(draft_model.config, "draft_vocab", None)
+    return torch.tensor(sorted(ids), dtype=torch.long) if ids else None
+
+
+def head_rows(lm_head: torch.nn.Module, vocab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(weight [K, H], bias [K] or None)``: the LM head's rows of the ``vocab`` tokens, copied once."""
+    bias = getattr(lm_head, "bias", None)
+    return lm_head.weight[vocab].detach().clone(), None if bias is None else bias[vocab].detach().clone()
+
+
+def scatter_rows(q: torch.Tensor, vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A distribution over ``vocab`` ([K]) as one over the whole vocabulary ([V], zero elsewhere)."""
+    return q.new_zeros(vocab_size).scatter_(0, vocab, q)
+
+
 class DraftModelProposer:
     """Drafts a chain autoregressively with a small causal LM that shares the target's tokenizer.
 
@@ -43,14 +61,23 @@ class DraftModelProposer:
     temperature 1, or under the sampling parameters when sampling) is below the threshold, the
     draft stops there, because the tokens after an unlikely one are rarely accepted and each costs a
     draft forward (transformers' ``assistant_confidence_threshold``). Whether to stop depends only
-    on the draft's own tokens, so verification stays exact; 0 disables it."""
+    on the draft's own tokens, so verification stays exact; 0 disables it.
+
+    ``vocab`` (sorted token ids, ``[K]``) restricts drafting to those tokens: each draft step computes only
+    ``K`` rows of the LM head, which on a large vocabulary is most of a small draft's cost. The draft's
+    distribution is then the softmax over those rows (zero elsewhere); verification is unchanged, so decoding
+    stays exact, only a token outside ``vocab`` can never be proposed (:func:`draft_vocab_of`)."""
 
     name = "draft"
     lossless = True
     hidden_layers: tuple[int, ...] = ()
 
     def __init__(
-        self, draft_model, policy: DraftLengthPolicy | None = None, confidence_threshold: float = 0.0
+        self,
+        draft_model,
+        policy: DraftLengthPolicy | None = None,
+        confidence_threshold: float = 0.0,
+        vocab: torch.Tensor | None = None,  # [K] token ids the draft may propose; None = all
     ) -> None:
         if not 0.0 <= confidence_threshold < 1.0:
             raise ConfigError(f"confidence_threshold must be in [0, 1) (0 = off), got {confidence_threshold}")
@@ -61,6 +88,14 @@ class DraftModelProposer:
         self.last_confidences: list[float] = []  # of the last draft, when recorded
         self._cache = None
         self._ids = torch.empty(0, dtype=torch.long)
+        self.vocab = None if vocab is None else vocab.to(self.adapter.device)  # [K]
+        self._head_rows = None if vocab is None else head_rows(self.adapter.lm_head, self.vocab)  # (W [K, H], b)
+
+    def _next_logits(self, feed: torch.Tensor) -> torch.Tensor:  # feed [m] -> [V], or [K] over self.vocab
+        if self._head_rows is None:
+            return self.adapter.forward(feed[None], self._cache, compute_logits=slice(-1, None)).logits[0, -1]
+        last = self.adapter.forward(feed[None], self._cache, compute_logits=False).last_hidden[0, -1]  # [H]
+        return F.linear(last, *self._head_rows).float()  # [K]
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self._cache = self.adapter.new_cache(capacity=max(256, 2 * prompt_ids.numel()))
@@ -84,16 +119,17 @@ class DraftModelProposer:
         qs: list[torch.Tensor] = []
         confidences: list[float] = []
         for _ in range(k):
-            logits = self.adapter.forward(feed[None], self._cache, compute_logits=slice(-1, None)).logits[0, -1]  # [V]
+            logits = self._next_logits(feed)  # [V] or [K]
             if sampling.greedy:
-                tok = int(logits.argmax())
+                idx = int(logits.argmax())
                 wanted = self.confidence_threshold > 0 or self.record_confidences
-                conf = float(logits.softmax(-1)[tok]) if wanted else 1.0
+                conf = float(logits.softmax(-1)[idx]) if wanted else 1.0
             else:
-                q = process_logits(logits, sampling)  # [V]
-                tok = int(torch.multinomial(q, 1, generator=generator))
-                qs.append(q)
-                conf = float(q[tok])
+                q = process_logits(logits, sampling)  # [V] or [K]
+                idx = int(torch.multinomial(q, 1, generator=generator))
+                conf = float(q[idx])
+                qs.append(q if self.vocab is None else scatter_rows(q, self.vocab, self.adapter.vocab_size))
+            tok = idx if self.vocab is None else int(self.vocab[idx])
             unsure = conf < self.confidence_threshold
             confidences.append(conf)
             drafted.append(tok)

@@ -71,6 +71,65 @@ def test_confidence_threshold_stops_drafts_early_and_stays_identical(pair, thres
             assert sp.num_proposed <= sp.steps
 
 
+class _RecordingDraft(DraftModelProposer):
+    """Keeps every proposed token."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen = []
+
+    def propose(self, *args, **kwargs):
+        draft = super().propose(*args, **kwargs)
+        self.seen.extend(draft.tokens.tolist())
+        return draft
+
+
+def test_draft_vocab_subset_is_token_identical_and_proposes_only_its_tokens(pair):
+    target, weak = pair
+    adapter = ModelAdapter(target)
+    for draft_model in (weak, target):
+        for seed in range(3):
+            p = _prompt(seed)
+            ar = generate(adapter, p, GenerationConfig(max_new_tokens=30))
+            vocab = torch.tensor(sorted(set(range(0, 128, 2)) | set(ar.output_ids[:20])))  # [K]
+            prop = _RecordingDraft(draft_model, DraftLengthPolicy(4), vocab=vocab)
+            sp = generate(adapter, p, GenerationConfig(max_new_tokens=30), prop)
+            assert sp.output_ids == ar.output_ids
+            assert prop.seen and set(prop.seen) <= set(vocab.tolist())
+        if draft_model is target:  # the target's own head over a subset holding its answers: all accepted
+            assert sp.acceptance_rate == 1.0
+
+
+def test_draft_vocab_subset_sampling_distribution_lives_on_the_subset(pair):
+    from draftsmith.inference.proposers.draft_model import scatter_rows
+
+    target, weak = pair
+    vocab = torch.tensor([3, 5, 7, 11, 13])
+    prop = DraftModelProposer(weak, DraftLengthPolicy(3), vocab=vocab)
+    prop.reset(_prompt(0))
+    draft = prop.propose(_prompt(0), 3, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert draft.q.shape[-1] == ModelAdapter(weak).vocab_size
+    assert torch.allclose(draft.q.sum(-1), torch.ones(draft.q.shape[0]))
+    outside = torch.ones(draft.q.shape[-1], dtype=torch.bool)
+    outside[vocab] = False
+    assert float(draft.q[:, outside].abs().sum()) == 0.0
+    assert set(draft.tokens.tolist()) <= set(vocab.tolist())
+    assert torch.equal(scatter_rows(torch.tensor([0.25, 0.75]), torch.tensor([1, 3]), 5),
+                       torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0]))
+
+
+def test_draft_vocab_of_reads_the_config(pair):
+    from draftsmith.inference.proposers.draft_model import draft_vocab_of
+
+    _, weak = pair
+    assert draft_vocab_of(weak) is None
+    weak.config.draft_vocab = [9, 2, 4]
+    try:
+        assert draft_vocab_of(weak).tolist() == [2, 4, 9]
+    finally:
+        del weak.config.draft_vocab
+
+
 def test_confidence_threshold_is_validated(pair):
     with pytest.raises(ValueError, match="confidence_threshold"):
         DraftModelProposer(pair[1], confidence_threshold=1.0)

@@ -1,0 +1,530 @@
+"""Self-distillation: regenerate the answers of a prompt set with the target, for training a drafter on the
+target's own outputs.
+
+    stats = generate_answers(target, tokenizer, prompts, "runs/sd/answers.jsonl", batch_size=16,
+                             max_new_tokens=256, temperature=0.0, top_p=1.0, seed=0, target_name="path/to/target")
+
+``prompts`` are conversations (``[{"role", "content"}, ...]``, the last turn a user turn). The answers are
+generated in left-padded batches through ``generate`` (KV cache, several sequences per forward); prompts are
+sorted by length into batches to limit padding. Output, one JSON line per prompt::
+
+    {"id": "3f2a...", "messages": [...prompt turns, {"role": "assistant", "content": answer}],
+     "num_tokens": 57, "finish": "eos" | "length"}
+
+``num_tokens`` counts the generated tokens (the end-of-sequence token included when there is one); it is what
+tokens/s counts. ``<out>.meta.json`` (written atomically after every batch) records the generation settings,
+the target's identity (:func:`~draftsmith.common.models.target_identity` and a sample of its weights,
+:func:`weights_sample_sha256`), the prompt source and its sha256, the draftsmith version and environment, and the
+progress (rows, tokens, seconds, tokens/s) with one entry per run.
+
+Resuming: rows are appended and flushed to disk (fsync) one batch at a time. Rerunning the same call reads the
+rows already written (a torn last line from a kill is cut off), skips their ids and generates the rest; a run
+whose settings or target differ from the meta's is refused (:class:`ConfigError`). When every prompt is done
+the file is rewritten (atomically) in prompt order, so the finished file does not depend on how often the run
+was interrupted.
+
+Sampling is reproducible per row: row ``id`` draws its tokens from its own uniforms (a CPU generator seeded
+with :func:`row_seed` of ``(seed, id)``), turned into a token by inverting the cumulative distribution after
+temperature and top-p. A row's answer therefore depends on the seed, its id and the target's logits only, not
+on the batch it lands in, the batch size or restarts (up to the last-bit differences padding makes in the
+logits). Greedy decoding is the argmax. Both go through ``generate`` as greedy search with
+:class:`RowSampler` as a logits processor, with the processors a model's ``generation_config`` could add
+(repetition penalty, n-gram blocking, minimum length) set neutral.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from draftsmith.common import __version__
+from draftsmith.common.errors import ConfigError, DataError
+from draftsmith.common.io import atomic_write_json, atomic_write_text, environment, read_json, sha256_json
+from draftsmith.common.models import target_identity
+from draftsmith.data.chat import EMPTY_TEXT, MISSING_FIELD, NO_ASSISTANT, BadRow, build_prompt_ids, normalize_row
+from draftsmith.data.datasets import LoadReport, read_rows, resolve_format
+from draftsmith.data.generation import cut_at_eos, eos_token_ids, left_pad, pad_token_id
+
+META_SUFFIX = ".meta.json"
+META_FORMAT = "draftsmith-self-distill/1"
+SETTINGS = ("temperature", "top_p", "seed", "max_new_tokens")  # what must match to resume a file
+TARGET_KEYS = ("config_sha256", "tokenizer_sha256", "vocab_size", "weights_sample_sha256")  # identity, not path
+PLACEHOLDER = "(answer)"  # stands in for a missing answer while a prompt-only row is validated
+FIX = "pass a new --out, or --overwrite to start that file again"
+
+# ------------------------------------------------------------------------------------------------------ prompts
+
+
+def prompt_id(messages: Sequence[Mapping[str, str]]) -> str:
+    """A stable id of a prompt: the first 16 hex digits of the sha256 of its turns."""
+    return sha256_json([{"role": m["role"], "content": m["content"]} for m in messages])[:16]
+
+
+def prompt_turns(messages: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+    """The prompt of a conversation: the turns before its final assistant turn (the whole conversation when it
+    ends on a user turn); raises :class:`BadRow` unless that prompt ends on a user turn."""
+    turns = [dict(m) for m in messages]
+    if turns and turns[-1]["role"] == "assistant":
+        turns = turns[:-1]
+    if not turns or turns[-1]["role"] != "user":
+        raise BadRow(NO_ASSISTANT, "no user turn to answer before the last assistant turn")
+    return turns
+
+
+def _with_placeholder(row: Mapping, fmt: str) -> Mapping:
+    """A prompt-only row completed with a placeholder answer, so :func:`normalize_row` validates the rest."""
+    if fmt == "messages" and isinstance(row.get("messages"), list):
+        return {**row, "messages": [*row["messages"], {"role": "assistant", "content": PLACEHOLDER}]}
+    if fmt == "sharegpt" and isinstance(row.get("conversations"), list):
+        return {**row, "conversations": [*row["conversations"], {"from": "gpt", "value": PLACEHOLDER}]}
+    if fmt == "alpaca" and not row.get("output"):
+        return {**row, "output": PLACEHOLDER}
+    return row
+
+
+def row_prompt(row: Any, fmt: str) -> list[dict[str, str]]:
+    """The prompt turns of one ``messages``, ``sharegpt`` or ``alpaca`` row (see :func:`prompt_turns`); rows with
+    no answer yet are prompts too. Raises :class:`BadRow`."""
+    try:
+        return prompt_turns(normalize_row(row, fmt))
+    except BadRow as err:
+        if err.category not in (NO_ASSISTANT, MISSING_FIELD, EMPTY_TEXT) or not isinstance(row, Mapping):
+            raise
+        completed = _with_placeholder(row, fmt)
+        if completed is row:
+            raise
+        return prompt_turns(normalize_row(completed, fmt))
+
+
+def unique_prompts(ids: Sequence[str], prompts: Sequence[list]) -> tuple[list[str], list[list], int]:
+    """``(ids, prompts, dropped)``: the first prompt of every id (repeated content shares a content id)."""
+    seen: set[str] = set()
+    out_ids, out_prompts = [], []
+    for pid, prompt in zip(ids, prompts):
+        if pid not in seen:
+            seen.add(pid)
+            out_ids.append(pid)
+            out_prompts.append(prompt)
+    return out_ids, out_prompts, len(ids) - len(out_ids)
+
+
+def corpus_prompts(split: str = "train") -> list[list[dict[str, str]]]:
+    """The user turns of the shipped corpus' chat examples in ``split`` (plain-text chunks have no prompt)."""
+    from draftsmith.data.corpus import load_corpus
+
+    return [prompt_turns(ex["messages"]) for ex in load_corpus(split) if "messages" in ex]
+
+
+def dataset_prompts(path: str | os.PathLike, max_bad_fraction: float = 0.05) -> tuple[list[list[dict]], LoadReport]:
+    """The prompt of every row of a .json / .jsonl / .parquet chat dataset (any format :mod:`~draftsmith.data.chat`
+    reads; rows without an answer are prompts too), in file order, and a :class:`LoadReport` of the rows skipped.
+    More than ``max_bad_fraction`` unusable rows (or none usable) is a :class:`DataError`."""
+    rows = list(read_rows(path))
+    fmt = resolve_format(rows, "auto", source=str(path))
+    if fmt == "text":
+        raise DataError(f"{path} holds plain text rows, not chats: pass messages, ShareGPT or Alpaca rows (or a "
+                        "question set) as --prompts")
+    report = LoadReport(source=str(path), format=fmt, unit="line" if Path(path).suffix.lower() == ".jsonl" else "record")
+    prompts = []
+    for line, row in rows:
+        report.total += 1
+        try:
+            if isinstance(row, BadRow):
+                raise row
+            prompts.append(row_prompt(row, fmt))
+        except BadRow as err:
+            report.add_skip(line, err)
+    report.kept = len(prompts)
+    if not prompts or report.bad_fraction > max_bad_fraction:
+        first = report.first_bad
+        raise DataError(f"{path}: {report.skipped} of {report.total} rows are not usable prompts (first at "
+                        f"{report.unit} {first.first_line}: {first.reason}); fix or drop them")
+    return prompts, report
+
+
+def prompts_sha256(ids: Sequence[str], prompts: Sequence[Sequence[Mapping[str, str]]]) -> str:
+    """sha256 of the prompt set, in order (ids and turns)."""
+    return sha256_json([[pid, list(p)] for pid, p in zip(ids, prompts)])
+
+
+# ----------------------------------------------------------------------------------------------------- sampling
+
+
+def row_seed(seed: int, row_id: str) -> int:
+    """The generator seed of one row: 63 bits of sha256(``"<seed>:<id>"``)."""
+    return int(sha256_json(f"{seed}:{row_id}")[:16], 16) & ((1 << 63) - 1)
+
+
+def row_uniforms(seeds: Sequence[int], steps: int) -> torch.Tensor:  # [B, steps] float32 in [0, 1)
+    """``steps`` uniforms per row, row ``i`` from a CPU generator seeded with ``seeds[i]``."""
+    return torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(int(s))) for s in seeds])
+
+
+def nucleus_probs(
+    logits: torch.Tensor,  # [B, V]
+    temperature: float,
+    top_p: float,
+) -> torch.Tensor:  # [B, V] float32, rows sum to 1
+    """Softmax of ``logits / temperature`` restricted to the smallest set of tokens whose mass reaches ``top_p``
+    (the token that crosses it is kept), renormalised."""
+    logits = logits.float() / temperature
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # [B, V]
+        probs = sorted_logits.softmax(-1)
+        drop_sorted = probs.cumsum(-1) - probs >= top_p  # mass of strictly better tokens already reaches top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def inverse_cdf(
+    probs: torch.Tensor,  # [B, V]
+    u: torch.Tensor,  # [B] in [0, 1)
+) -> torch.Tensor:  # [B] token ids
+    """Token ``t`` of every row with ``cdf[t - 1] <= u * total < cdf[t]``: one draw per uniform."""
+    cdf = probs.cumsum(-1)  # [B, V]
+    target = (u.to(cdf) * cdf[:, -1]).unsqueeze(-1)  # [B, 1]
+    tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # [B]
+    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)  # [B] last token with mass (u * total rounding up)
+    return torch.minimum(tokens, last)
+
+
+class RowSampler(transformers.LogitsProcessor):
+    """Samples the next token of every row from its own uniforms (``[B, steps]``, column ``t`` at generated
+    position ``t``) and returns scores whose argmax is that token: greedy search then emits the sample."""
+
+    def __init__(self, uniforms: torch.Tensor, prompt_width: int, temperature: float, top_p: float):
+        self.uniforms, self.prompt_width = uniforms, prompt_width
+        self.temperature, self.top_p = temperature, top_p
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:  # [B, T], [B, V] -> [B, V]
+        step = input_ids.shape[1] - self.prompt_width
+        probs = nucleus_probs(scores, self.temperature, self.top_p)
+        tokens = inverse_cdf(probs, self.uniforms[:, step])  # [B]
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter(1, tokens.unsqueeze(1), 0.0)
+
+
+def generation_config(max_new_tokens: int, pad_id: int, eos_ids: Sequence[int]) -> transformers.GenerationConfig:
+    """Greedy search with the processors a model's own ``generation_config`` could switch on set neutral."""
+    return transformers.GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, pad_token_id=pad_id,
+        eos_token_id=list(eos_ids) or None, use_cache=True, repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0, min_length=0,
+    )
+
+
+def complete_batch(
+    model,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    pad_token_id: int,
+    eos_ids: Sequence[int],
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    row_seeds: Sequence[int] | None = None,
+    synced_gpus: bool = False,
+) -> list[list[int]]:
+    """The continuation of every prompt (token ids), one left-padded ``generate`` call; each answer ends at its
+    first EOS. Greedy at ``temperature`` 0; otherwise row ``i`` samples from ``row_seeds[i]`` (see the module
+    docstring), so its answer does not depend on the other rows of the batch."""
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompts, pad_token_id, device)  # [B, P]
+    processors = transformers.LogitsProcessorList()
+    if temperature > 0:
+        if row_seeds is None or len(row_seeds) != len(prompts):
+            raise ValueError("sampling needs one row seed per prompt")
+        uniforms = row_uniforms(row_seeds, max_new_tokens).to(device)  # [B, max_new_tokens]
+        processors.append(RowSampler(uniforms, ids.shape[1], temperature, top_p))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, logits_processor=processors,
+                                 generation_config=generation_config(max_new_tokens, pad_token_id, eos_ids),
+                                 synced_gpus=synced_gpus)  # [B, P + <= max_new_tokens]
+    finally:
+        model.train(was_training)
+    return [cut_at_eos(row, eos_ids) for row in out[:, ids.shape[1]:].tolist()]
+
+
+# ------------------------------------------------------------------------------------------------------ batches
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices into ``lengths`` in batches of ``batch_size``, longest prompts first (ties by index) so a batch
+    holds prompts of similar length; every batch is in index order."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    return [sorted(order[k:k + batch_size]) for k in range(0, len(order), batch_size)]
+
+
+def max_positions(config) -> int | None:
+    """The longest sequence a model's config allows (None when it does not say)."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def finish_reason(tokens: Sequence[int], eos_ids: Sequence[int]) -> str:
+    return "eos" if tokens and tokens[-1] in eos_ids else "length"
+
+
+def answer_row(row_id: str, prompt: Sequence[Mapping[str, str]], tokens: Sequence[int], tokenizer,
+               eos_ids: Sequence[int]) -> dict:
+    """The output row of one prompt: its turns plus the decoded answer (special tokens dropped)."""
+    finish = finish_reason(tokens, eos_ids)
+    body = list(tokens[:-1]) if finish == "eos" else list(tokens)
+    answer = tokenizer.decode(body, skip_special_tokens=True)
+    return {"id": row_id, "messages": [*map(dict, prompt), {"role": "assistant", "content": answer}],
+            "num_tokens": len(tokens), "finish": finish}
+
+
+# -------------------------------------------------------------------------------------------------- output file
+
+
+def meta_path(out: str | os.PathLike) -> Path:
+    return Path(f"{out}{META_SUFFIX}")
+
+
+def recover_rows(out: str | os.PathLike) -> list[dict]:
+    """The complete rows of an output file, in file order. A torn last line (no newline: the run was killed while
+    writing it) is cut off the file; any other unreadable line is a :class:`DataError`."""
+    out = Path(out)
+    if not out.exists():
+        return []
+    data = out.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with open(out, "r+b") as fh:
+            fh.truncate(end)
+            fh.flush()
+            os.fsync(fh.fileno())
+    rows = []
+    for n, line in enumerate(data[:end].decode("utf-8", errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+            raise DataError(f"{out} line {n} is not a generated row; {FIX}")
+        rows.append(row)
+    return rows
+
+
+def append_rows(out: str | os.PathLike, rows: Iterable[Mapping]) -> None:
+    """Append rows as JSON lines in one write, flushed and fsynced (a kill loses at most this batch)."""
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    with open(out, "a", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def check_resume(meta: Mapping | None, settings: Mapping, target: Mapping, out: Path, has_rows: bool) -> None:
+    """Refuse to add to ``out`` unless its meta records the same settings and target (ConfigError)."""
+    if meta is None:
+        if has_rows:
+            raise ConfigError(f"{out} holds rows but no readable {meta_path(out).name}, so they cannot be resumed; {FIX}")
+        return
+    if meta.get("format") != META_FORMAT:
+        raise ConfigError(f"{meta_path(out)} is not a self-distillation meta file ({META_FORMAT}); {FIX}")
+    old = meta.get("settings", {})
+    changed = [f"{k} {old.get(k)!r} -> {settings[k]!r}" for k in SETTINGS if old.get(k) != settings[k]]
+    if changed:
+        raise ConfigError(f"{out} was generated with other settings ({', '.join(changed)}); rerun with the same "
+                          f"settings to resume, or {FIX}")
+    old_target = meta.get("target", {})
+    if any(old_target.get(k) != target.get(k) for k in TARGET_KEYS):
+        raise ConfigError(f"{out} was generated by another target ({old_target.get('name_or_path')}); pass that "
+                          f"target to resume, or {FIX}")
+
+
+def weights_sample_sha256(model, values: int = 4096) -> str:
+    """sha256 of the first ``values`` weights of the model's first and last parameter tensors (float32): tells two
+    checkpoints of one architecture apart without reading every weight."""
+    params = list(model.parameters())
+    blob = [p.detach().flatten()[:values].float().cpu().numpy().tobytes() for p in (params[0], params[-1])]
+    return hashlib.sha256(b"".join(blob)).hexdigest()
+
+
+def _check_settings(batch_size: int, max_new_tokens: int, temperature: float, top_p: float) -> None:
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
+    if max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"--top-p must lie in (0, 1] (1 = no cut), got {top_p}")
+
+
+def _check_prompts(ids: Sequence[str], prompts: Sequence[Sequence[Mapping[str, str]]]) -> None:
+    if len(ids) != len(prompts):
+        raise ValueError(f"{len(ids)} ids for {len(prompts)} prompts")
+    repeated = [pid for pid, n in Counter(ids).items() if n > 1]
+    if repeated:
+        dup = repeated[0]
+        raise DataError(f"prompt id {dup!r} repeats; give every prompt its own id (or drop the repeats)")
+    for pid, prompt in zip(ids, prompts):
+        if not prompt or prompt[-1].get("role") != "user":
+            raise DataError(f"prompt {pid} does not end on a user turn; drop its trailing assistant turn")
+
+
+def _render(tokenizer, prompt: Sequence[Mapping[str, str]], pid: str) -> list[int]:
+    """The prompt's token ids with the generation prompt; a prompt the chat template rejects is a DataError."""
+    try:
+        return build_prompt_ids(tokenizer, prompt)
+    except DataError:
+        raise
+    except Exception as err:  # jinja raise_exception(), role-alternation checks, ...
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DataError(f"the chat template rejected prompt {pid}: {reason}; drop or rewrite that prompt") from None
+
+
+def _rate(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def _progress_bar(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="generating", unit="row", disable=not enabled, dynamic_ncols=True)
+
+
+def _in_prompt_order(out: Path, ids: Sequence[str]) -> None:
+    """Rewrite a finished file in prompt order (atomically), unless it already is."""
+    rows = recover_rows(out)
+    rank = {pid: i for i, pid in enumerate(ids)}
+    ordered = sorted(rows, key=lambda r: rank[r["id"]])
+    if [r["id"] for r in ordered] != [r["id"] for r in rows]:
+        atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered))
+
+
+def generate_answers(
+    model,
+    tokenizer,
+    prompts: Sequence[Sequence[Mapping[str, str]]],
+    out_path: str | os.PathLike,
+    *,
+    batch_size: int = 16,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    target_name: str | None = None,
+    ids: Sequence[str] | None = None,
+    source: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    on_batch: Callable[[dict], None] | None = None,
+) -> dict:
+    """Answer every prompt with ``model`` into ``out_path`` (see the module docstring), resuming a file a killed
+    run left. ``ids`` default to :func:`prompt_id` of each prompt; ``source`` names the prompt set in the meta;
+    ``on_batch(stats)`` runs after every batch is on disk. Prompts too long for the model's positions with
+    ``max_new_tokens`` more are skipped and counted. Returns the stats also written to the meta's progress."""
+    _check_settings(batch_size, max_new_tokens, temperature, top_p)
+    ids = [prompt_id(p) for p in prompts] if ids is None else [str(i) for i in ids]
+    _check_prompts(ids, prompts)
+    out, meta_file = Path(out_path), meta_path(out_path)
+    if overwrite:
+        out.unlink(missing_ok=True)
+        meta_file.unlink(missing_ok=True)
+    settings = {"temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
+                "max_new_tokens": int(max_new_tokens)}
+    target = target_identity(model, tokenizer, target_name) | {"weights_sample_sha256": weights_sample_sha256(model)}
+    done = recover_rows(out)
+    old_meta = read_json(meta_file) if done else None  # no rows yet: start afresh whatever the meta says
+    check_resume(old_meta, settings, target, out, has_rows=bool(done))
+    known = set(ids)
+    strangers = [r["id"] for r in done if r["id"] not in known]
+    if strangers:
+        raise ConfigError(f"{out} holds {len(strangers)} rows (e.g. id {strangers[0]}) of prompts not in this prompt "
+                          f"set (another --prompts or a smaller --limit?); {FIX}")
+    done_ids = {r["id"] for r in done}
+
+    pad_id, eos_ids = pad_token_id(tokenizer, model.config), eos_token_ids(tokenizer, model.config)
+    positions = max_positions(model.config)
+    if positions is not None and max_new_tokens >= positions:
+        raise ConfigError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the target's "
+                          f"{positions} positions; lower it")
+    pending = [i for i, pid in enumerate(ids) if pid not in done_ids]
+    prompt_ids = {i: _render(tokenizer, prompts[i], ids[i]) for i in pending}
+    too_long = [i for i in pending if positions is not None and len(prompt_ids[i]) + max_new_tokens > positions]
+    runnable = sorted(set(pending) - set(too_long))
+    batches = [[runnable[j] for j in b] for b in length_batches([len(prompt_ids[i]) for i in runnable], batch_size)]
+
+    old_progress = (old_meta or {}).get("progress", {})
+    run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "batch_size": batch_size, "rows": 0, "tokens": 0,
+           "seconds": 0.0, "tokens_per_s": 0.0}
+    totals = {"rows": len(done), "tokens": sum(int(r.get("num_tokens", 0)) for r in done),
+              "seconds": float(old_progress.get("seconds", 0.0))}
+    meta = {
+        "format": META_FORMAT,
+        "settings": settings,
+        "sampling": "greedy (argmax)" if temperature == 0 else
+        "per row: inverse CDF of temperature/top-p probabilities at uniforms from a CPU torch.Generator seeded "
+        "with int(sha256_json(f'{seed}:{id}')[:16], 16) & (2**63 - 1)",
+        "target": target,
+        "prompts": {"source": source, "count": len(ids), "sha256": prompts_sha256(ids, prompts)},
+        "draftsmith_version": __version__,
+        "environment": environment(device=str(next(model.parameters()).device), threads=torch.get_num_threads()),
+        "created": (old_meta or {}).get("created", run["started"]),
+        "runs": [*(old_meta or {}).get("runs", []), run],
+    }
+
+    def stats() -> dict:
+        finished = totals["rows"] + len(too_long) == len(ids)
+        meta["progress"] = {**totals, "tokens_per_s": _rate(totals["tokens"], totals["seconds"]),
+                            "prompts": len(ids), "too_long": len(too_long),
+                            "too_long_ids": [ids[i] for i in too_long[:10]], "complete": finished}
+        return {**meta["progress"], "out": str(out), "new_rows": run["rows"], "new_tokens": run["tokens"],
+                "new_seconds": run["seconds"], "new_tokens_per_s": run["tokens_per_s"]}
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.touch()
+    stats()
+    atomic_write_json(meta_file, meta)
+    bar = _progress_bar(len(runnable), progress)
+    try:
+        for batch in batches:
+            seeds = [row_seed(seed, ids[i]) for i in batch] if temperature > 0 else None
+            start = time.perf_counter()
+            completions = complete_batch(model, [prompt_ids[i] for i in batch], max_new_tokens=max_new_tokens,
+                                         pad_token_id=pad_id, eos_ids=eos_ids, temperature=temperature,
+                                         top_p=top_p, row_seeds=seeds)
+            seconds = time.perf_counter() - start
+            rows = [answer_row(ids[i], prompts[i], c, tokenizer, eos_ids) for i, c in zip(batch, completions)]
+            append_rows(out, rows)
+            tokens = sum(r["num_tokens"] for r in rows)
+            for acc in (run, totals):
+                acc["rows"] += len(rows)
+                acc["tokens"] += tokens
+                acc["seconds"] += seconds
+            run["tokens_per_s"] = _rate(run["tokens"], run["seconds"])
+            current = stats()
+            atomic_write_json(meta_file, meta)
+            bar.update(len(rows))
+            bar.set_postfix_str(f"{run['tokens_per_s']:.1f} tokens/s", refresh=False)
+            if on_batch is not None:
+                on_batch(current)
+    finally:
+        bar.close()
+    if totals["rows"] + len(too_long) == len(ids):
+        _in_prompt_order(out, ids)
+    current = stats()
+    atomic_write_json(meta_file, meta)
+    return current

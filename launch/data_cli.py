@@ -1,0 +1,133 @@
+"""``draftsmith data``: training data made with the target.
+
+    draftsmith data generate --target PATH --prompts corpus --out runs/sd/answers.jsonl --limit 2000
+    draftsmith data generate --target PATH --prompts broad --out broad.jsonl --temperature 0.7 --top-p 0.9
+    draftsmith data generate --target PATH --prompts data.jsonl --out answers.jsonl --sequential   # one at a time
+
+``generate`` answers every prompt with the target (self-distillation, :mod:`draftsmith.data.self_distill`):
+left-padded batches with a KV cache, greedy or sampled, into chat rows (jsonl) with ``<out>.meta.json`` beside
+them. Killed, the same command continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+from draftsmith.common.errors import ConfigError
+from draftsmith.common.models import DTYPES
+from draftsmith.common.threads import parse_threads, torch_threads
+
+PROMPT_SOURCES = "a .jsonl/.json/.parquet chat dataset (messages, ShareGPT or Alpaca rows; the last answer is " \
+                 "dropped), a Spec-Bench question.jsonl[.gz] or bundled set (dev, broad: first turns), or corpus " \
+                 "(the user turns of the shipped corpus' train split)"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("data", help="make training data with the target (self-distillation)",
+                       description=__doc__.split("\n\n")[0])
+    actions = p.add_subparsers(dest="data_command", required=True, metavar="{generate}")
+    g = actions.add_parser("generate", help="answer a prompt set with the target into chat rows (resumable)",
+                           description="Regenerate the answers of a prompt set with the target: batched, greedy or "
+                                       "sampled, resumable (rerun the same command after a kill).")
+    g.add_argument("--target", metavar="PATH_OR_NAME", required=True, help="target model directory, hub id or name")
+    g.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer directory (default: the target's)")
+    g.add_argument("--prompts", metavar="FILE|SET", required=True, help=PROMPT_SOURCES)
+    g.add_argument("--out", metavar="FILE", required=True, help="output .jsonl; FILE.meta.json goes beside it")
+    g.add_argument("--limit", metavar="N", type=int, default=None, help="the first N prompts only")
+    g.add_argument("--batch-size", metavar="B", type=int, default=16, help="sequences per forward (default 16)")
+    g.add_argument("--sequential", action="store_true", help="one sequence at a time (--batch-size 1), for comparison")
+    g.add_argument("--max-new-tokens", metavar="N", type=int, default=256, help="longest answer in tokens")
+    g.add_argument("--temperature", metavar="T", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", metavar="P", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    g.add_argument("--seed", metavar="S", type=int, default=0, help="sampling seed (each row draws from its own)")
+    g.add_argument("--dtype", default="float32", choices=DTYPES, help="weights dtype (default float32)")
+    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    g.add_argument("--threads", metavar="N", default=None, help="torch CPU threads (default: torch's)")
+    g.add_argument("--overwrite", action="store_true", help="start the output again instead of resuming it")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.set_defaults(run=run)
+
+
+# ---------------------------------------------------------------------------------------------------- prompts
+
+
+def _questions(spec: str, limit: int | None) -> tuple[list[str], list[list[dict]]]:
+    from draftsmith.inference.questions import read_questions
+
+    questions = read_questions(spec, limit=limit)
+    return [str(q.question_id) for q in questions], [[{"role": "user", "content": q.turns[0]}] for q in questions]
+
+
+def _is_question_file(path: Path) -> bool:
+    """A Spec-Bench question file: gzip, or a first row with ``turns``."""
+    from draftsmith.data.datasets import read_rows
+
+    if path.suffix.lower() == ".gz":
+        return True
+    first = next((row for _, row in read_rows(path) if isinstance(row, dict)), None)
+    return first is not None and "turns" in first
+
+
+def load_prompts(spec: str, limit: int | None = None) -> tuple[list[str], list[list[dict]], str]:
+    """``(ids, prompts, source)`` of ``--prompts``: question ids for question sets, content ids otherwise (a
+    repeated prompt is kept once); the first ``limit`` prompts."""
+    from draftsmith.data.corpus import QUESTION_SETS
+    from draftsmith.data.self_distill import corpus_prompts, dataset_prompts, prompt_id, unique_prompts
+
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be at least 1, got {limit}")
+    path = Path(spec)
+    if spec == "corpus" and not path.exists():
+        prompts, source = corpus_prompts("train"), "corpus:train"
+    elif (spec in QUESTION_SETS and not path.exists()) or (path.is_file() and _is_question_file(path)):
+        ids, prompts = _questions(spec, limit)
+        return ids, prompts, f"questions:{spec}"
+    else:
+        prompts, report = dataset_prompts(path)
+        if report.skipped:
+            print(f"warning: {report.summary()}", file=sys.stderr)
+        source = str(path)
+    ids, prompts, repeats = unique_prompts([prompt_id(p) for p in prompts], prompts)
+    if repeats:
+        print(f"note: {repeats} repeated prompts in {source} are answered once", file=sys.stderr)
+    return ids[:limit], prompts[:limit], source
+
+
+# -------------------------------------------------------------------------------------------------------- run
+
+
+def summary_line(stats: dict) -> str:
+    line = (f"{stats['out']}: {stats['rows']} rows ({stats['new_rows']} new), {stats['new_tokens']} tokens in "
+            f"{stats['new_seconds']:.1f} s, {stats['new_tokens_per_s']:.1f} tokens/s")
+    if stats["too_long"]:
+        line += f"; {stats['too_long']} prompts too long for the target skipped"
+    return line
+
+
+def run(args: argparse.Namespace) -> int:
+    threads = contextlib.nullcontext() if args.threads is None else torch_threads(
+        parse_threads(args.threads, "--threads", "pass --threads N with N >= 1, or leave it out"))
+    with threads:
+        return run_generate(args)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from draftsmith.common.models import load_model, load_tokenizer, resolve_model_path, tokenizer_dir_for
+    from draftsmith.data.self_distill import generate_answers
+    from draftsmith.launch.eval_cli import resolve_device
+
+    batch_size = 1 if args.sequential else args.batch_size
+    ids, prompts, source = load_prompts(args.prompts, args.limit)
+    device = resolve_device(args.device)
+    target_path = resolve_model_path(args.target)
+    model = load_model(target_path, args.dtype, device, what="target").eval()
+    tokenizer = load_tokenizer(args.tokenizer or tokenizer_dir_for(target_path) or target_path)  # a hub id: its own
+    stats = generate_answers(model, tokenizer, prompts, args.out, ids=ids, source=source, batch_size=batch_size,
+                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                             seed=args.seed, target_name=str(args.target), overwrite=args.overwrite,
+                             progress=not args.no_progress)
+    print(summary_line(stats))
+    return 0

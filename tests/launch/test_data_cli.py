@@ -1,0 +1,105 @@
+"""`draftsmith data generate` end to end on the tiny random target saved to disk (tiny_pair from conftest.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from draftsmith.launch.cli import main
+from draftsmith.launch.data_cli import load_prompts
+
+QUESTIONS = [
+    {"question_id": 7, "category": "math", "turns": ["What is 1 plus 1?", "And 2 plus 2?"]},
+    {"question_id": "b", "category": "chat", "turns": ["Say hi."]},
+]
+
+
+def _generate(target, prompts, out, *extra):
+    return main(["data", "generate", "--target", str(target), "--prompts", str(prompts), "--out", str(out),
+                 "--max-new-tokens", "8", "--threads", "1", "--no-progress", *map(str, extra)])
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_generate_a_dataset_then_resume_and_compare_with_sequential(tiny_pair, tmp_path, capsys):
+    out = tmp_path / "sd" / "answers.jsonl"
+    assert _generate(tiny_pair["target"], tiny_pair["dataset"], out, "--limit", 6, "--batch-size", 4) == 0
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.startswith(f"{out}: 6 rows (6 new)") and "tokens/s" in summary
+    rows = _rows(out)
+    assert [r["messages"][0]["content"] for r in rows] == [f"What is {i} plus {i}?" for i in range(6)]
+    assert all(r["messages"][-1]["role"] == "assistant" and len(r["messages"]) == 2 for r in rows)
+    meta = json.loads(Path(f"{out}.meta.json").read_text())
+    assert meta["prompts"]["source"] == str(tiny_pair["dataset"]) and meta["target"]["name_or_path"] == str(
+        tiny_pair["target"])
+    assert meta["settings"] == {"temperature": 0.0, "top_p": 1.0, "seed": 0, "max_new_tokens": 8}
+
+    assert _generate(tiny_pair["target"], tiny_pair["dataset"], out, "--limit", 8) == 0  # resume, 2 more
+    assert "8 rows (2 new)" in capsys.readouterr().out
+    assert _rows(out)[:6] == rows and len(_rows(out)) == 8
+
+    seq = tmp_path / "seq.jsonl"
+    assert _generate(tiny_pair["target"], tiny_pair["dataset"], seq, "--limit", 8, "--sequential") == 0
+    assert seq.read_text() == out.read_text()  # one at a time gives the same answers
+    assert json.loads(Path(f"{seq}.meta.json").read_text())["runs"][0]["batch_size"] == 1
+
+
+def test_question_sets_and_files(tiny_pair, tmp_path, capsys):
+    qfile = tmp_path / "question.jsonl"
+    qfile.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    out = tmp_path / "q.jsonl"
+    assert _generate(tiny_pair["target"], qfile, out, "--temperature", 0.8, "--top-p", 0.9, "--seed", 2) == 0
+    rows = _rows(out)
+    assert [r["id"] for r in rows] == ["7", "b"]
+    assert rows[0]["messages"][0] == {"role": "user", "content": "What is 1 plus 1?"}  # the first turn
+    ids, prompts, source = load_prompts("dev", limit=3)
+    assert len(ids) == 3 == len(prompts) and source == "questions:dev"
+    assert all(len(p) == 1 and p[0]["role"] == "user" for p in prompts)
+
+
+def test_corpus_prompts_are_user_turns():
+    ids, prompts, source = load_prompts("corpus", limit=4)
+    assert source == "corpus:train" and len(set(ids)) == 4
+    assert all(len(p) == 1 and p[0]["role"] == "user" and p[0]["content"].strip() for p in prompts)
+
+
+def test_other_settings_on_resume_is_a_one_line_error(tiny_pair, tmp_path, capsys):
+    out = tmp_path / "a.jsonl"
+    assert _generate(tiny_pair["target"], tiny_pair["dataset"], out, "--limit", 2) == 0
+    assert _generate(tiny_pair["target"], tiny_pair["dataset"], out, "--limit", 2, "--temperature", 0.5) == 2
+    line = _one_line_error(capsys)
+    assert "other settings" in line and "--overwrite" in line
+    assert _generate(tiny_pair["target"], tiny_pair["dataset"], out, "--limit", 2, "--temperature", 0.5,
+                     "--overwrite") == 0
+    bad = tmp_path / "text.jsonl"
+    bad.write_text('{"text": "just text"}\n')
+    assert _generate(tiny_pair["target"], bad, tmp_path / "b.jsonl") == 2
+    assert "plain text" in _one_line_error(capsys)
+    assert _generate(tiny_pair["target"], tmp_path / "missing.jsonl", tmp_path / "b.jsonl") == 2
+    assert "not found" in _one_line_error(capsys)
+
+
+def test_benchmark_script_reports_both_speeds(tiny_pair, tmp_path):
+    path = Path(__file__).parents[1] / "benchmarks" / "bench_self_distill.py"
+    spec = importlib.util.spec_from_file_location("bench_self_distill", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.main(["--target", str(tiny_pair["target"]), "--prompts", str(tiny_pair["dataset"]), "--n", "4",
+                         "--batch-size", "4", "--max-new-tokens", "6", "--threads", "1",
+                         "--json", str(tmp_path / "bench.json")])
+    assert {"sequential", "batched", "speedup", "identical_rows"} <= result.keys()
+    assert result["batched"]["tokens_per_s"] > 0 and result["identical_rows"] == 1.0
+    assert json.loads((tmp_path / "bench.json").read_text())["speedup"] == pytest.approx(result["speedup"])
