@@ -216,8 +216,8 @@ def import_model(name: str, home: str | os.PathLike | None = None, *, wheel: str
             "draftsmith_version": __version__,
         }
         atomic_write_json(model_out / MANIFEST, manifest)  # last: its presence marks a complete import
-        if final.exists():
-            shutil.rmtree(final)
+        if final.exists():  # the old import moves into the work directory (removed below) before the swap
+            os.replace(final, work / "previous")
         os.replace(model_out, final)
     except DraftsmithError:
         raise
