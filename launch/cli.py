@@ -1,4 +1,4 @@
-"""The ``draftsmith`` command line: ``zoo``, ``eval``, ``tune`` and ``demo``.
+"""The ``draftsmith`` command line: ``zoo``, ``eval``, ``tune``, ``data`` and ``demo``.
 
 Each subcommand lives in its own module with ``add_parser(subparsers)`` and ``run(args) -> int``;
 they are imported only when the command line is built, never at package import.

@@ -40,7 +40,9 @@ def add_parser(sub) -> None:
         "--check-distribution, test that speculative sampling keeps the target's distribution.",
     )
     g = p.add_argument_group("models")
-    g.add_argument("--target", metavar="PATH", default=None, help="target model directory (default: the built-in zoo's target)")
+    g.add_argument("--target", metavar="PATH", default=None,
+                   help="target: a model directory, a .gguf file, a hub id or smollm2-135m (imported on first use, "
+                        "drafting with the smollm2 zoo's draft); default: the built-in zoo's target")
     g.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer directory (default: the target's, or the zoo's)")
     g.add_argument("--method", choices=REGISTRY.names(eval_method=True), default=None,
                    help="decoding method (default: draft); trained methods run from their --artefact")

@@ -40,8 +40,10 @@ class RecipeArguments:
 
     config: str | None = field(default=None, metadata=_help("YAML file of settings (flat mapping: field -> value); "
                                                             "command-line flags override it."))
-    target: str | None = field(default=None, metadata=_help("Target model: a Hugging Face model directory or hub id. "
-                                                            "Default: the built-in zoo's target."))
+    target: str | None = field(default=None, metadata=_help("Target model: a Hugging Face model directory, a .gguf "
+                                                            "file, a hub id, or smollm2-135m (imported on first use; "
+                                                            "the draft then defaults to the smollm2 zoo's). Default: "
+                                                            "the built-in zoo's target."))
     draft: str | None = field(default=None, metadata=_help("Draft model to start from (directory or hub id), for "
                                                            "methods that train a separate draft. Default: the zoo's "
                                                            "draft."))

@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("tune", help="choose a draft artefact's draft length and confidence stop on calibration prompts",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--artefact", metavar="DIR", required=True, help="a draft-model artefact (e.g. DistillSpec's)")
-    p.add_argument("--target", metavar="PATH", default=None, help="target model directory (default: the zoo's)")
+    p.add_argument("--target", metavar="PATH", default=None, help="target: a model directory, a .gguf file, a hub id or smollm2-135m (default: the zoo's)")
     p.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer (default: the target's, or the zoo's)")
     p.add_argument("--zoo", default="tiny", choices=ZOO_SIZE_NAMES, help="zoo size used for the defaults")
     p.add_argument("--prompts", metavar="N", type=int, default=40, help="calibration prompts (held-out corpus split)")

@@ -1,0 +1,44 @@
+"""A named real target (``smollm2-135m``) as ``--target``: the recipe and ``draftsmith eval`` default its draft to
+the smollm2 zoo's. A fake zoo in a temporary home stands in for the real one (nothing is built or downloaded)."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftsmith.common.errors import ConfigError
+from draftsmith.common.io import atomic_write_json
+from draftsmith.common.registry import get_method
+from draftsmith.data.zoo import ZOO_FOR_TARGET, ZOO_SIZES, zoo_dir, zoo_size_for_target
+from draftsmith.launch.cli import build_parser
+from draftsmith.launch.recipe import resolve_models
+from draftsmith.launch.recipe_args import RecipeArguments
+from draftsmith.launch.zoo_cli import SIZES
+
+
+@pytest.fixture
+def fake_smollm2_zoo(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
+    out = zoo_dir("smollm2")
+    (out / "draft").mkdir(parents=True)
+    atomic_write_json(out / "manifest.json", {"size": "smollm2"})
+    return out
+
+
+def test_the_recipe_takes_the_named_targets_zoo_draft(fake_smollm2_zoo):
+    paths = resolve_models(RecipeArguments(target="smollm2-135m"), get_method("distillspec"))
+    assert paths == {"tokenizer": "smollm2-135m", "target": "smollm2-135m", "draft": str(fake_smollm2_zoo / "draft")}
+    explicit = resolve_models(RecipeArguments(target="smollm2-135m", draft="/d"), get_method("distillspec"))
+    assert explicit["draft"] == "/d"
+
+
+def test_other_targets_still_need_a_draft(tmp_path):
+    with pytest.raises(ConfigError, match="--draft"):
+        resolve_models(RecipeArguments(target=str(tmp_path)), get_method("distillspec"))
+
+
+def test_zoo_sizes_and_named_targets_agree():
+    assert set(SIZES) == set(ZOO_SIZES)  # the CLI's choices are every built-in size
+    assert all(size in ZOO_SIZES for size in ZOO_FOR_TARGET.values())
+    assert zoo_size_for_target("smollm2-135m") == "smollm2" and zoo_size_for_target("/some/dir") is None
+    args = build_parser().parse_args(["eval", "--zoo", "smollm2", "--draft-vocab", "full"])
+    assert args.zoo == "smollm2" and args.draft_vocab == "full"
