@@ -28,7 +28,7 @@ with :func:`row_seed` of ``(seed, id)``), turned into a token by inverting the c
 temperature and top-p. A row's answer therefore depends on the seed, its id and the target's logits only, not
 on the batch it lands in, the batch size or restarts (up to the last-bit differences padding makes in the
 logits). Greedy decoding is the argmax. Both go through ``generate`` as greedy search with
-:class:`RowSampler` as a logits processor, with the processors a model's ``generation_config`` could add
+:class:`~draftsmith.data.generation.RowSampler` as a logits processor, with the processors a model's ``generation_config`` could add
 (repetition penalty, n-gram blocking, minimum length) set neutral.
 """
 
@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 
 from draftsmith.common import __version__
 from draftsmith.common.errors import ConfigError, DataError
@@ -52,7 +51,7 @@ from draftsmith.common.io import atomic_write_json, atomic_write_text, environme
 from draftsmith.common.models import target_identity
 from draftsmith.data.chat import EMPTY_TEXT, MISSING_FIELD, NO_ASSISTANT, BadRow, build_prompt_ids, normalize_row
 from draftsmith.data.datasets import LoadReport, read_rows, resolve_format
-from draftsmith.data.generation import cut_at_eos, eos_token_ids, left_pad, pad_token_id
+from draftsmith.data.generation import eos_token_ids, pad_token_id, sample_completions
 
 META_SUFFIX = ".meta.json"
 META_FORMAT = "draftsmith-self-distill/1"
@@ -162,100 +161,6 @@ def prompts_sha256(ids: Sequence[str], prompts: Sequence[Sequence[Mapping[str, s
 def row_seed(seed: int, row_id: str) -> int:
     """The generator seed of one row: 63 bits of sha256(``"<seed>:<id>"``)."""
     return int(sha256_json(f"{seed}:{row_id}")[:16], 16) & ((1 << 63) - 1)
-
-
-def row_uniforms(seeds: Sequence[int], steps: int) -> torch.Tensor:  # [B, steps] float32 in [0, 1)
-    """``steps`` uniforms per row, row ``i`` from a CPU generator seeded with ``seeds[i]``."""
-    return torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(int(s))) for s in seeds])
-
-
-def nucleus_probs(
-    logits: torch.Tensor,  # [B, V]
-    temperature: float,
-    top_p: float,
-) -> torch.Tensor:  # [B, V] float32, rows sum to 1
-    """Softmax of ``logits / temperature`` restricted to the smallest set of tokens whose mass reaches ``top_p``
-    (the token that crosses it is kept), renormalised."""
-    logits = logits.float() / temperature
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # [B, V]
-        probs = sorted_logits.softmax(-1)
-        drop_sorted = probs.cumsum(-1) - probs >= top_p  # mass of strictly better tokens already reaches top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(-1)
-
-
-def inverse_cdf(
-    probs: torch.Tensor,  # [B, V]
-    u: torch.Tensor,  # [B] in [0, 1)
-) -> torch.Tensor:  # [B] token ids
-    """Token ``t`` of every row with ``cdf[t - 1] <= u * total < cdf[t]``: one draw per uniform."""
-    cdf = probs.cumsum(-1)  # [B, V]
-    target = (u.to(cdf) * cdf[:, -1]).unsqueeze(-1)  # [B, 1]
-    tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # [B]
-    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)  # [B] last token with mass (u * total rounding up)
-    return torch.minimum(tokens, last)
-
-
-class RowSampler(transformers.LogitsProcessor):
-    """Samples the next token of every row from its own uniforms (``[B, steps]``, column ``t`` at generated
-    position ``t``) and returns scores whose argmax is that token: greedy search then emits the sample."""
-
-    def __init__(self, uniforms: torch.Tensor, prompt_width: int, temperature: float, top_p: float):
-        self.uniforms, self.prompt_width = uniforms, prompt_width
-        self.temperature, self.top_p = temperature, top_p
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:  # [B, T], [B, V] -> [B, V]
-        step = input_ids.shape[1] - self.prompt_width
-        probs = nucleus_probs(scores, self.temperature, self.top_p)
-        tokens = inverse_cdf(probs, self.uniforms[:, step])  # [B]
-        out = torch.full_like(scores, float("-inf"))
-        return out.scatter(1, tokens.unsqueeze(1), 0.0)
-
-
-def generation_config(max_new_tokens: int, pad_id: int, eos_ids: Sequence[int]) -> transformers.GenerationConfig:
-    """Greedy search with the processors a model's own ``generation_config`` could switch on set neutral."""
-    return transformers.GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, pad_token_id=pad_id,
-        eos_token_id=list(eos_ids) or None, use_cache=True, repetition_penalty=1.0,
-        encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0, min_length=0,
-    )
-
-
-def complete_batch(
-    model,
-    prompts: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    pad_token_id: int,
-    eos_ids: Sequence[int],
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    row_seeds: Sequence[int] | None = None,
-    synced_gpus: bool = False,
-) -> list[list[int]]:
-    """The continuation of every prompt (token ids), one left-padded ``generate`` call; each answer ends at its
-    first EOS. Greedy at ``temperature`` 0; otherwise row ``i`` samples from ``row_seeds[i]`` (see the module
-    docstring), so its answer does not depend on the other rows of the batch."""
-    device = next(model.parameters()).device
-    ids, mask = left_pad(prompts, pad_token_id, device)  # [B, P]
-    processors = transformers.LogitsProcessorList()
-    if temperature > 0:
-        if row_seeds is None or len(row_seeds) != len(prompts):
-            raise ValueError("sampling needs one row seed per prompt")
-        uniforms = row_uniforms(row_seeds, max_new_tokens).to(device)  # [B, max_new_tokens]
-        processors.append(RowSampler(uniforms, ids.shape[1], temperature, top_p))
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, logits_processor=processors,
-                                 generation_config=generation_config(max_new_tokens, pad_token_id, eos_ids),
-                                 synced_gpus=synced_gpus)  # [B, P + <= max_new_tokens]
-    finally:
-        model.train(was_training)
-    return [cut_at_eos(row, eos_ids) for row in out[:, ids.shape[1]:].tolist()]
 
 
 # ------------------------------------------------------------------------------------------------------ batches
@@ -503,7 +408,7 @@ def generate_answers(
         for batch in batches:
             seeds = [row_seed(seed, ids[i]) for i in batch] if temperature > 0 else None
             start = time.perf_counter()
-            completions = complete_batch(model, [prompt_ids[i] for i in batch], max_new_tokens=max_new_tokens,
+            completions = sample_completions(model, [prompt_ids[i] for i in batch], max_new_tokens=max_new_tokens,
                                          pad_token_id=pad_id, eos_ids=eos_ids, temperature=temperature,
                                          top_p=top_p, row_seeds=seeds)
             seconds = time.perf_counter() - start

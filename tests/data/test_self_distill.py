@@ -11,17 +11,14 @@ import torch
 from draftsmith.common.errors import ConfigError, DataError
 from draftsmith.common.models import target_identity
 from draftsmith.data.chat import BadRow
-from draftsmith.data.generation import sample_completions
+from draftsmith.data.generation import inverse_cdf, nucleus_probs, sample_completions
 from draftsmith.data.self_distill import (
     META_FORMAT,
     answer_row,
-    complete_batch,
     dataset_prompts,
     generate_answers,
-    inverse_cdf,
     length_batches,
     meta_path,
-    nucleus_probs,
     prompt_id,
     prompts_sha256,
     recover_rows,
@@ -81,10 +78,9 @@ def _rows(path):
 def test_batched_greedy_equals_one_at_a_time_token_for_token(model, tok, prompts):
     ids = [tok.apply_chat_template(p, tokenize=True, add_generation_prompt=True, return_dict=False) for p in prompts]
     settings = {"max_new_tokens": 16, "pad_token_id": 0, "eos_ids": [2]}
-    batched = complete_batch(model, ids, **settings)  # one left-padded batch of 9
-    one_by_one = [complete_batch(model, [p], **settings)[0] for p in ids]
+    batched = sample_completions(model, ids, **settings)  # one left-padded batch of 9
+    one_by_one = [sample_completions(model, [p], **settings)[0] for p in ids]
     assert batched == one_by_one
-    assert batched == sample_completions(model, ids, **settings)  # plain greedy generate: no processor added
     assert len({len(p) for p in ids}) > 3  # really padded
 
 
