@@ -31,7 +31,13 @@ import torch
 import transformers
 
 from draftsmith.data.collate import PadCollator, response_mask
-from draftsmith.data.generation import eos_token_ids, pad_token_id
+from draftsmith.data.generation import (
+    eos_token_ids,
+    pad_token_id,
+    sample_completions,
+    sequences_from_generations,
+    split_prompts,
+)
 from draftsmith.inference.draft_length import expected_tau
 from draftsmith.trainers.losses import acceptance_from_tvd
 
@@ -104,6 +110,20 @@ class FrozenTargetTrainer(transformers.Trainer):
         yield unwrapped
 
     # ----------------------------------------------------------------------------------------- the loss
+
+    def generated_batch(self, inputs: dict[str, torch.Tensor], generator=None, *, max_new_tokens: int,
+                        prompt_tokens: int, temperature: float = 0.0, top_p: float = 1.0) -> dict[str, torch.Tensor]:
+        """``inputs`` with its responses replaced by ``generator``'s (default: the frozen target's: the shared
+        self-distillation of :func:`draftsmith.data.generation.sample_completions`) to the same prompts; labels
+        cover the generated tokens. Pass the trained module (inside :meth:`generation_model`) for on-policy data."""
+        prompts = split_prompts(inputs["input_ids"], inputs["labels"], inputs["attention_mask"], prompt_tokens)
+        own = generator is None
+        completions = sample_completions(self.teacher_module if own else generator, prompts,
+                                         max_new_tokens=max_new_tokens, pad_token_id=self.pad_token_id,
+                                         eos_ids=self.eos_token_ids, temperature=temperature, top_p=top_p,
+                                         synced_gpus=self._zero_stage() == 3 if own else self._sharded())
+        batch = self.data_collator(sequences_from_generations(prompts, completions))
+        return {k: v.to(inputs["input_ids"].device) for k, v in batch.items()}
 
     def prepare_training_batch(self, model, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Turn a collated micro-batch (on the device) into what the loss sees; runs before the window's loss

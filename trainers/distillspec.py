@@ -35,7 +35,6 @@ import torch
 from draftsmith.common.errors import ConfigError, TokenizerMismatchError
 from draftsmith.common.models import QUANTIZATIONS, check_quantization_available, lm_head_rows
 from draftsmith.data.collate import response_mask
-from draftsmith.data.generation import sample_completions, sequences_from_generations, split_prompts
 from draftsmith.trainers.base import FrozenTargetTrainer, acceptance_metrics
 from draftsmith.trainers.losses import DIVERGENCES, divergence, divergence_per_token
 
@@ -226,18 +225,12 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         for the same prompts (greedily if ``greedy``, else with the configured temperature and top-p); labels
         cover the generated tokens."""
         cfg = dataclasses.replace(self.method_config, generation_temperature=0.0) if greedy else self.method_config
-        prompts = split_prompts(inputs["input_ids"], inputs["labels"], inputs["attention_mask"], cfg.prompt_tokens)
-        settings = {"max_new_tokens": cfg.max_new_tokens, "pad_token_id": self.pad_token_id,
-                    "eos_ids": self.eos_token_ids, "temperature": cfg.generation_temperature,
-                    "top_p": cfg.generation_top_p}
+        settings = {"max_new_tokens": cfg.max_new_tokens, "prompt_tokens": cfg.prompt_tokens,
+                    "temperature": cfg.generation_temperature, "top_p": cfg.generation_top_p}
         if source == "onpolicy":
             with self.generation_model(model) as generator:
-                completions = sample_completions(generator, prompts, synced_gpus=self._sharded(), **settings)
-        else:
-            completions = sample_completions(self.teacher_module, prompts, synced_gpus=self._zero_stage() == 3,
-                                             **settings)
-        batch = self.data_collator(sequences_from_generations(prompts, completions))
-        return {k: v.to(inputs["input_ids"].device) for k, v in batch.items()}
+                return self.generated_batch(inputs, generator, **settings)
+        return self.generated_batch(inputs, **settings)
 
     def prepare_training_batch(self, model, inputs):
         source = self.batch_source()
