@@ -110,6 +110,12 @@ def _builtin() -> dict[str, MethodSpec]:
                        models=("target", "draft"), config="draftsmith.trainers.distillspec:DistillSpecConfig",
                        trainer="draftsmith.trainers.distillspec:DistillSpecTrainer",
                        eval_defaults={"draft_length": 4, "draft_length_mode": "fixed", "confidence_threshold": 0.4}),
+            MethodSpec(name="medusa", summary="Medusa-1 heads on the frozen target, static token tree (Cai et al. 2024)",
+                       proposer=f"{inference}:medusa_proposer", artefact_kind="heads",
+                       config="draftsmith.trainers.medusa:MedusaConfig",
+                       trainer="draftsmith.trainers.medusa:MedusaTrainer",
+                       trainable="draftsmith.trainers.medusa:build_heads",
+                       eval_defaults={"tree": "auto", "tree_nodes": 32}),
         )
     }
 

@@ -104,3 +104,50 @@ def prompt_lookup_proposer(ctx: ProposerContext):
                                     threshold=float(ctx.option("pld_threshold", 0.15)))
     except ValueError as e:
         raise ConfigError(f"prompt lookup: {e}") from None
+
+
+def medusa_tree(ctx: ProposerContext, heads: int):
+    """The static tree of a Medusa artefact: ``--tree chain`` (top-1 of each head), a JSON file of choice paths,
+    or ``auto`` (default): grown greedily from the heads' top-k accuracies the trainer measured on held-out data
+    (the manifest's ``training.head_accuracy``), else the default tree for that many heads."""
+    import json
+
+    import torch
+
+    from draftsmith.inference.trees import chain_choices, default_choices, greedy_choices, tree_from_choices
+
+    tree = str(ctx.option("tree", "auto"))
+    nodes = int(ctx.option("tree_nodes", 32))
+    if tree == "chain":
+        return tree_from_choices(chain_choices(heads))
+    if tree == "auto":
+        accuracy = ((ctx.manifest or {}).get("training") or {}).get("head_accuracy")
+        if accuracy:
+            return tree_from_choices(greedy_choices(torch.tensor(accuracy)[:heads], nodes))
+        return tree_from_choices(default_choices(heads, nodes))
+    path = Path(tree)
+    try:
+        choices = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--tree {tree}: not chain, auto or a readable JSON file of choice paths ({err})") from None
+    return tree_from_choices(choices)
+
+
+def medusa_proposer(ctx: ProposerContext):
+    """Medusa heads from a ``heads`` artefact over the target's last hidden state, drafting a static tree."""
+    from safetensors.torch import load_file
+
+    from draftsmith.common.io import read_json
+    from draftsmith.inference.heads import MedusaHeads
+    from draftsmith.inference.proposers.medusa import MedusaProposer
+
+    if ctx.artefact_dir is None:
+        raise ConfigError("medusa runs from its trained heads: pass --artefact DIR (from recipes/medusa.py)")
+    config = read_json(ctx.artefact_dir / "heads_config.json")
+    if config is None:
+        raise ArtefactError(f"{ctx.artefact_dir}/heads_config.json is missing or unreadable: the artefact is incomplete")
+    heads = MedusaHeads.from_artefact_config(config)
+    heads.load_state_dict(load_file(str(ctx.artefact_dir / "heads.safetensors")))
+    target = ctx.target_model
+    heads.to(target.device, target.dtype)
+    return MedusaProposer(heads, target.get_output_embeddings(), medusa_tree(ctx, heads.num_heads))

@@ -28,7 +28,8 @@ DEFAULT_OUT = "eval/report.json"
 PROPOSER_OPTIONS = {"draft_length": "draft_length", "draft_length_mode": "draft_length_mode",
                     "draft_confidence": "confidence_threshold", "pld_tokens": "pld_tokens",
                     "pld_max_ngram": "pld_max_ngram", "pld_min_ngram": "pld_min_ngram", "pld_length": "pld_length",
-                    "pld_threshold": "pld_threshold", "draft_vocab": "draft_vocab"}
+                    "pld_threshold": "pld_threshold", "draft_vocab": "draft_vocab", "tree": "tree",
+                    "tree_nodes": "tree_nodes"}
 
 
 def add_parser(sub) -> None:
@@ -74,6 +75,10 @@ def add_parser(sub) -> None:
                    help="draft model: stop a draft after a token the draft gives probability < P "
                         f"(default {get_method('draft').eval_defaults['confidence_threshold']}, or the artefact's; "
                         "0 = always draft --draft-length tokens)")
+    g.add_argument("--tree", metavar="auto|chain|FILE", default=None,
+                   help="head drafters (medusa): the static token tree: auto (grown from the heads' measured "
+                        "accuracies; default), chain (the top-1 of each head) or a JSON file of choice paths")
+    g.add_argument("--tree-nodes", metavar="N", type=int, default=None, help="nodes of the auto tree (default 32)")
     g.add_argument("--draft-vocab", choices=("auto", "full"), default=None,
                    help="draft model: auto = draft only among the tokens of the draft's config.draft_vocab when it "
                         "has one (a cheaper LM head; the zoo's smollm2 draft has 8,192), full = the whole vocabulary")

@@ -1,0 +1,64 @@
+"""Medusa drafting (Cai et al. 2024): the heads read the target's last hidden state and a static token tree of
+their top-k candidates is verified in one target forward.
+
+The hidden state used is the target's at the last token it processed (the last accepted node, or the pending
+token's predecessor right after the prefill): its LM head gave the pending token, so head ``k`` (0-based)
+guesses the token ``k + 1`` places after the pending one, the candidates of tree depth ``k + 1``. The tree's
+nodes are the heads' top-k candidates, so they are deterministic proposals (``q`` one-hot): greedy
+verification accepts the longest matching branch, and sampling stays exact through the loop's multi-branch
+rejection sampling.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.common.errors import ProposerError
+from draftsmith.inference.heads import MedusaHeads
+from draftsmith.inference.proposers.base import StepFeedback
+from draftsmith.inference.sampling import SamplingParams
+from draftsmith.inference.trees import StaticTree
+from draftsmith.inference.verify import Draft
+
+
+class MedusaProposer:
+    """Drafts ``tree`` filled with the ``heads``' top-k candidates."""
+
+    name = "medusa"
+    lossless = True
+    hidden_layers: tuple[int, ...] = (-1,)
+
+    def __init__(self, heads: MedusaHeads, lm_head: torch.nn.Module, tree: StaticTree) -> None:
+        if tree.max_depth > heads.num_heads:
+            raise ProposerError(f"the tree is {tree.max_depth} deep but there are only {heads.num_heads} Medusa heads: "
+                                "use a shallower tree (--tree chain, or fewer levels in the choice paths)")
+        self.heads, self.lm_head, self.tree = heads.eval(), lm_head, tree
+        self._hidden: torch.Tensor | None = None  # [H] the target's last-processed hidden state
+
+    def reset(self, prompt_ids: torch.Tensor) -> None:
+        self._hidden = None
+
+    def prefill_hidden(self, hidden_states: dict[int, torch.Tensor]) -> None:
+        states = hidden_states[-1]  # [L - 1, H]
+        self._hidden = states[-1] if states.shape[0] else None
+
+    def observe(self, feedback: StepFeedback) -> None:
+        self._hidden = feedback.hidden_states[-1][-1]  # [H] at the last accepted node (or the pending token)
+
+    def candidates(self) -> torch.Tensor:  # [depth, k] token ids, best first
+        depth, k = self.tree.max_depth, self.tree.top_k
+        logits = torch.stack([self.heads.head_logits(self._hidden, d, self.lm_head) for d in range(depth)])  # [D, V]
+        return logits.topk(k, dim=-1).indices
+
+    @torch.inference_mode()
+    def propose(self, tokens: torch.Tensor, max_tokens: int, sampling: SamplingParams,
+                generator: torch.Generator | None = None) -> Draft:
+        if self._hidden is None or max_tokens <= 0:
+            return Draft.empty()
+        draft = self.tree.draft(self.candidates())
+        if len(draft) > max_tokens:  # nodes are ordered by depth: a prefix keeps every parent
+            draft = Draft(tokens=draft.tokens[:max_tokens], parents=draft.parents[:max_tokens])
+        return draft
+
+
+__all__ = ["MedusaProposer"]

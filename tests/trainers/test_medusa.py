@@ -1,0 +1,74 @@
+"""Medusa-1: the heads, the loss's targets, the config, and decoding with heads token-identical to AR
+(the recipe end to end: tests/launch/test_recipe_medusa.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftsmith.common.errors import ConfigError
+from draftsmith.data.tiny_models import random_model
+from draftsmith.inference.adapter import ModelAdapter
+from draftsmith.inference.generate import GenerationConfig, generate
+from draftsmith.inference.heads import MedusaHeads
+from draftsmith.inference.proposers.medusa import MedusaProposer
+from draftsmith.inference.trees import chain_choices, tree_from_choices
+from draftsmith.trainers.medusa import MedusaConfig, head_targets, rank_of_true
+
+
+def test_fresh_heads_start_as_the_targets_lm_head():
+    target = random_model("llama", seed=0, layers=2)
+    heads = MedusaHeads(hidden=32, vocab=128, heads=3)
+    h = torch.randn(5, 32)
+    lm_head = target.get_output_embeddings()
+    assert torch.equal(heads(h, lm_head), lm_head(h).expand(3, 5, 128))
+    own = MedusaHeads(hidden=32, vocab=128, heads=2, shared_lm_head=False)
+    own.init_lm_heads(lm_head)
+    assert torch.allclose(own(h), lm_head(h).expand(2, 5, 128))
+    with pytest.raises(ValueError, match="lm_head"):
+        heads(h)
+
+
+def test_head_k_learns_the_token_k_plus_2_ahead():
+    labels = torch.tensor([[-100, -100, -100, 6, 7, 8]])  # a 3-token prompt, then the response 6 7 8
+    positions, tokens = head_targets(labels, 0)  # position t -> x_{t+2}
+    assert positions.tolist() == [[False, True, True, True]]
+    assert tokens[positions].tolist() == [6, 7, 8]
+    positions, tokens = head_targets(labels, 2)  # position t -> x_{t+4}
+    assert tokens[positions].tolist() == [7, 8] and positions.tolist() == [[True, True]]
+
+
+def test_rank_of_true_counts_each_rank():
+    logits = torch.tensor([[0.0, 3.0, 2.0, 1.0], [5.0, 0.0, 1.0, 2.0]])
+    assert rank_of_true(logits, torch.tensor([2, 2]), ranks=3).tolist() == [0.0, 1.0, 1.0]  # ranks 1 and 2
+
+
+def test_config_is_validated():
+    with pytest.raises(ConfigError, match="data_mode"):
+        MedusaConfig(data_mode="onpolicy")
+    with pytest.raises(ConfigError, match="loss_decay"):
+        MedusaConfig(loss_decay=0.0)
+
+
+def test_proposer_refuses_a_tree_deeper_than_its_heads():
+    target = random_model("llama", seed=0, layers=2)
+    with pytest.raises(Exception, match="deep"):
+        MedusaProposer(MedusaHeads(32, 128, heads=2), target.get_output_embeddings(),
+                       tree_from_choices(chain_choices(3)))
+
+
+@pytest.mark.parametrize("choices", [chain_choices(3), [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]])
+def test_untrained_heads_decode_token_identically(choices):
+    torch.manual_seed(0)
+    target = random_model("llama", seed=0, layers=2)
+    heads = MedusaHeads(hidden=32, vocab=128, heads=3)
+    for block in heads.blocks:  # random blocks: many rejections
+        torch.nn.init.normal_(block[0].linear.weight, std=0.5)
+    adapter = ModelAdapter(target)
+    for seed in range(3):
+        prompt = torch.randint(3, 128, (10,), generator=torch.Generator().manual_seed(seed))
+        ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=24))
+        prop = MedusaProposer(heads, target.get_output_embeddings(), tree_from_choices(choices))
+        sp = generate(adapter, prompt, GenerationConfig(max_new_tokens=24), prop)
+        assert sp.output_ids == ar.output_ids
+        assert sum(sp.accept_lengths) == 24
