@@ -135,19 +135,12 @@ def medusa_tree(ctx: ProposerContext, heads: int):
 
 def medusa_proposer(ctx: ProposerContext):
     """Medusa heads from a ``heads`` artefact over the target's last hidden state, drafting a static tree."""
-    from safetensors.torch import load_file
-
-    from draftsmith.common.io import read_json
-    from draftsmith.inference.heads import MedusaHeads
+    from draftsmith.inference.export import load_heads_artefact
     from draftsmith.inference.proposers.medusa import MedusaProposer
 
     if ctx.artefact_dir is None:
         raise ConfigError("medusa runs from its trained heads: pass --artefact DIR (from recipes/medusa.py)")
-    config = read_json(ctx.artefact_dir / "heads_config.json")
-    if config is None:
-        raise ArtefactError(f"{ctx.artefact_dir}/heads_config.json is missing or unreadable: the artefact is incomplete")
-    heads = MedusaHeads.from_artefact_config(config)
-    heads.load_state_dict(load_file(str(ctx.artefact_dir / "heads.safetensors")))
+    heads = load_heads_artefact(ctx.artefact_dir)
     target = ctx.target_model
     heads.to(target.device, target.dtype)
     return MedusaProposer(heads, target.get_output_embeddings(), medusa_tree(ctx, heads.num_heads))

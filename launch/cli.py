@@ -1,4 +1,4 @@
-"""The ``draftsmith`` command line: ``zoo``, ``eval``, ``tune``, ``data`` and ``demo``.
+"""The ``draftsmith`` command line: ``zoo``, ``eval``, ``tune``, ``data``, ``export`` and ``demo``.
 
 Each subcommand lives in its own module with ``add_parser(subparsers)`` and ``run(args) -> int``;
 they are imported only when the command line is built, never at package import.
@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "eval": "draftsmith.launch.eval_cli",
     "demo": "draftsmith.launch.demo",
     "tune": "draftsmith.launch.tune_cli",
+    "export": "draftsmith.launch.export_cli",
     "data": "draftsmith.launch.data_cli",
 }
 

@@ -44,3 +44,13 @@ def test_recipe_trains_heads_writes_the_artefact_and_decodes_identically(tiny_pa
             ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=20))
             sp = generate(adapter, prompt, GenerationConfig(max_new_tokens=20), proposer)
             assert sp.output_ids == ar.output_ids
+    # the vLLM export of the same artefact, through the command line, reads back to the same heads
+    from draftsmith.inference.export import load_heads_artefact, read_vllm_medusa
+    from draftsmith.launch.cli import main
+
+    export = tmp_path / "vllm"
+    assert main(["export", "--artefact", str(artefact), "--format", "vllm-medusa", "--out", str(export),
+                 "--target", str(tiny_pair["target"])]) == 0
+    back, back_head = read_vllm_medusa(export)
+    h = torch.randn(3, 32)
+    assert torch.equal(back(h, back_head), load_heads_artefact(artefact)(h, target.get_output_embeddings()))

@@ -1,0 +1,36 @@
+"""``draftsmith export``: write a trained artefact in a serving engine's checkpoint layout (docs/EXPORT.md).
+
+draftsmith export --artefact runs/medusa_tiny/artefact --format vllm-medusa --out exports/medusa [--target PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("export", help="write an artefact in a serving engine's layout (vLLM Medusa)")
+    p.add_argument("--artefact", required=True, metavar="DIR", help="the artefact directory a recipe wrote")
+    p.add_argument("--format", required=True, choices=("vllm-medusa",), help="the layout to write")
+    p.add_argument("--out", required=True, metavar="DIR", help="the export directory (replaced when it exists)")
+    p.add_argument("--target", metavar="PATH", default=None,
+                   help="the target whose LM head heads sharing it ship (default: the one in the artefact's manifest)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from draftsmith.common.io import read_json
+    from draftsmith.common.models import load_model
+    from draftsmith.inference.export import describe, export_artefact
+
+    manifest = read_json(Path(args.artefact) / "manifest.json") or {}
+    target_name = args.target or manifest.get("target", {}).get("name_or_path")
+    config = read_json(Path(args.artefact) / "heads_config.json") or {}
+    target = None
+    if config.get("shared_lm_head", True) and target_name:
+        target = load_model(target_name, "float32", what="target")
+    out = export_artefact(args.artefact, args.format, args.out, target_model=target)
+    print(describe(out))
+    return 0
