@@ -282,5 +282,10 @@ def check_distribution(
         sampling={"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p},
         method=getattr(proposer, "name", "ar") if proposer is not None else "ar",
         test=TEST_NAME.format(min_expected=min_expected, m=m, threshold=threshold),
-        verifier=getattr(verifier, "__name__", "custom") if verifier is not None else "default",
+        verifier=_rule_name(verifier if verifier is not None else getattr(proposer, "verifier", None)),
     )
+
+
+def _rule_name(rule) -> str:
+    """The acceptance rule's name: ``default`` (exact speculative sampling) unless one replaces it."""
+    return "default" if rule is None else getattr(rule, "__name__", "custom")

@@ -273,7 +273,9 @@ def generate(
     tokenizer=None,
     verifier: Verifier | None = None,
 ) -> GenerationResult:
-    """Decode up to ``config.max_new_tokens`` new tokens; ``proposer=None`` is plain AR decoding."""
+    """Decode up to ``config.max_new_tokens`` new tokens; ``proposer=None`` is plain AR decoding. ``verifier``
+    replaces the acceptance rule; otherwise a proposer's own ``verifier`` attribute (a lossy rule such as Medusa's
+    typical acceptance, on a proposer with ``lossless = False``) does, else the exact rules."""
     device = target.device
     prompt_ids = prompt_ids.to(device).reshape(-1)
     if prompt_ids.numel() == 0:
@@ -283,6 +285,7 @@ def generate(
     t0 = time.perf_counter()
     cache = target.new_cache(capacity=prompt_ids.numel() + max_new + 64)
     hidden_layers = tuple(getattr(proposer, "hidden_layers", ()) or ())
+    rule = verifier if verifier is not None else getattr(proposer, "verifier", None)  # a lossy proposer's own rule
     prompt_hidden = prefill(target, cache, prompt_ids, hidden_layers)
     if proposer is not None:
         start_sequence(proposer, target, cache, prompt_ids, prompt_hidden)
@@ -308,7 +311,7 @@ def generate(
         t_verify = time.perf_counter()
         want = hidden_layers + (draft.extra_inputs.hidden_layers if draft.extra_inputs is not None else ())
         out = verify_forward(target, cache, past, tokens[-1:], draft, want)
-        verdict = accept(out.logits[0, : 1 + len(draft)], draft, config.sampling, generator, verifier)
+        verdict = accept(out.logits[0, : 1 + len(draft)], draft, config.sampling, generator, rule)
         commit_cache(cache, past, verdict)
         sync_device(device)
         t_end = time.perf_counter()

@@ -143,4 +143,10 @@ def medusa_proposer(ctx: ProposerContext):
     heads = load_heads_artefact(ctx.artefact_dir)
     target = ctx.target_model
     heads.to(target.device, target.dtype)
-    return MedusaProposer(heads, target.get_output_embeddings(), medusa_tree(ctx, heads.num_heads))
+    acceptance = ctx.option("acceptance", "exact")
+    if acceptance not in ("exact", "typical"):
+        raise ConfigError(f"acceptance must be exact (lossless) or typical (Medusa's, lossy), got {acceptance!r}")
+    typical = None
+    if acceptance == "typical":
+        typical = (float(ctx.option("typical_epsilon", 0.09)), float(ctx.option("typical_delta", 0.3)))
+    return MedusaProposer(heads, target.get_output_embeddings(), medusa_tree(ctx, heads.num_heads), typical=typical)

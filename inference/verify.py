@@ -363,6 +363,39 @@ def verify_sampling(
     return _to_host(length, draw(left.index_select(0, row[None])[0], generator), tokens, on_path)
 
 
+def typical_verifier(epsilon: float = 0.09, delta: float = 0.3):
+    """Medusa's *typical acceptance* (Cai et al. 2024, Sec. 2.3.1) as a verification rule. LOSSY under sampling:
+    the output no longer follows the target's distribution (the distribution check shows it); under greedy
+    decoding the target's probabilities are one-hot and it reduces to exact matching.
+
+    A node ``x`` under a row with target distribution ``p`` is accepted when
+    ``p(x) > min(epsilon, delta * exp(-H(p)))`` (H the entropy), the first such child of each node is followed
+    from the root, and the token after the accepted branch is drawn from ``p`` at its last row."""
+    if not (0.0 < epsilon < 1.0 and delta > 0.0):
+        raise ValueError(f"typical acceptance needs 0 < epsilon < 1 and delta > 0, got {epsilon} and {delta}")
+
+    def verify_typical(target_probs: torch.Tensor, draft: Draft, generator: torch.Generator | None = None) -> Verdict:
+        probs = target_probs.float()  # [1 + n, V]
+        device = probs.device
+        if len(draft) == 0:
+            return Verdict([], int(draw(probs[0], generator)), tokens=[])
+        entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)  # [1 + n]
+        threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)  # [1 + n]
+        tokens = draft.tokens.to(device)  # [n]
+        parents = draft.parents.to(device)  # [n]
+        rows = parents + 1  # [n] each node's verification row
+        passed = probs[rows, tokens] > threshold[rows]  # [n]
+        if draft.is_chain:
+            length = chain_path(passed)
+            return _to_host(length, draw(probs.index_select(0, length[None])[0], generator), tokens)
+        ok = first_in_siblings(passed, parents)
+        length, row, on_path = accepted_path(ok, draft.ancestors.to(device), draft.depths.to(device))
+        return _to_host(length, draw(probs.index_select(0, row[None])[0], generator), tokens, on_path)
+
+    verify_typical.__name__ = f"typical_acceptance(epsilon={epsilon}, delta={delta})"
+    return verify_typical
+
+
 def verify_accept_all(target_probs: torch.Tensor, draft: Draft, generator: torch.Generator | None = None) -> Verdict:
     """A deliberately BROKEN rule that accepts every draft token along the first branch. It is
     not lossless; it exists as the negative control of the distribution check."""

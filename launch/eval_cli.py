@@ -29,7 +29,8 @@ PROPOSER_OPTIONS = {"draft_length": "draft_length", "draft_length_mode": "draft_
                     "draft_confidence": "confidence_threshold", "pld_tokens": "pld_tokens",
                     "pld_max_ngram": "pld_max_ngram", "pld_min_ngram": "pld_min_ngram", "pld_length": "pld_length",
                     "pld_threshold": "pld_threshold", "draft_vocab": "draft_vocab", "tree": "tree",
-                    "tree_nodes": "tree_nodes"}
+                    "tree_nodes": "tree_nodes", "acceptance": "acceptance", "typical_epsilon": "typical_epsilon",
+                    "typical_delta": "typical_delta"}
 
 
 def add_parser(sub) -> None:
@@ -79,6 +80,11 @@ def add_parser(sub) -> None:
                    help="head drafters (medusa): the static token tree: auto (grown from the heads' measured "
                         "accuracies; default), chain (the top-1 of each head) or a JSON file of choice paths")
     g.add_argument("--tree-nodes", metavar="N", type=int, default=None, help="nodes of the auto tree (default 32)")
+    g.add_argument("--acceptance", choices=("exact", "typical"), default=None,
+                   help="head drafters: exact (default, lossless) or typical (Medusa's typical acceptance: LOSSY under "
+                        "sampling, labelled so in the report)")
+    g.add_argument("--typical-epsilon", metavar="E", type=float, default=None, help="typical acceptance: epsilon (0.09)")
+    g.add_argument("--typical-delta", metavar="D", type=float, default=None, help="typical acceptance: delta (0.3)")
     g.add_argument("--draft-vocab", choices=("auto", "full"), default=None,
                    help="draft model: auto = draft only among the tokens of the draft's config.draft_vocab when it "
                         "has one (a cheaper LM head; the zoo's smollm2 draft has 8,192), full = the whole vocabulary")

@@ -6,7 +6,8 @@ token's predecessor right after the prefill): its LM head gave the pending token
 guesses the token ``k + 1`` places after the pending one, the candidates of tree depth ``k + 1``. The tree's
 nodes are the heads' top-k candidates, so they are deterministic proposals (``q`` one-hot): greedy
 verification accepts the longest matching branch, and sampling stays exact through the loop's multi-branch
-rejection sampling.
+rejection sampling. With ``typical=(epsilon, delta)`` the proposer carries Medusa's typical acceptance instead
+(:func:`~draftsmith.inference.verify.typical_verifier`), which is lossy under sampling and reported as lossy.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from draftsmith.inference.heads import MedusaHeads
 from draftsmith.inference.proposers.base import StepFeedback
 from draftsmith.inference.sampling import SamplingParams
 from draftsmith.inference.trees import StaticTree
-from draftsmith.inference.verify import Draft
+from draftsmith.inference.verify import Draft, typical_verifier
 
 
 class MedusaProposer:
@@ -28,12 +29,17 @@ class MedusaProposer:
     lossless = True
     hidden_layers: tuple[int, ...] = (-1,)
 
-    def __init__(self, heads: MedusaHeads, lm_head: torch.nn.Module, tree: StaticTree) -> None:
+    def __init__(self, heads: MedusaHeads, lm_head: torch.nn.Module, tree: StaticTree,
+                 typical: tuple[float, float] | None = None) -> None:
         if tree.max_depth > heads.num_heads:
             raise ProposerError(f"the tree is {tree.max_depth} deep but there are only {heads.num_heads} Medusa heads: "
                                 "use a shallower tree (--tree chain, or fewer levels in the choice paths)")
         self.heads, self.lm_head, self.tree = heads.eval(), lm_head, tree
         self._hidden: torch.Tensor | None = None  # [H] the target's last-processed hidden state
+        if typical is not None:  # Medusa's typical acceptance: lossy under sampling, reported as such
+            self.verifier = typical_verifier(*typical)
+            self.lossless = False
+            self.name = "medusa (typical acceptance, lossy)"
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self._hidden = None

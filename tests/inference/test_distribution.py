@@ -136,3 +136,43 @@ def test_prompt_lookup_and_heuristic_lengths_pass(peaky_pair, sampling):
     assert _check(peaky_pair, sampling, factory=lambda: PromptLookupProposer(num_draft_tokens=3)).passed
     heuristic = lambda: DraftModelProposer(draft, DraftLengthPolicy(length=2, mode="heuristic"))  # noqa: E731
     assert _check(peaky_pair, sampling, factory=heuristic).passed
+
+
+def _medusa(target, typical=None):
+    """Medusa heads with random blocks over the peaky target, drafting a 2-level tree with siblings."""
+    from draftsmith.inference.heads import MedusaHeads
+    from draftsmith.inference.proposers.medusa import MedusaProposer
+    from draftsmith.inference.trees import tree_from_choices
+
+    torch.manual_seed(3)
+    heads = MedusaHeads(hidden=32, vocab=32, heads=2)
+    for block in heads.blocks:
+        torch.nn.init.normal_(block[0].linear.weight, std=0.3)
+    tree = tree_from_choices([(0,), (1,), (0, 0), (0, 1), (1, 0)])
+    return lambda: MedusaProposer(heads, target.get_output_embeddings(), tree, typical=typical)
+
+
+def test_medusa_tree_sampling_passes(peaky_pair):
+    res = _check(peaky_pair, SamplingParams(temperature=1.0), factory=_medusa(peaky_pair[0]))
+    assert res.passed, res.summary()
+
+
+def test_typical_acceptance_at_a_loose_threshold_fails(peaky_pair):
+    """The negative control: Medusa's typical acceptance with a loose threshold is lossy, and the check sees it."""
+    res = _check(peaky_pair, SamplingParams(temperature=1.0), factory=_medusa(peaky_pair[0], typical=(0.02, 0.01)))
+    assert not res.passed, res.summary()
+    assert res.verifier.startswith("typical_acceptance") and "lossy" in res.method
+
+
+def test_typical_acceptance_is_exact_under_greedy_and_labelled_lossy(peaky_pair):
+    from draftsmith.inference.adapter import ModelAdapter
+    from draftsmith.inference.generate import GenerationConfig, generate
+
+    target = peaky_pair[0]
+    adapter = ModelAdapter(target)
+    proposer = _medusa(target, typical=(0.09, 0.3))()
+    assert proposer.lossless is False and "lossy" in proposer.name
+    for prompt in PROMPTS:
+        ids = torch.tensor(prompt)
+        ar = generate(adapter, ids, GenerationConfig(max_new_tokens=16))
+        assert generate(adapter, ids, GenerationConfig(max_new_tokens=16), proposer).output_ids == ar.output_ids
