@@ -16,7 +16,7 @@ import triton.language as tl
 
 @triton.jit
 def _tree_attention_kernel(
-    Q, K, V, M, O,  # q [B, Hq, T, D], k/v [B, Hkv, S, D], tree mask [T, T] int8, out [B, Hq, T, D]
+    Q, K, V, M, OUT,  # q [B, Hq, T, D], k/v [B, Hkv, S, D], tree mask [T, T] int8, out [B, Hq, T, D]
     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sob, soh, sot, smt,
     T, S, P, GROUP, scale,
     D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -51,7 +51,7 @@ def _tree_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
         m_i = m_new
     out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
-    tl.store(O + b * sob + h * soh + offs_t[:, None] * sot + offs_d[None, :], out.to(O.dtype.element_ty),
+    tl.store(OUT + b * sob + h * soh + offs_t[:, None] * sot + offs_d[None, :], out.to(OUT.dtype.element_ty),
              mask=t_ok[:, None])
 
 
