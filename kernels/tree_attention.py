@@ -24,6 +24,15 @@ def tree_visibility(prefix: int, tree: torch.Tensor) -> torch.Tensor:  # [T, P +
     return torch.cat([tree.new_ones(t, prefix, dtype=torch.bool), tree.to(torch.bool)], dim=1)
 
 
+def check_shapes(q: torch.Tensor, k: torch.Tensor, tree: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless ``Hq`` is a multiple of ``Hkv``, there are at least ``T`` keys and the tree is
+    ``[T, T]``."""
+    hq, t, hkv, s = q.shape[1], q.shape[2], k.shape[1], k.shape[2]
+    if hq % hkv or s < t or tuple(tree.shape) != (t, t):
+        raise ValueError(f"tree attention: q {tuple(q.shape)}, k {tuple(k.shape)}, tree {tuple(tree.shape)}: need "
+                         "Hq divisible by Hkv, at least T keys and a [T, T] tree")
+
+
 def tree_attention_reference(
     q: torch.Tensor,  # [B, Hq, T, D]
     k: torch.Tensor,  # [B, Hkv, P + T, D]
@@ -32,11 +41,9 @@ def tree_attention_reference(
     scale: float | None = None,
 ) -> torch.Tensor:  # [B, Hq, T, D], q's dtype
     """Softmax attention in float32 under :func:`tree_visibility`; key/value heads repeated for GQA."""
-    b, hq, t, d = q.shape
+    check_shapes(q, k, tree)
+    hq, t, d = q.shape[1:]
     hkv, s = k.shape[1], k.shape[2]
-    if hq % hkv or s < t or tree.shape != (t, t):
-        raise ValueError(f"tree attention: q {tuple(q.shape)}, k {tuple(k.shape)}, tree {tuple(tree.shape)}: need "
-                         "Hq divisible by Hkv, at least T keys and a [T, T] tree")
     scale = d ** -0.5 if scale is None else scale
     group = hq // hkv
     kf = k.float().repeat_interleave(group, dim=1)  # [B, Hq, S, D]
@@ -58,4 +65,4 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tree: torc
     return tree_attention_reference(q, k, v, tree, scale)
 
 
-__all__ = ["tree_visibility", "tree_attention_reference", "tree_attention"]
+__all__ = ["check_shapes", "tree_visibility", "tree_attention_reference", "tree_attention"]

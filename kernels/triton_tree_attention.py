@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from draftsmith.kernels.tree_attention import check_shapes
+
 
 @triton.jit
 def _tree_attention_kernel(
@@ -64,11 +66,11 @@ def triton_tree_attention(
     block_t: int = 16,
     block_s: int = 32,
 ) -> torch.Tensor:  # [B, Hq, T, D]
+    check_shapes(q, k, tree)
     b, hq, t, d = q.shape
     hkv, s = k.shape[1], k.shape[2]
-    if hq % hkv or s < t or tree.shape != (t, t) or d & (d - 1) or d < 16:
-        raise ValueError(f"triton tree attention: q {tuple(q.shape)}, k {tuple(k.shape)}, tree {tuple(tree.shape)}: "
-                         "need Hq divisible by Hkv, at least T keys, a [T, T] tree and a power-of-two head dim >= 16")
+    if d & (d - 1) or d < 16:
+        raise ValueError(f"triton tree attention needs a power-of-two head dim >= 16, got {d}: use backend='reference'")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     mask = tree.to(device=q.device, dtype=torch.int8).contiguous()
     out = torch.empty_like(q)
