@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from draftsmith.data.tiny_models import random_model
@@ -54,3 +55,12 @@ def test_recipe_trains_heads_writes_the_artefact_and_decodes_identically(tiny_pa
     back, back_head = read_vllm_medusa(export)
     h = torch.randn(3, 32)
     assert torch.equal(back(h, back_head), load_heads_artefact(artefact)(h, target.get_output_embeddings()))
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("medusa*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_medusa_config_parses(path, tmp_path):
+    from draftsmith.launch.recipe_args import parse_recipe_args
+    from draftsmith.trainers.medusa import MedusaConfig
+
+    recipe, medusa, targs = parse_recipe_args(MedusaConfig, ["--config", str(path), "--output_dir", str(tmp_path)])
+    assert recipe.config == str(path) and targs.max_steps > 0 and medusa.heads >= 1
