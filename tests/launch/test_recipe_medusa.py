@@ -84,3 +84,23 @@ def test_zoo_medusa_greedy_identical_on_every_dev_question(tmp_path):
         assert rep["num_questions"] == 324
         differing = [(r["question_id"], r["difference"]) for r in rep["questions"] if not r["identical"]]
         assert rep["summary"]["greedy_identical"] == 1.0, (tree, differing[:3])
+
+
+def test_accelerate_two_cpu_processes(tiny_pair, tmp_path):
+    """recipes/medusa.py under `accelerate launch` with 2 CPU processes (DDP): one heads artefact, world size 2."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "acc"
+    cfg = ROOT / "launch" / "configs" / "accelerate" / "cpu_2proc.yaml"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+    cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file", str(cfg), "--main_process_port",
+           "29541", str(ROOT / "recipes" / "medusa.py"), "--config", str(ROOT / "recipes" / "configs" / "medusa_test.yaml"),
+           "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out),
+           "ddp_find_unused_parameters=false"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    manifest = json.loads((out / "artefact" / "manifest.json").read_text())
+    assert manifest["method"] == "medusa" and manifest["training"]["world_size"] == 2
+    assert len(manifest["training"]["head_accuracy"]) == 3
