@@ -5,7 +5,10 @@ Layout::
     <dir>/manifest.json          format, method, kind, versions, target identity, proposer settings,
                                  sha256 of every weight file, training config and metrics
     <dir>/draft/                 kind draft_model: a plain Hugging Face model directory
-    <dir>/heads.safetensors      kind heads: head weights (+ heads_config.json)
+    <dir>/heads.safetensors      kind heads: head weights (+ heads_config.json); with ``target_adapter`` in the
+                                 manifest, ``adapter/`` beside them holds a peft LoRA adapter of the target that
+                                 the method tuned with its heads (Medusa-2): it is verified against that
+                                 adapted target
     <dir>/adapter/               kind lora_adapter: a peft LoRA adapter of the target
     <dir>/model/                 kind adapted_target: the full adapted target
     <dir>/embeddings.safetensors kind embeddings: tuned embeddings only
@@ -42,6 +45,7 @@ def write_manifest(
     training: dict | None = None,
     metrics: dict | None = None,
     kind: str = "draft_model",
+    target_adapter: str | None = None,
 ) -> dict:
     """Hash every safetensors file under ``out_dir`` and write ``manifest.json`` atomically. Every kind but
     ``none`` must hold at least one safetensors file."""
@@ -63,6 +67,7 @@ def write_manifest(
         "target": target,
         "proposer": proposer,
         "weights": weights,
+        **({"target_adapter": target_adapter} if target_adapter else {}),
         "training": training or {},
         "metrics": metrics or {},
         "environment": environment(),
@@ -74,6 +79,7 @@ def write_manifest(
 # kind -> the directory (or file) its weights go to, relative to the artefact directory
 WEIGHT_PATHS = {"draft_model": "draft", "adapted_target": "model", "lora_adapter": "adapter",
                 "heads": "heads.safetensors", "embeddings": "embeddings.safetensors", "none": None}
+TARGET_ADAPTER = "adapter"  # where a heads artefact keeps the LoRA adapter of a target its method tuned
 
 
 def write_weights(staging: Path, kind: str, *, model=None, state_dict: dict | None = None, tokenizer=None,
@@ -109,9 +115,11 @@ def write_weights(staging: Path, kind: str, *, model=None, state_dict: dict | No
 
 
 def write_artefact(out_dir: str | Path, kind: str, *, method: str, target: dict, proposer: dict,
-                   training: dict | None = None, metrics: dict | None = None, **weights) -> dict:
+                   training: dict | None = None, metrics: dict | None = None, target_adapter=None, **weights) -> dict:
     """Write a whole artefact: the weights of ``kind`` (see :func:`write_weights`) beside the final place, swapped
-    in, then the manifest last, so a reader never sees a manifest over half-written weights."""
+    in, then the manifest last, so a reader never sees a manifest over half-written weights. ``target_adapter``
+    (a peft model of the target) is saved to ``adapter/`` and recorded in the manifest: the artefact then runs
+    on the adapted target."""
     import shutil
 
     out = Path(out_dir)
@@ -120,6 +128,8 @@ def write_artefact(out_dir: str | Path, kind: str, *, method: str, target: dict,
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     names = write_weights(staging, kind, **weights)
+    if target_adapter is not None:
+        names += write_weights(staging, "lora_adapter", model=target_adapter)
     (out / MANIFEST).unlink(missing_ok=True)  # the old manifest would not match the new weights
     for name in names:
         final = out / name
@@ -127,7 +137,10 @@ def write_artefact(out_dir: str | Path, kind: str, *, method: str, target: dict,
             shutil.rmtree(final)
         os.replace(staging / name, final)
     shutil.rmtree(staging, ignore_errors=True)
-    return write_manifest(out, method, target, proposer, training, metrics, kind=kind)
+    if target_adapter is None and (out / TARGET_ADAPTER).is_dir() and kind != "lora_adapter":
+        shutil.rmtree(out / TARGET_ADAPTER)  # an older run's adapter would be hashed into the new manifest
+    return write_manifest(out, method, target, proposer, training, metrics, kind=kind,
+                          target_adapter=TARGET_ADAPTER if target_adapter is not None else None)
 
 
 def refuse_pickles(directory: Path) -> None:
@@ -184,6 +197,28 @@ def check_target(manifest: dict, model, tokenizer, allow_mismatch: bool = False)
             f"match ({'; '.join(problems)}): pass that target, or --allow-target-mismatch to run anyway"
         )
     return problems
+
+
+def adapted_target(directory: str | Path, manifest: dict, target_model):
+    """The model an artefact's proposer is verified against: ``target_model`` itself, or, when the manifest names
+    a ``target_adapter``, a copy of it with that LoRA adapter merged in (``target_model`` is left untouched)."""
+    name = manifest.get("target_adapter")
+    if not name:
+        return target_model
+    import copy
+
+    from peft import PeftModel
+
+    path = Path(directory) / name
+    if not (path / "adapter_config.json").is_file():
+        raise ArtefactError(f"{path} holds no adapter_config.json although the manifest names it: copy the whole "
+                            "artefact directory")
+    try:
+        adapted = PeftModel.from_pretrained(copy.deepcopy(target_model), str(path))
+    except (ValueError, KeyError, RuntimeError) as err:
+        raise ArtefactError(f"the target adapter {path} does not fit this target ({str(err).splitlines()[0]}): pass "
+                            "the target the artefact was trained for") from None
+    return adapted.merge_and_unload().eval()
 
 
 def load_artefact(

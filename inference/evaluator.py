@@ -17,6 +17,10 @@ Metrics (DESIGN.md "Metrics", Spec-Bench's definitions):
   and ``measured_over_predicted`` is that ratio's measured value over the prediction. ``predicted_speedup_constant_cost``
   is Leviathan et al.'s Theorem 3.8 with a verification cost that does not grow with the draft, for
   comparison.
+- ``adapted_target`` (only for artefacts that tune the target, e.g. Medusa-2): the method is verified against
+  the adapted target, whose own AR is then the reference for losslessness; the original target answers too
+  (plain AR, not timed into the speedup) and the report says how far the adapted target's greedy answers
+  moved from the original's (:func:`~draftsmith.inference.metrics.adapter_drift`).
 - ``greedy_identical``: fraction of questions whose answers (all turns) are token-identical to AR
   (greedy only; null under sampling, where losslessness is a distribution check). Where an answer
   differs, the first differing position and the target's top-2 logit gap there (plain target forward
@@ -36,7 +40,8 @@ from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.baselines import HF_PROMPT_LOOKUP_TOKENS, hf_pad_id, hf_runners, hf_variants
 from draftsmith.inference.cost import measure_verify_curve
 from draftsmith.inference.generate import GenerationConfig
-from draftsmith.inference.metrics import SUMMARY_FIELDS, compare_with_ar, mean_or_none, near_tie_tolerance, tokens_per_s
+from draftsmith.inference.metrics import (SUMMARY_FIELDS, adapter_drift, compare_with_ar, mean_or_none,
+                                          near_tie_tolerance, tokens_per_s)
 from draftsmith.inference.proposers.base import Proposer
 from draftsmith.inference.questions import Question
 from draftsmith.inference.report import build_report
@@ -66,13 +71,16 @@ def evaluate(
     progress: bool = True,
     command: str | None = None,
     extra: dict | None = None,
+    original_model=None,
 ) -> dict:
     """Run AR and ``method`` on ``questions`` and return the report (see the module docstring and
     :func:`draftsmith.inference.report.write_report`).
 
     ``proposer_factory`` is called once (``None`` or a factory returning ``None`` = AR); the
     proposer's ``reset`` starts every answer. ``draft_model`` is the draft for transformers'
-    assisted generation under ``compare_hf`` (defaults to the proposer's own draft model, if any)."""
+    assisted generation under ``compare_hf`` (defaults to the proposer's own draft model, if any).
+    ``original_model``: when ``target_model`` is an adapted target (an artefact that tuned it), the original, whose
+    AR answers the report compares with the adapted target's (``adapted_target``)."""
     sampling = sampling or SamplingParams()
     _check_settings(questions, max_new_tokens, warmup)
     target = ModelAdapter(target_model)
@@ -94,11 +102,14 @@ def evaluate(
     curve = measure_verify_curve(target, prefix_tokens=min(max_prompt, 128)) if inner is not None else None
     writer = _tensorboard(tensorboard_dir)
     tol = near_tie_tolerance(target.dtype)
+    original = ModelAdapter(original_model) if original_model is not None else None
     runs: list[QuestionRun] = []
     bar = _progress(questions, progress, f"eval {method}")
     try:
         for qi, q in enumerate(bar):
             run = _run_question(target, tokenizer, q, config, proposer, seed + 1000 * qi, max_prompt, hf)
+            if original is not None:
+                run.original = answer_question(original, tokenizer, q, config, None, seed + 1000 * qi, max_prompt)
             run.difference = compare_with_ar(target_model, run.method, run.ar, tol) if sampling.greedy else None
             runs.append(run)
             bar.set_postfix(speedup=f"{_running_speedup(runs):.2f}")
@@ -112,6 +123,12 @@ def evaluate(
         draft_name=draft_name, question_file=question_file, command=command, tol=tol, target=target,
         compare_hf=compare_hf, extra=extra, cost_curve=curve,
     )
+    if original is not None:
+        report["adapted_target"] = {
+            "verified_against": "the target with the artefact's LoRA adapter merged; AR of that adapted target is the "
+                                "reference for speedup and losslessness",
+            **adapter_drift([(r.ar, r.original) for r in runs if r.original is not None]),
+        }
     if writer is not None:
         _log_summary(writer, report, runs)
         writer.close()

@@ -97,6 +97,9 @@ def read_vllm_medusa(directory: str | os.PathLike) -> tuple[MedusaHeads, torch.n
     return heads, lm_head
 
 
+ADAPTED_TARGET = "target"  # where a Medusa-2 export puts the adapted target (serve it as the model)
+
+
 def load_heads_artefact(directory: str | os.PathLike) -> MedusaHeads:
     """The Medusa heads of a ``heads`` artefact directory."""
     directory = Path(directory)
@@ -119,16 +122,29 @@ def export_artefact(artefact: str | os.PathLike, fmt: str, out: str | os.PathLik
     if manifest.get("method") != "medusa":
         raise ConfigError(f"--format {fmt} exports Medusa heads, but {artefact} is a {manifest.get('method')} artefact")
     heads = load_heads_artefact(artefact)
+    if manifest.get("target_adapter"):  # Medusa-2: the heads belong to the adapted target, which ships beside them
+        from draftsmith.inference.artefact import adapted_target
+
+        if target_model is None:
+            raise ConfigError(f"{artefact} tuned its target (Medusa-2): the export ships the adapted target, so it "
+                              "needs the original: pass --target")
+        target_model = adapted_target(artefact, manifest, target_model)
     lm_head = target_model.get_output_embeddings() if target_model is not None else None
-    return export_vllm_medusa(heads, lm_head, out)
+    path = export_vllm_medusa(heads, lm_head, out)
+    if manifest.get("target_adapter"):
+        target_model.save_pretrained(Path(out) / ADAPTED_TARGET, safe_serialization=True)
+    return path
 
 
 def describe(out: str | os.PathLike) -> str:
     """One line: what an export directory holds."""
     config = json.loads((Path(out) / "config.json").read_text())
     names = load_file(str(Path(out) / "model.safetensors"))
-    return (f"{out}: {config['model_type']} with {config['num_heads']} heads x {config['num_hidden_layers']} blocks, "
+    line = (f"{out}: {config['model_type']} with {config['num_heads']} heads x {config['num_hidden_layers']} blocks, "
             f"{len(names)} tensors")
+    if (Path(out) / ADAPTED_TARGET).is_dir():
+        line += f"; the adapted target (serve it as the model) in {Path(out) / ADAPTED_TARGET}"
+    return line
 
 
 __all__ = ["FORMATS", "vllm_medusa_config", "vllm_medusa_tensors", "export_vllm_medusa", "read_vllm_medusa",

@@ -94,6 +94,23 @@ def compare_with_ar(model, method: list[TurnRun], ar: list[TurnRun], tol: float)
     return None
 
 
+def adapter_drift(pairs: Sequence[tuple[list[TurnRun], list[TurnRun]]]) -> dict:
+    """How far an adapted target's AR answers moved from the original target's, over ``(adapted, original)``
+    turn lists of each question: the fraction of questions answered token-identically, and the mean over turns of
+    the tokens the two answers share from the start as a fraction of the original answer's length."""
+    identical, shared = [], []
+    for adapted, original in pairs:
+        same = True
+        for a, o in zip(adapted, original):
+            ai, oi = a.result.output_ids, o.result.output_ids
+            pos = first_difference(ai, oi)
+            same = same and pos is None
+            shared.append(1.0 if pos is None else pos / max(1, len(oi)))
+        identical.append(1.0 if same else 0.0)
+    return {"questions": len(pairs), "answers_identical_to_original": mean_or_none(identical),
+            "mean_shared_prefix_fraction": mean_or_none(shared)}
+
+
 # ---------------------------------------------------------------------------------------------- summaries
 
 

@@ -371,5 +371,11 @@ def summary_table(report: dict) -> str:
     if ratio is not None:
         rows.append(("speedup / hf_assisted speedup", fmt(ratio, 2)))
     rows.append(("lossless", lossless_status(report)))
+    adapted = report.get("adapted_target")
+    if adapted:
+        rows.append(("verified against", "the adapted target (the artefact's LoRA adapter)"))
+        rows.append(("AR answers identical to the original target's",
+                     f"{fmt(adapted.get('answers_identical_to_original'))} (shared prefix "
+                     f"{fmt(adapted.get('mean_shared_prefix_fraction'))})"))
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{label.ljust(width)}  {value}" for label, value in rows)

@@ -39,6 +39,7 @@ class QuestionRun:
     ar: list[TurnRun]
     hf: dict[str, list[HFRun]] = field(default_factory=dict)  # baseline name -> one run per AR turn
     difference: dict | None = None  # where the method's answer first differs from AR (greedy only)
+    original: list[TurnRun] | None = None  # AR of the original target, when the method verifies an adapted one
 
 
 class StepRecorder:

@@ -196,13 +196,15 @@ def setup(args: argparse.Namespace):
     options = {setting: getattr(args, flag) for flag, setting in PROPOSER_OPTIONS.items()}
 
     if args.artefact:
-        from draftsmith.inference.artefact import load_artefact
+        from draftsmith.inference.artefact import adapted_target, load_artefact, read_manifest
 
-        proposer, manifest = load_artefact(args.artefact, target, tokenizer,
+        verified = adapted_target(args.artefact, read_manifest(args.artefact), target)  # target, or target + LoRA
+        proposer, manifest = load_artefact(args.artefact, verified, tokenizer,
                                            allow_target_mismatch=args.allow_target_mismatch, **options)
         info.update(method=manifest["method"], draft=str(args.artefact), manifest=manifest,
-                    draft_model=_draft_model_of(proposer), factory=lambda: proposer)
-        return target, tokenizer, info
+                    draft_model=_draft_model_of(proposer), factory=lambda: proposer,
+                    original_target=target if verified is not target else None)
+        return verified, tokenizer, info
 
     method = args.method or "draft"
     spec = get_method(method)
@@ -285,6 +287,7 @@ def run_eval(args, target, tokenizer, info, questions, sampling) -> int:
         progress=not args.no_progress,
         command=command_line(args),
         extra=extra or None,
+        original_model=info.get("original_target"),
     )
     paths = write_report(report, args.out or DEFAULT_OUT)
     print(summary_table(report))

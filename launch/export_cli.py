@@ -29,8 +29,15 @@ def run(args: argparse.Namespace) -> int:
     target_name = args.target or manifest.get("target", {}).get("name_or_path")
     config = read_json(Path(args.artefact) / "heads_config.json") or {}
     target = None
-    if config.get("shared_lm_head", True) and target_name:
+    if (config.get("shared_lm_head", True) or manifest.get("target_adapter")) and target_name:
         target = load_model(target_name, "float32", what="target")
     out = export_artefact(args.artefact, args.format, args.out, target_model=target)
+    if manifest.get("target_adapter") and target_name:  # the adapted target ships with the tokenizer it speaks
+        from draftsmith.common.models import load_tokenizer, tokenizer_dir_for
+        from draftsmith.inference.export import ADAPTED_TARGET
+
+        tok_dir = tokenizer_dir_for(target_name)
+        if tok_dir is not None:
+            load_tokenizer(tok_dir).save_pretrained(Path(args.out) / ADAPTED_TARGET)
     print(describe(out))
     return 0

@@ -217,7 +217,12 @@ def artefact_weights(trainer, kind: str, tokenizer) -> dict[str, Any]:
     module = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     if kind in ("heads", "embeddings"):
         config = module.artefact_config() if hasattr(module, "artefact_config") else None
-        return {"tensors": state_dict, "config": config}
+        extra = {}
+        if getattr(module, "target_adapter", None) is not None:  # the method tuned the target too (Medusa-2)
+            extra["target_adapter"] = module.target_adapter
+        if hasattr(module, "artefact_tensors"):
+            state_dict = module.artefact_tensors(state_dict)
+        return {"tensors": state_dict, "config": config} | extra
     if kind == "none":
         return {}
     return {"model": module, "state_dict": state_dict, "tokenizer": tokenizer}
@@ -249,21 +254,23 @@ def evaluate_artefact(artefact: Path, target_model, tokenizer, args: RecipeArgum
     """Evaluate the artefact (loaded exactly as ``draftsmith eval --artefact`` loads it) and, when given, the
     method before training (the same proposer settings with the draft as it was); print the summary and the tau
     ratio. Returns the reports by name."""
-    from draftsmith.inference.artefact import load_artefact
+    from draftsmith.inference.artefact import adapted_target, load_artefact, read_manifest
     from draftsmith.inference.evaluator import evaluate
     from draftsmith.inference.questions import read_questions
     from draftsmith.inference.report import summary_table, write_report
 
     questions = read_questions(None, limit=args.eval_limit)
-    runs = {"trained": load_artefact(artefact, target_model, tokenizer)}
+    verified = adapted_target(artefact, read_manifest(artefact), target_model)  # the target, or target + LoRA
+    runs = {"trained": load_artefact(artefact, verified, tokenizer)}
     if baseline_draft is not None:
-        runs["baseline"] = load_artefact(artefact, target_model, tokenizer, draft_model=baseline_draft)
+        runs["baseline"] = load_artefact(artefact, verified, tokenizer, draft_model=baseline_draft)
     reports = {}
     for name, (proposer, manifest) in runs.items():
         label = str(artefact) if name == "trained" else f"{manifest['method']} before training"
-        reports[name] = evaluate(target_model.eval(), tokenizer, manifest["method"], lambda p=proposer: p, questions,
+        reports[name] = evaluate(verified.eval(), tokenizer, manifest["method"], lambda p=proposer: p, questions,
                                  max_new_tokens=args.eval_max_new_tokens, target_name=target_name, draft_name=label,
-                                 command=" ".join(sys.argv))
+                                 command=" ".join(sys.argv),
+                                 original_model=target_model.eval() if verified is not target_model else None)
         write_report(reports[name], out_dir / name)
     print(summary_table(reports["trained"]))
     if "baseline" in reports:

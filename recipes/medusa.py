@@ -1,9 +1,11 @@
-"""Medusa-1 recipe: decoding heads on the frozen target (Cai et al. 2024), trained on the target's own answers,
-saved as a heads artefact and evaluated with a static token tree.
+"""Medusa recipe (Cai et al. 2024): decoding heads trained on the target's own answers, on the frozen target
+(Medusa-1, the default) or jointly with a LoRA adapter of the target (Medusa-2, ``--variant medusa2``), saved as a
+heads artefact (Medusa-2: with the adapter) and evaluated with a static token tree.
 
     python recipes/medusa.py                                         # tiny zoo target, shipped corpus, then evaluate
     python recipes/medusa.py --target DIR --dataset chats.jsonl --output_dir runs/medusa-mine
     python recipes/medusa.py heads=5 head_layers=2 tree_nodes=48
+    python recipes/medusa.py --config recipes/configs/medusa2_tiny.yaml    # Medusa-2 (or: --variant medusa2)
     accelerate launch --config_file launch/configs/accelerate/cpu_2proc.yaml recipes/medusa.py --max_steps 50
     draftsmith eval --artefact runs/medusa_tiny/artefact --tree chain     # the top-1 chain instead of the tree
 

@@ -1,6 +1,6 @@
-"""Medusa-1 (Cai et al. 2024): decoding heads trained on the frozen target's last hidden state.
+"""Medusa-1 and Medusa-2 (Cai et al. 2024): decoding heads on the target's last hidden state.
 
-Loss (Medusa eq. 2, Medusa-1): for the final-normed target hidden state ``h_t`` and head ``k`` (0-based, predicting
+Loss (Medusa eq. 2, Medusa-1, ``variant=medusa1``, the target frozen): for the final-normed target hidden state ``h_t`` and head ``k`` (0-based, predicting
 the token ``k + 2`` places after position ``t``, the target's own LM head covering ``t + 1``)::
 
     L = sum_k lambda_k * sum_t CE(softmax(LMHead(ResBlocks_k(h_t))), x_{t+k+2}),   lambda_k = decay**k  (0.8)
@@ -9,6 +9,18 @@ summed over the positions whose label ``x_{t+k+2}`` is a response token, then no
 the loss tokens of the accumulation window. The training data is the target's own answers by default
 (``data_mode=target``: the shared self-distillation of :meth:`FrozenTargetTrainer.generated_batch`), so the heads
 learn what the target will say; ``fixed`` trains on the dataset's responses as they are.
+
+Medusa-2 (``variant=medusa2``, Medusa sec. 2.2.2) tunes the target jointly through a peft LoRA adapter on a copy of
+it (the frozen original stays the teacher and the source of the training answers)::
+
+    L = w_lm * sum_t CE(p'_t, x_{t+1})  +  w_kl * sum_t KL(p_t || p'_t)  +  lambda_0 * L_medusa1(h'_t)
+
+with ``p`` the original target's next-token distribution, ``p'`` and ``h'`` the adapted target's, and
+``lambda_0 = heads_weight`` (0.2, the paper's); the KL is the paper's self-distillation term that keeps the adapted
+target close to the original. For the first ``heads_warmup_ratio`` of the steps only the heads train (Medusa-1 on
+the adapter, which starts as the identity), as the paper warms the heads up before joint training; the adapter
+then trains at its own, lower ``lora_learning_rate`` (the paper's differential learning rates). The artefact
+carries the adapter (``adapter/``) next to the heads, and the evaluator verifies against the adapted target.
 
 Evaluation measures, per head, how often the true token is the head's rank-r candidate (r < 10): top-1 and top-5
 accuracy go to TensorBoard, and the whole table goes into the artefact's manifest (``training.head_accuracy``),
@@ -20,8 +32,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import contextlib
+import copy
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import lm_head_rows
@@ -29,6 +45,7 @@ from draftsmith.inference.heads import MedusaHeads
 from draftsmith.trainers.base import FrozenTargetTrainer
 
 DATA_MODES = ("target", "fixed")
+VARIANTS = ("medusa1", "medusa2")
 RANKS = 10  # candidate ranks whose accuracy is measured (the tree's top-k)
 
 
@@ -38,8 +55,10 @@ def _help(text: str) -> dict:
 
 @dataclass
 class MedusaConfig:
-    """Medusa-1 settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
+    """Medusa-1/-2 settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
 
+    variant: str = field(default="medusa1", metadata=_help("medusa1 = heads on the frozen target; medusa2 = heads and a "
+                                                           "LoRA adapter of the target trained jointly."))
     heads: int = field(default=4, metadata=_help("Number of Medusa heads K; head k predicts the token k+2 ahead."))
     head_layers: int = field(default=1, metadata=_help("Residual blocks per head."))
     shared_lm_head: bool = field(default=True, metadata=_help("Use the target's frozen LM head for every head (true), "
@@ -51,6 +70,20 @@ class MedusaConfig:
     max_new_tokens: int = field(default=64, metadata=_help("Tokens the target generates per prompt (data_mode=target)."))
     prompt_tokens: int = field(default=32, metadata=_help("For plain-text rows, how many leading tokens form the "
                                                           "prompt the target continues."))
+    lora_r: int = field(default=16, metadata=_help("Medusa-2: LoRA rank of the target's adapter."))
+    lora_alpha: float = field(default=32.0, metadata=_help("Medusa-2: LoRA alpha."))
+    lora_dropout: float = field(default=0.0, metadata=_help("Medusa-2: LoRA dropout."))
+    lora_target_modules: str = field(default="all-linear", metadata=_help("Medusa-2: modules the adapter wraps "
+                                                                          "(peft's target_modules: all-linear, or "
+                                                                          "comma-separated names like q_proj,v_proj)."))
+    lora_learning_rate: float = field(default=1.0e-4, metadata=_help("Medusa-2: the adapter's learning rate (the "
+                                                                     "heads use learning_rate)."))
+    lm_weight: float = field(default=1.0, metadata=_help("Medusa-2: w_lm, weight of the adapted target's own "
+                                                         "next-token loss."))
+    kl_weight: float = field(default=1.0, metadata=_help("Medusa-2: w_kl, weight of KL(original || adapted)."))
+    heads_weight: float = field(default=0.2, metadata=_help("Medusa-2: lambda_0, weight of the heads' loss."))
+    heads_warmup_ratio: float = field(default=0.3, metadata=_help("Medusa-2: fraction of the steps that train the "
+                                                                  "heads alone before the adapter joins."))
     tree: str = field(default="auto", metadata=_help("Evaluation tree: auto (grown from the measured head accuracies), "
                                                      "chain, or a JSON file of choice paths."))
     tree_nodes: int = field(default=32, metadata=_help("Nodes of the auto tree."))
@@ -64,6 +97,19 @@ class MedusaConfig:
             raise ConfigError(f"data_mode={self.data_mode!r} is unknown: choose one of {', '.join(DATA_MODES)}")
         if int(self.max_new_tokens) < 1 or int(self.prompt_tokens) < 1 or int(self.tree_nodes) < 1:
             raise ConfigError("max_new_tokens, prompt_tokens and tree_nodes must be >= 1")
+        if self.variant not in VARIANTS:
+            raise ConfigError(f"variant={self.variant!r} is unknown: choose one of {', '.join(VARIANTS)}")
+        if int(self.lora_r) < 1 or float(self.lora_learning_rate) <= 0:
+            raise ConfigError(f"lora_r={self.lora_r} must be >= 1 and lora_learning_rate={self.lora_learning_rate} > 0")
+        if min(float(self.lm_weight), float(self.kl_weight), float(self.heads_weight)) < 0 or float(self.heads_weight) == 0:
+            raise ConfigError("lm_weight and kl_weight must be >= 0 and heads_weight > 0 (the heads must train)")
+        if not 0.0 <= float(self.heads_warmup_ratio) < 1.0:
+            raise ConfigError(f"heads_warmup_ratio={self.heads_warmup_ratio} must lie in [0, 1)")
+
+    @property
+    def joint(self) -> bool:
+        """Whether the target is tuned with the heads (Medusa-2)."""
+        return self.variant == "medusa2"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,13 +118,60 @@ class MedusaConfig:
         return {"tree": self.tree, "tree_nodes": self.tree_nodes}
 
 
-def build_heads(models: dict, config: MedusaConfig) -> MedusaHeads:
-    """The trainable module of the recipe: fresh heads over the target's width and vocabulary."""
+class AdaptedTargetHeads(nn.Module):
+    """Medusa-2's trainable module: a peft LoRA model of (a copy of) the target and the heads over it.
+
+    The artefact keeps the heads' tensors (:meth:`artefact_tensors`) and the adapter (:attr:`target_adapter`)."""
+
+    def __init__(self, adapted_target: nn.Module, heads: MedusaHeads) -> None:
+        super().__init__()
+        self.target = adapted_target
+        self.heads = heads
+
+    @property
+    def num_heads(self) -> int:
+        return self.heads.num_heads
+
+    @property
+    def target_adapter(self) -> nn.Module:
+        return self.target
+
+    def head_logits(self, hidden: torch.Tensor, k: int, lm_head: nn.Module | None = None) -> torch.Tensor:
+        return self.heads.head_logits(hidden, k, lm_head)
+
+    def artefact_config(self) -> dict:
+        return self.heads.artefact_config()
+
+    @staticmethod
+    def artefact_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The heads' entries of the whole module's state dict, named as :class:`MedusaHeads` names them."""
+        return {k.removeprefix("heads."): v for k, v in state_dict.items() if k.startswith("heads.")}
+
+
+def lora_adapted(target: nn.Module, config: MedusaConfig) -> nn.Module:
+    """A peft LoRA model over a copy of ``target`` (the original stays frozen and untouched: the teacher). The copy
+    doubles the target's weights in memory."""
+    from peft import LoraConfig, get_peft_model
+
+    modules = config.lora_target_modules
+    modules = modules if modules == "all-linear" else [m.strip() for m in modules.split(",") if m.strip()]
+    lora = LoraConfig(r=int(config.lora_r), lora_alpha=float(config.lora_alpha), lora_dropout=float(config.lora_dropout),
+                      target_modules=modules, bias="none", task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(copy.deepcopy(target).requires_grad_(False), lora)
+    except ValueError as err:
+        raise ConfigError(f"the LoRA adapter could not be built ({str(err).splitlines()[0]}): set "
+                          "lora_target_modules to module names of this target, e.g. q_proj,v_proj") from None
+
+
+def build_heads(models: dict, config: MedusaConfig) -> nn.Module:
+    """The trainable module of the recipe: fresh heads over the target's width and vocabulary (Medusa-1), with a
+    LoRA adapter of the target beside them (Medusa-2)."""
     target = models["target"]
     heads = MedusaHeads(hidden=target.config.hidden_size, vocab=lm_head_rows(target), heads=config.heads,
                         layers=config.head_layers, shared_lm_head=config.shared_lm_head)
     heads.init_lm_heads(target.get_output_embeddings())
-    return heads
+    return AdaptedTargetHeads(lora_adapted(target, config), heads) if config.joint else heads
 
 
 def head_targets(labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,6 +179,12 @@ def head_targets(labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     labelled token, ``tokens`` ``[B, T-k-2]`` those tokens (-100 elsewhere)."""
     ahead = labels[:, k + 2:]  # [B, T-k-2]
     return ahead != -100, ahead
+
+
+def kl_rows(reference_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:  # [N]
+    """``KL(p || q)`` per row for ``p = softmax(reference_logits)`` and ``q = softmax(logits)`` (both ``[N, V]``)."""
+    ref = F.log_softmax(reference_logits.float(), dim=-1)
+    return (ref.exp() * (ref - F.log_softmax(logits.float(), dim=-1))).sum(-1)
 
 
 def rank_of_true(logits: torch.Tensor, tokens: torch.Tensor, ranks: int = RANKS) -> torch.Tensor:
@@ -96,7 +195,8 @@ def rank_of_true(logits: torch.Tensor, tokens: torch.Tensor, ranks: int = RANKS)
 
 
 class MedusaTrainer(FrozenTargetTrainer):
-    """Trains :class:`MedusaHeads` (``model``) on the frozen target's last hidden states (Medusa-1)."""
+    """Trains :class:`MedusaHeads` (``model``) on the frozen target's last hidden states (Medusa-1), or an
+    :class:`AdaptedTargetHeads` on the adapted target's, with the Medusa-2 loss (module docstring)."""
 
     config_class = MedusaConfig
 
@@ -116,24 +216,68 @@ class MedusaTrainer(FrozenTargetTrainer):
                                output_hidden_states=True, logits_to_keep=1)
         return out.hidden_states[-1]
 
+    def warming_up(self) -> bool:
+        """Medusa-2: whether this step trains the heads alone (the first ``heads_warmup_ratio`` of the steps)."""
+        return self.state.global_step < int(self.method_config.heads_warmup_ratio * max(1, self.state.max_steps))
+
+    def _adapted_forward(self, model, inputs: dict[str, torch.Tensor], grad: bool):
+        """The adapted target's forward: ``(hidden [B, T, H] final-normed, logits [B, T, V])``."""
+        adapted = self.accelerator.unwrap_model(model).target
+        with contextlib.nullcontext() if grad else torch.no_grad():
+            out = adapted(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                          output_hidden_states=True)
+        return out.hidden_states[-1], out.logits
+
+    def _heads_loss(self, model, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """``sum_k lambda_k * sum_t CE(head_k(h_t), x_{t+k+2})`` (Medusa eq. 2)."""
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for k in range(self.accelerator.unwrap_model(model).num_heads):
+            positions, tokens = head_targets(labels, k)
+            if not bool(positions.any()):
+                continue
+            logits = self._head_logits(model, hidden, k, positions)  # [N, V]
+            total = total + self.method_config.loss_decay ** k * F.cross_entropy(logits, tokens[positions], reduction="sum")
+        return total
+
+    def _target_terms(self, inputs: dict[str, torch.Tensor], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                              torch.Tensor]:
+        """Medusa-2's target terms over the response positions: summed CE to ``x_{t+1}``, summed
+        ``KL(original || adapted)``, and how often the two argmaxes agree."""
+        mask = inputs["labels"][:, 1:] != -100  # [B, T-1]: position t predicts a labelled x_{t+1}
+        adapted = logits[:, :-1][mask].float()  # [N, V]
+        with torch.no_grad():
+            original = self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+            original = original[:, :-1][mask].float()  # [N, V]
+        ce = F.cross_entropy(adapted, inputs["labels"][:, 1:][mask], reduction="sum")
+        agree = (adapted.argmax(-1) == original.argmax(-1)).sum().float()
+        return ce, kl_rows(original, adapted).sum(), agree
+
     def _head_logits(self, model, hidden: torch.Tensor, k: int, positions: torch.Tensor) -> torch.Tensor:  # [N, V]
         heads = self.accelerator.unwrap_model(model)
         picked = hidden[:, : positions.shape[1]][positions]  # [N, H]
         return heads.head_logits(picked, k, self.teacher_module.get_output_embeddings()).float()
 
     def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
-        """Sum over heads of lambda_k * the summed cross-entropy of head k (module docstring)."""
-        hidden = self._target_hidden(inputs)
-        total = hidden.new_zeros((), dtype=torch.float32)
-        heads = self.accelerator.unwrap_model(model).num_heads
-        for k in range(heads):
-            positions, tokens = head_targets(inputs["labels"], k)
-            if not bool(positions.any()):
-                continue
-            logits = self._head_logits(model, hidden, k, positions)  # [N, V]
-            ce = F.cross_entropy(logits, tokens[positions], reduction="sum")
-            total = total + self.method_config.loss_decay ** k * ce
-        if total.grad_fn is None:  # no head had a target in this batch: a zero that still reaches every parameter
+        """Medusa-1: sum over heads of lambda_k * the summed cross-entropy of head k; Medusa-2 after the warm-up:
+        the combined loss (module docstring)."""
+        cfg = self.method_config
+        if not cfg.joint:
+            total = self._heads_loss(model, self._target_hidden(inputs), inputs["labels"])
+        elif self.warming_up() or not model.training:
+            hidden, logits = self._adapted_forward(model, inputs, grad=False)
+            total = self._heads_loss(model, hidden, inputs["labels"])
+            if not model.training:  # held-out: the whole combined loss
+                ce, kl, _ = self._target_terms(inputs, logits)
+                total = cfg.lm_weight * ce + cfg.kl_weight * kl + cfg.heads_weight * total
+            else:  # warm-up: the adapter gets zero gradients (so data-parallel ranks all reduce the same parameters)
+                adapter = self.accelerator.unwrap_model(model).target
+                total = total + sum(p.sum() * 0.0 for p in adapter.parameters() if p.requires_grad)
+        else:
+            hidden, logits = self._adapted_forward(model, inputs, grad=True)
+            ce, kl, _ = self._target_terms(inputs, logits)
+            heads = self._heads_loss(model, hidden, inputs["labels"])
+            total = cfg.lm_weight * ce + cfg.kl_weight * kl + cfg.heads_weight * heads
+        if total.grad_fn is None and model.training:  # no head had a target in this batch: a zero that still reaches every parameter
             total = total + sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad)
         return total, None
 
@@ -145,7 +289,11 @@ class MedusaTrainer(FrozenTargetTrainer):
         with torch.no_grad():
             total, _ = self.loss_sum(model, inputs)
             loss = total / self.count_loss_tokens(inputs).clamp(min=1).to(total.device)
-            hidden = self._target_hidden(inputs)
+            logits = None
+            if self.method_config.joint:
+                hidden, logits = self._adapted_forward(model, inputs, grad=False)
+            else:
+                hidden = self._target_hidden(inputs)
             rows = []
             for k in range(self.accelerator.unwrap_model(model).num_heads):
                 positions, tokens = head_targets(inputs["labels"], k)
@@ -153,14 +301,24 @@ class MedusaTrainer(FrozenTargetTrainer):
                 if bool(positions.any()):
                     counts = rank_of_true(self._head_logits(model, hidden, k, positions), tokens[positions])
                 rows.append(torch.cat([counts, positions.sum().float()[None].to(counts.device)]))
-            self.add_eval_sums(torch.stack(rows))  # [K, RANKS + 1]
+            if logits is not None:  # one more row: the adapted target against the original
+                _, kl, agree = self._target_terms(inputs, logits)
+                n = (inputs["labels"][:, 1:] != -100).sum().float().to(hidden.device)
+                rows.append(torch.cat([torch.stack([kl.to(hidden.device), agree.to(hidden.device)]),
+                                       hidden.new_zeros(RANKS - 2, dtype=torch.float32), n[None]]))
+            self.add_eval_sums(torch.stack(rows))  # [K (+1), RANKS + 1]
         return loss.detach(), None, None
 
     def eval_metrics(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
+        metrics = {}
+        if self.method_config.joint:  # the last row: KL and argmax agreement of the adapted target
+            row, sums = sums[-1], sums[:-1]
+            n = float(row[RANKS].clamp(min=1))
+            metrics[f"{prefix}_target_kl"] = float(row[0]) / n
+            metrics[f"{prefix}_target_top1_agreement"] = float(row[1]) / n
         counts, n = sums[:, :RANKS], sums[:, RANKS:].clamp(min=1)  # [K, RANKS], [K, 1]
         accuracy = counts / n  # [K, RANKS]
         self.head_accuracy = [[round(float(a), 5) for a in row] for row in accuracy]
-        metrics = {}
         for k, row in enumerate(accuracy):
             metrics[f"{prefix}_head{k}_top1"] = float(row[0])
             metrics[f"{prefix}_head{k}_top5"] = float(row[:5].sum())
@@ -169,5 +327,22 @@ class MedusaTrainer(FrozenTargetTrainer):
     def manifest_training(self) -> dict[str, Any]:
         return {"head_accuracy": self.head_accuracy} if self.head_accuracy is not None else {}
 
+    def create_optimizer(self, model=None):
+        """Medusa-2: the heads at ``learning_rate``, the adapter at ``lora_learning_rate`` (differential learning
+        rates, Medusa sec. 2.2.2); Medusa-1: the Trainer's own."""
+        if not self.method_config.joint or self.optimizer is not None:
+            return super().create_optimizer(model)
+        module = self.accelerator.unwrap_model(self.model if model is None else model)
+        optimizer_cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, module)
+        kwargs.pop("lr", None)
+        decay = self.args.weight_decay
+        groups = [{"params": [p for p in module.heads.parameters() if p.requires_grad], "lr": self.args.learning_rate,
+                   "weight_decay": decay},
+                  {"params": [p for p in module.target.parameters() if p.requires_grad],
+                   "lr": float(self.method_config.lora_learning_rate), "weight_decay": decay}]
+        self.optimizer = optimizer_cls(groups, **kwargs)
+        return self.optimizer
 
-__all__ = ["MedusaConfig", "MedusaTrainer", "build_heads", "head_targets", "rank_of_true"]
+
+__all__ = ["AdaptedTargetHeads", "MedusaConfig", "MedusaTrainer", "build_heads", "head_targets", "kl_rows",
+           "lora_adapted", "rank_of_true"]

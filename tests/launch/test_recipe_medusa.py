@@ -57,6 +57,65 @@ def test_recipe_trains_heads_writes_the_artefact_and_decodes_identically(tiny_pa
     assert torch.equal(back(h, back_head), load_heads_artefact(artefact)(h, target.get_output_embeddings()))
 
 
+def test_medusa2_tunes_the_target_ships_its_adapter_and_verifies_against_it(tiny_pair, tmp_path):
+    """Medusa-2: heads warmed up alone, then heads and a LoRA adapter of the target jointly; the artefact carries
+    the adapter, decoding is token-identical to the adapted target's AR, and the report says how far the adapted
+    target's answers moved from the original's."""
+    from safetensors.torch import load_file
+
+    from draftsmith.inference.artefact import adapted_target, read_manifest
+    from draftsmith.inference.evaluator import evaluate
+    from draftsmith.inference.questions import Question
+    from draftsmith.inference.report import summary_table
+
+    torch.set_num_threads(1)
+    out = tmp_path / "medusa2"
+    result = run_recipe("medusa", [
+        "--config", str(ROOT / "recipes" / "configs" / "medusa_test.yaml"), "variant=medusa2", "max_steps=4",
+        "heads_warmup_ratio=0.5", "lora_r=4", "lora_learning_rate=1e-2", "eval_steps=4",
+        "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out)])
+    artefact, manifest = result.artefact, result.manifest
+    assert manifest["target_adapter"] == "adapter" and (artefact / "adapter" / "adapter_config.json").is_file()
+    assert any(name.startswith("adapter/") for name in manifest["weights"])
+    assert set(load_file(str(artefact / "heads.safetensors"))) == {f"blocks.{k}.0.linear.{w}" for k in range(3)
+                                                                    for w in ("weight", "bias")}
+    assert 0 <= manifest["metrics"]["target_top1_agreement"] <= 1 and manifest["metrics"]["target_kl"] >= 0
+    lora = load_file(str(next((artefact / "adapter").glob("*.safetensors"))))
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in lora.items())  # the adapter trained after the warm-up
+    target = random_model("llama", seed=0, layers=2)
+    original = {k: v.clone() for k, v in target.state_dict().items()}
+    verified = adapted_target(artefact, read_manifest(artefact), target)
+    assert all(torch.equal(v, original[k]) for k, v in target.state_dict().items())  # the original is untouched
+    assert any(not torch.equal(v, original[k]) for k, v in verified.state_dict().items() if k in original)
+    proposer, _ = load_artefact(artefact, verified, None)
+    adapter = ModelAdapter(verified)
+    for seed in range(2):
+        prompt = torch.randint(3, 100, (12,), generator=torch.Generator().manual_seed(seed))
+        assert generate(adapter, prompt, GenerationConfig(max_new_tokens=20), proposer).output_ids == \
+            generate(adapter, prompt, GenerationConfig(max_new_tokens=20)).output_ids
+
+    from draftsmith.data.tiny_models import char_tokenizer
+
+    tok = char_tokenizer()
+    report = evaluate(verified, tok, "medusa", lambda: proposer, [Question("q1", "x", ("hello there",))],
+                      max_new_tokens=12, warmup=0, progress=False, original_model=target)
+    drift = report["adapted_target"]
+    assert drift["questions"] == 1 and drift["answers_identical_to_original"] in (0.0, 1.0)
+    assert 0.0 <= drift["mean_shared_prefix_fraction"] <= 1.0 and report["summary"]["greedy_identical"] == 1.0
+    assert "adapted target" in summary_table(report)
+    # the vLLM export ships the adapted target beside the heads
+    from transformers import AutoModelForCausalLM
+
+    from draftsmith.launch.cli import main
+
+    export = tmp_path / "vllm2"
+    assert main(["export", "--artefact", str(artefact), "--format", "vllm-medusa", "--out", str(export),
+                 "--target", str(tiny_pair["target"])]) == 0
+    ids = torch.randint(3, 100, (1, 9))
+    served = AutoModelForCausalLM.from_pretrained(export / "target")
+    assert torch.allclose(served(input_ids=ids).logits, verified(input_ids=ids).logits, atol=1e-5)
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("medusa*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_medusa_config_parses(path, tmp_path):
     from draftsmith.launch.recipe_args import parse_recipe_args

@@ -13,7 +13,7 @@ from draftsmith.inference.generate import GenerationConfig, generate
 from draftsmith.inference.heads import MedusaHeads
 from draftsmith.inference.proposers.medusa import MedusaProposer
 from draftsmith.inference.trees import chain_choices, tree_from_choices
-from draftsmith.trainers.medusa import MedusaConfig, head_targets, rank_of_true
+from draftsmith.trainers.medusa import MedusaConfig, build_heads, head_targets, kl_rows, rank_of_true
 
 
 def test_fresh_heads_start_as_the_targets_lm_head():
@@ -48,6 +48,30 @@ def test_config_is_validated():
         MedusaConfig(data_mode="onpolicy")
     with pytest.raises(ConfigError, match="loss_decay"):
         MedusaConfig(loss_decay=0.0)
+
+
+def test_medusa2_config_and_kl():
+    with pytest.raises(ConfigError, match="variant"):
+        MedusaConfig(variant="medusa3")
+    with pytest.raises(ConfigError, match="heads_weight"):
+        MedusaConfig(variant="medusa2", heads_weight=0.0)
+    with pytest.raises(ConfigError, match="heads_warmup_ratio"):
+        MedusaConfig(variant="medusa2", heads_warmup_ratio=1.0)
+    p, q = torch.randn(4, 7), torch.randn(4, 7)
+    assert torch.allclose(kl_rows(p, p), torch.zeros(4), atol=1e-6) and bool((kl_rows(p, q) > 0).all())
+    want = (p.softmax(-1) * (p.log_softmax(-1) - q.log_softmax(-1))).sum(-1)
+    assert torch.allclose(kl_rows(p, q), want, atol=1e-6)
+
+
+def test_medusa2_module_adapts_a_copy_and_starts_as_the_target():
+    target = random_model("llama", seed=0, layers=2).requires_grad_(False)  # as the recipe loads it
+    module = build_heads({"target": target}, MedusaConfig(variant="medusa2", heads=2, lora_r=4))
+    trainable = {n for n, p in module.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n or n.startswith("heads.") for n in trainable)
+    assert not any(p.requires_grad for p in target.parameters()) and not any("lora" in n for n, _ in target.named_parameters())
+    ids = torch.randint(3, 100, (1, 9))
+    assert torch.allclose(module.target(input_ids=ids).logits, target(input_ids=ids).logits, atol=1e-6)  # B = 0
+    assert set(module.artefact_tensors(module.state_dict())) == set(module.heads.state_dict())
 
 
 def test_proposer_refuses_a_tree_deeper_than_its_heads():
