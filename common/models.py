@@ -137,11 +137,17 @@ def load_gguf_model(path: str | os.PathLike, dtype: Any = "float32", what: str =
 
 
 def load_model(name_or_path: str | os.PathLike, dtype: Any = "float32", device: str | None = None,
-               what: str = "model", quantization: str = "none", **kwargs):
+               what: str = "model", quantization: str = "none", attn_implementation: str | None = None, **kwargs):
     """A causal LM from a Hugging Face directory or hub id (``kwargs`` go to ``from_pretrained``), optionally
     quantized, moved to ``device`` when given (never a quantized one). A ``.gguf`` file is dequantized
     (:func:`load_gguf_model`); a named model (:data:`NAMED_MODELS`) is imported on first use. Left in the mode
-    ``from_pretrained`` gives (eval). Errors are one line."""
+    ``from_pretrained`` gives (eval). Errors are one line.
+
+    ``attn_implementation``: transformers' attention (``sdpa`` when None) or a name registered in its
+    ``AttentionInterface`` beforehand (GGUF files too), such as the tree attention's:
+    ``load_model(path, attn_implementation=draftsmith.kernels.tree_attention.register_tree_attention())`` runs
+    ``sdpa`` everywhere except the tree steps of :class:`~draftsmith.inference.adapter.ModelAdapter` on CUDA, which
+    run the Triton tree-attention kernel."""
     import transformers
 
     name_or_path = resolve_model_path(name_or_path)
@@ -150,8 +156,12 @@ def load_model(name_or_path: str | os.PathLike, dtype: Any = "float32", device: 
             raise ConfigError("a GGUF target is loaded dequantized: drop target_quantization (or pass a model "
                               "directory to quantize with bitsandbytes)")
         model = load_gguf_model(name_or_path, dtype, what)
+        if attn_implementation is not None:
+            model.set_attn_implementation(attn_implementation)
         return model.to(device) if device is not None else model
     kwargs.update(quantization_kwargs(quantization))
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
 
     path = Path(name_or_path).expanduser()
     looks_local = path.is_absolute() or str(name_or_path).startswith((".", "~")) or path.exists()

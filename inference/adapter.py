@@ -31,6 +31,7 @@ from torch import nn
 
 from draftsmith.common.errors import ConfigError, UnsupportedModelError
 from draftsmith.inference.kv_cache import KVCache
+from draftsmith.kernels.tree_attention import TREE_KWARG, tree_attention_backend
 
 LLAMA_LIKE = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "gemma", "phi3", "olmo", "olmo2")
 # Model types whose decoder layer is exactly ``h + attn(norm1(h))`` then ``h + mlp(norm2(h))``, so one
@@ -244,6 +245,10 @@ class ModelAdapter:
             self._check_sublayers(partial)
         want = frozenset(output_hidden_states)
         t = hidden.shape[1]
+        # a model loaded with a registered tree attention (draftsmith.kernels.tree_attention) gets the tree of a
+        # tree step as an attention keyword in the layers without a sliding window, where every prefix key is
+        # visible and the one [1, 1, T, L] mask holds for every batch row: its kernel replaces the 4-D mask there
+        kernel_tree = tree is not None and self._tree_attention()
         if tree is None:
             tree = torch.ones(t, t, dtype=torch.bool, device=hidden.device).tril()
         else:
@@ -259,24 +264,32 @@ class ModelAdapter:
                 key = (past, self._windows[i])
                 if key not in masks:
                     masks[key] = self._layer_mask(past, tree, position_ids, self._windows[i], hidden.dtype)
+                layer_tree = tree if kernel_tree and self._windows[i] is None else None
                 if i in partial:
                     hidden = self._run_sublayers(
-                        i, hidden, masks[key], position_ids, cache, rope, attn=i not in no_attn, mlp=i not in no_mlp
+                        i, hidden, masks[key], position_ids, cache, rope, attn=i not in no_attn, mlp=i not in no_mlp,
+                        tree=layer_tree,
                     )
                 else:
-                    hidden = self._run_layer(i, hidden, masks[key], position_ids, cache, rope)
+                    hidden = self._run_layer(i, hidden, masks[key], position_ids, cache, rope, layer_tree)
             if i + 1 in want:
                 states[i + 1] = hidden
         return hidden, states
 
-    def _attention_kwargs(self, mask, position_ids, cache, rope) -> dict:
+    def _tree_attention(self) -> bool:
+        """Whether the model's attention implementation is a registered tree attention, which takes the tree."""
+        return tree_attention_backend(getattr(self.config, "_attn_implementation", None)) is not None
+
+    def _attention_kwargs(self, mask, position_ids, cache, rope, tree=None) -> dict:
         kwargs = dict(attention_mask=mask, past_key_values=cache, use_cache=cache is not None)
         if self.family != "gpt2":
             kwargs.update(position_ids=position_ids, position_embeddings=rope)
+        if tree is not None:  # reaches the attention function through the layer's and the attention's **kwargs
+            kwargs[TREE_KWARG] = tree
         return kwargs
 
-    def _run_layer(self, i, hidden, mask, position_ids, cache, rope):
-        out = self._layers[i](hidden, **self._attention_kwargs(mask, position_ids, cache, rope))
+    def _run_layer(self, i, hidden, mask, position_ids, cache, rope, tree=None):
+        out = self._layers[i](hidden, **self._attention_kwargs(mask, position_ids, cache, rope, tree))
         return out[0] if isinstance(out, tuple) else out
 
     def _check_sublayers(self, layers: Iterable[int]) -> None:
@@ -290,11 +303,12 @@ class ModelAdapter:
         if bad:
             raise ConfigError(f"sublayer skip lists name layers {bad} outside 0..{self.num_layers - 1}")
 
-    def _run_sublayers(self, i, hidden, mask, position_ids, cache, rope, *, attn: bool, mlp: bool):
+    def _run_sublayers(self, i, hidden, mask, position_ids, cache, rope, *, attn: bool, mlp: bool, tree=None):
         """``h + attn(norm1(h))`` and/or ``h + mlp(norm2(h))``: the layer's own submodules, either half alone."""
         norm1, attention, norm2, ffn = (getattr(self._layers[i], name) for name in SUBLAYER_LAYOUTS[self.model_type])
         if attn:
-            hidden = hidden + attention(norm1(hidden), **self._attention_kwargs(mask, position_ids, cache, rope))[0]
+            kwargs = self._attention_kwargs(mask, position_ids, cache, rope, tree)
+            hidden = hidden + attention(norm1(hidden), **kwargs)[0]
         if mlp:
             hidden = hidden + ffn(norm2(hidden))
         return hidden

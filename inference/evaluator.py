@@ -40,8 +40,14 @@ from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.baselines import HF_PROMPT_LOOKUP_TOKENS, hf_pad_id, hf_runners, hf_variants
 from draftsmith.inference.cost import measure_verify_curve
 from draftsmith.inference.generate import GenerationConfig
-from draftsmith.inference.metrics import (SUMMARY_FIELDS, adapter_drift, compare_with_ar, mean_or_none,
-                                          near_tie_tolerance, tokens_per_s)
+from draftsmith.inference.metrics import (
+    SUMMARY_FIELDS,
+    adapter_drift,
+    compare_with_ar,
+    mean_or_none,
+    near_tie_tolerance,
+    tokens_per_s,
+)
 from draftsmith.inference.proposers.base import Proposer
 from draftsmith.inference.questions import Question
 from draftsmith.inference.report import build_report

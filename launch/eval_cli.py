@@ -55,6 +55,9 @@ def add_parser(sub) -> None:
     g.add_argument("--home", metavar="DIR", default=None, help="DRAFTSMITH_HOME of the zoo (default ~/.cache/draftsmith)")
     g.add_argument("--dtype", default="float32", choices=DTYPES, help="weights dtype")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    g.add_argument("--tree-attention", choices=("mask", "kernel"), default="mask",
+                   help="tree steps: mask = the model's own attention under a 4-D mask (default); kernel = the Triton "
+                        "tree-attention kernel on CUDA (sdpa elsewhere; draftsmith.kernels.tree_attention)")
     g.add_argument("--threads", metavar="N", type=int, default=None,
                    help="torch CPU threads while evaluating (default: torch's; 1 is best for tiny models on a busy machine)")
     g = p.add_argument_group("questions and decoding")
@@ -187,7 +190,12 @@ def setup(args: argparse.Namespace):
     own_zoo = zoo_size_for_target(args.target)  # a named real target drafts with its zoo's draft by default
     if own_zoo is not None and args.draft is None and args.method in (None, "draft"):
         zoo = zoo_paths(own_zoo, args.home)
-    target = load_model(target_dir, args.dtype, device, what="target").eval()
+    attention = None
+    if getattr(args, "tree_attention", "mask") == "kernel":
+        from draftsmith.kernels.tree_attention import register_tree_attention
+
+        attention = register_tree_attention()
+    target = load_model(target_dir, args.dtype, device, what="target", attn_implementation=attention).eval()
     tok_dir = Path(args.tokenizer) if args.tokenizer else tokenizer_dir_for(target_dir)
     if tok_dir is None:
         raise DraftsmithError(f"the target directory {target_dir} holds no tokenizer: pass --tokenizer DIR")

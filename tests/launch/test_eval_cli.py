@@ -63,6 +63,15 @@ def test_other_methods(tiny_pair, qfile, tmp_path, method):
         assert rep["summary"]["tau"] == 1.0
 
 
+def test_tree_attention_kernel_option_loads_the_registered_attention(tiny_pair, qfile, tmp_path):
+    """--tree-attention kernel loads the target with the registered tree attention (the kernel on CUDA; sdpa here)
+    and stays token-identical."""
+    out = tmp_path / "k.json"
+    assert _eval(tiny_pair, "--method", "pld", "--tree-attention", "kernel", "--questions", qfile, "--limit", "1",
+                 "--out", out) == 0
+    assert json.loads(out.read_text())["summary"]["greedy_identical"] == 1.0
+
+
 def test_sampling_run(tiny_pair, qfile, tmp_path):
     out = tmp_path / "s.json"
     args = ("--draft", tiny_pair["draft"], "--questions", qfile, "--temperature", "0.7", "--top-p", "0.9", "--out", out)

@@ -163,3 +163,24 @@ def test_accelerate_two_cpu_processes(tiny_pair, tmp_path):
     manifest = json.loads((out / "artefact" / "manifest.json").read_text())
     assert manifest["method"] == "medusa" and manifest["training"]["world_size"] == 2
     assert len(manifest["training"]["head_accuracy"]) == 3
+
+
+def test_medusa2_under_deepspeed_zero2_two_cpu_processes(tiny_pair, tmp_path):
+    """recipes/medusa.py --variant medusa2 under `deepspeed` (ZeRO-2, 2 CPU processes, gloo): the adapter's
+    parameters sit out the warm-up with zero gradients, and one artefact with the adapter comes out."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "ds"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+    cmd = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port", "29543",
+           str(ROOT / "recipes" / "medusa.py"), "--config", str(ROOT / "recipes" / "configs" / "medusa_test.yaml"),
+           "--variant", "medusa2", "lora_r=4", "heads_warmup_ratio=0.5", "--max_steps", "4", "eval_steps=4",
+           "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out),
+           "--deepspeed", str(ROOT / "launch" / "configs" / "deepspeed" / "zero2.json")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    manifest = json.loads((out / "artefact" / "manifest.json").read_text())
+    assert manifest["training"]["world_size"] == 2 and manifest["target_adapter"] == "adapter"
+    assert manifest["training"]["config"]["medusa"]["variant"] == "medusa2"
