@@ -29,11 +29,10 @@ from which the evaluator grows the default token tree (:func:`draftsmith.inferen
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
-
 import contextlib
 import copy
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
