@@ -116,6 +116,12 @@ def _builtin() -> dict[str, MethodSpec]:
                        trainer="draftsmith.trainers.medusa:MedusaTrainer",
                        trainable="draftsmith.trainers.medusa:build_heads",
                        eval_defaults={"tree": "auto", "tree_nodes": 32}),
+            MethodSpec(name="eagle", summary="EAGLE-1 feature-level draft head on the frozen target (Li et al. 2024)",
+                       proposer=f"{inference}:eagle_proposer", artefact_kind="heads",
+                       config="draftsmith.trainers.eagle:EagleConfig",
+                       trainer="draftsmith.trainers.eagle:EagleTrainer",
+                       trainable="draftsmith.trainers.eagle:build_eagle_head",
+                       eval_defaults={"tree": "chain", "draft_length": 5}),
         )
     }
 

@@ -164,6 +164,11 @@ class ModelAdapter:
         return self._layers
 
     @property
+    def rotary(self) -> nn.Module | None:
+        """The model's rotary embedding module (None for GPT-2's learned positions)."""
+        return self._rotary
+
+    @property
     def embed_tokens(self) -> nn.Embedding:
         return self._embed
 

@@ -150,3 +150,28 @@ def medusa_proposer(ctx: ProposerContext):
     if acceptance == "typical":
         typical = (float(ctx.option("typical_epsilon", 0.09)), float(ctx.option("typical_delta", 0.3)))
     return MedusaProposer(heads, target.get_output_embeddings(), medusa_tree(ctx, heads.num_heads), typical=typical)
+
+
+def eagle_proposer(ctx: ProposerContext):
+    """An EAGLE-1 head from a ``heads`` artefact over the target's features, drafting a chain of ``draft_length``."""
+    from safetensors.torch import load_file
+
+    from draftsmith.common.io import read_json
+    from draftsmith.inference.eagle import EagleHead
+    from draftsmith.inference.proposers.eagle import EagleProposer
+
+    if ctx.artefact_dir is None:
+        raise ConfigError("eagle runs from its trained head: pass --artefact DIR (from recipes/eagle.py)")
+    tree = str(ctx.option("tree", "chain"))
+    if tree != "chain":
+        raise ConfigError(f"--tree {tree}: EAGLE drafts a chain in this draftsmith (--tree chain)")
+    config = read_json(Path(ctx.artefact_dir) / "heads_config.json")
+    if config is None or config.get("method") != "eagle":
+        raise ArtefactError(f"{ctx.artefact_dir}/heads_config.json is missing or not an EAGLE head: pass an EAGLE artefact")
+    target = ctx.target_model
+    head = EagleHead.for_target(target, fc_bias=bool(config.get("fc_bias", True)))
+    head.load_state_dict(load_file(str(Path(ctx.artefact_dir) / "heads.safetensors")))
+    head.to(target.device)
+    return EagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(),
+                         length=int(ctx.option("draft_length", 5)))
+

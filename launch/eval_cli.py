@@ -80,8 +80,8 @@ def add_parser(sub) -> None:
                         f"(default {get_method('draft').eval_defaults['confidence_threshold']}, or the artefact's; "
                         "0 = always draft --draft-length tokens)")
     g.add_argument("--tree", metavar="auto|chain|FILE", default=None,
-                   help="head drafters (medusa): the static token tree: auto (grown from the heads' measured "
-                        "accuracies; default), chain (the top-1 of each head) or a JSON file of choice paths")
+                   help="head drafters: medusa's static token tree: auto (grown from the heads' measured "
+                        "accuracies; default), chain (the top-1 of each head) or a JSON file of choice paths; eagle: chain")
     g.add_argument("--tree-nodes", metavar="N", type=int, default=None, help="nodes of the auto tree (default 32)")
     g.add_argument("--acceptance", choices=("exact", "typical"), default=None,
                    help="head drafters: exact (default, lossless) or typical (Medusa's typical acceptance: LOSSY under "

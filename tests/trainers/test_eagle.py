@@ -1,0 +1,118 @@
+"""EAGLE-1: the head (the target's own layer class, cache-consistent), the loss's alignment and terms, the config,
+and chain drafting token-identical to AR with a head in step with the accepted branch (the recipe end to end:
+tests/launch/test_recipe_eagle.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from draftsmith.common.errors import ConfigError, UnsupportedModelError
+from draftsmith.data.tiny_models import random_model
+from draftsmith.inference.adapter import ModelAdapter
+from draftsmith.inference.eagle import EagleHead
+from draftsmith.inference.generate import GenerationConfig, generate
+from draftsmith.inference.proposers.eagle import EagleProposer
+from draftsmith.inference.sampling import SamplingParams
+from draftsmith.trainers.eagle import EagleConfig, eagle_losses, supervised_positions, uniform_noise
+
+
+def test_head_is_the_targets_layer_class_and_its_cache_matches_a_full_forward():
+    target = random_model("llama", seed=0, layers=2)
+    head = EagleHead.for_target(target)
+    assert type(head.layer) is type(target.model.layers[0]) and head.fc.in_features == 2 * head.fc.out_features
+    assert not any(p is q for p in head.parameters() for q in target.parameters())  # the target is not in the head
+    torch.manual_seed(0)
+    e, f = torch.randn(1, 9, 32), torch.randn(1, 9, 32)
+    pos = torch.arange(9)[None]
+    full = head(e, f, pos)
+    cache = head.new_cache()
+    parts = [head(e[:, a:b], f[:, a:b], pos[:, a:b], cache) for a, b in ((0, 5), (5, 6), (6, 9))]
+    assert torch.allclose(torch.cat(parts, 1), full, atol=1e-5)
+    cache.crop(5)  # a draft's entries dropped: the same positions again give the same features
+    assert torch.allclose(head(e[:, 5:], f[:, 5:], pos[:, 5:], cache), full[:, 5:], atol=1e-5)
+
+
+def test_gpt2_targets_are_refused():
+    with pytest.raises(UnsupportedModelError, match="Llama-style"):
+        EagleHead.for_target(random_model("gpt2", seed=0, layers=1))
+
+
+def test_supervised_positions_and_losses():
+    labels = torch.tensor([[-100, -100, 5, 6, 7, -100]])  # response 5 6 7, then padding
+    assert supervised_positions(labels).tolist() == [[True, True, True, False]]  # t -> x_{t+2}
+    f = torch.randn(4, 8)
+    logits = torch.randn(4, 11)
+    reg, cls = eagle_losses(f, f, logits, logits)
+    assert reg == 0 and torch.isclose(cls, -(logits.softmax(-1) * logits.log_softmax(-1)).sum())  # = the entropy
+    reg, _ = eagle_losses(f + 3.0, f, logits, logits)
+    assert torch.isclose(reg, torch.tensor(4 * 2.5))  # smooth-L1 of 3 = 3 - 0.5 per element, mean over H, sum over N
+    noise = uniform_noise(torch.zeros(1000), 0.1)
+    assert noise.abs().max() <= 0.1 and noise.std() > 0.04
+
+
+def test_config_is_validated():
+    with pytest.raises(ConfigError, match="variant"):
+        EagleConfig(variant="eagle3")
+    with pytest.raises(ConfigError, match="reg_weight"):
+        EagleConfig(reg_weight=0.0, cls_weight=0.0)
+    with pytest.raises(ConfigError, match="noise"):
+        EagleConfig(noise=-0.1)
+
+
+def _trained_like_head(target):
+    head = EagleHead.for_target(target)
+    torch.manual_seed(1)
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    return head
+
+
+@pytest.mark.parametrize("length", [1, 4])
+def test_chain_drafting_is_token_identical_and_the_head_stays_in_step(length):
+    target = random_model("llama", seed=0, layers=2)
+    adapter = ModelAdapter(target)
+    proposer = EagleProposer(_trained_like_head(target), target.get_input_embeddings(),
+                             target.get_output_embeddings(), length=length)
+    for seed in range(3):
+        prompt = torch.randint(3, 100, (11,), generator=torch.Generator().manual_seed(seed))
+        ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=24))
+        sp = generate(adapter, prompt, GenerationConfig(max_new_tokens=24), proposer)
+        assert sp.output_ids == ar.output_ids
+        assert proposer._true <= prompt.numel() + len(sp.output_ids) - 1  # never past the committed tokens
+        assert max(sp.accept_lengths) <= length + 1
+
+
+def test_head_cache_after_a_partial_accept_equals_a_fresh_prefill():
+    """After verification the head holds exactly the true features of the committed tokens: its next feature equals
+    the one a fresh head computes from the target's features of the whole committed sequence."""
+    target = random_model("llama", seed=0, layers=2)
+    adapter = ModelAdapter(target)
+    head = _trained_like_head(target)
+    proposer = EagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(), length=4)
+    prompt = torch.randint(3, 100, (10,), generator=torch.Generator().manual_seed(0))
+    res = generate(adapter, prompt, GenerationConfig(max_new_tokens=9), proposer)
+    assert any(a < 5 for a in res.accept_lengths)  # some step accepted only part of its draft
+    seq = torch.cat([prompt, torch.tensor(res.output_ids)])
+    committed = seq[: proposer._true + 1]
+    with torch.no_grad():
+        features = target(input_ids=committed[None, :-1], output_hidden_states=True).hidden_states[-1][0]
+        fresh = head(target.get_input_embeddings()(committed[1:])[None], features[None],
+                     torch.arange(committed.numel() - 1)[None])[0, -1]
+    assert torch.allclose(proposer._feature, fresh, atol=1e-4)
+
+
+def test_sampling_returns_the_heads_distribution_as_q():
+    target = random_model("llama", seed=0, layers=2)
+    proposer = EagleProposer(_trained_like_head(target), target.get_input_embeddings(),
+                             target.get_output_embeddings(), length=3)
+    prompt = torch.randint(3, 100, (8,), generator=torch.Generator().manual_seed(0))
+    proposer.reset(prompt)
+    with torch.no_grad():
+        feats = target(input_ids=prompt[None, :-1], output_hidden_states=True).hidden_states[-1][0]
+    proposer.prefill_hidden({-1: feats})
+    draft = proposer.propose(prompt, 3, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert draft.q is not None and draft.q.shape == (3, 128) and torch.allclose(draft.q.sum(-1), torch.ones(3))
+    first = F.softmax(target.get_output_embeddings()(proposer._feature).float(), -1)
+    assert torch.allclose(draft.q[0], first, atol=1e-5)
