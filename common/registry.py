@@ -121,7 +121,8 @@ def _builtin() -> dict[str, MethodSpec]:
                        config="draftsmith.trainers.eagle:EagleConfig",
                        trainer="draftsmith.trainers.eagle:EagleTrainer",
                        trainable="draftsmith.trainers.eagle:build_eagle_head",
-                       eval_defaults={"tree": "chain", "draft_length": 5}),
+                       eval_defaults={"tree": "dynamic", "tree_depth": 5, "tree_top_k": 8, "tree_nodes": 32,
+                                      "draft_length": 5}),
         )
     }
 

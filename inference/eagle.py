@@ -73,12 +73,16 @@ class EagleHead(nn.Module):
         cache: KVCache | None = None,
         key_padding: torch.Tensor | None = None,  # [B, T] 1 = real token (training batches without a cache)
         tree: torch.Tensor | None = None,  # [T, T] bool visibility among the new positions; None = causal
+        visible: torch.Tensor | None = None,  # [T, past + T] bool: which cached and new keys each query sees
     ) -> torch.Tensor:  # [B, T, H]  f^_{t+1}
         hidden = self.fc(torch.cat([embeds, features], dim=-1))
         t = hidden.shape[1]
         past = cache.get_seq_length(0) if cache is not None else 0
-        new = tree if tree is not None else torch.ones(t, t, dtype=torch.bool, device=hidden.device).tril()
-        visible = visibility(past, new.to(hidden.device), position_ids[0])  # [T, past + T]
+        if visible is None:  # every cached key, and the new ones causally (or as the tree allows)
+            new = tree if tree is not None else torch.ones(t, t, dtype=torch.bool, device=hidden.device).tril()
+            visible = visibility(past, new.to(hidden.device), position_ids[0])  # [T, past + T]
+        elif tuple(visible.shape) != (t, past + t):
+            raise ValueError(f"visible is {tuple(visible.shape)}; the head needs [{t}, {past + t}] here")
         mask = additive_mask(visible, hidden.dtype)  # [1, 1, T, past + T]
         if key_padding is not None:  # [B, 1, 1, T]: padded keys hidden from every query
             pad = (key_padding[:, None, None, :] == 0).to(device=hidden.device)

@@ -153,7 +153,8 @@ def medusa_proposer(ctx: ProposerContext):
 
 
 def eagle_proposer(ctx: ProposerContext):
-    """An EAGLE-1 head from a ``heads`` artefact over the target's features, drafting a chain of ``draft_length``."""
+    """An EAGLE-1 head from a ``heads`` artefact over the target's features, drafting EAGLE-2's dynamic tree
+    (``tree_depth`` levels of ``tree_top_k``, ``tree_nodes`` kept; the default) or a chain of ``draft_length``."""
     from safetensors.torch import load_file
 
     from draftsmith.common.io import read_json
@@ -162,9 +163,11 @@ def eagle_proposer(ctx: ProposerContext):
 
     if ctx.artefact_dir is None:
         raise ConfigError("eagle runs from its trained head: pass --artefact DIR (from recipes/eagle.py)")
-    tree = str(ctx.option("tree", "chain"))
-    if tree != "chain":
-        raise ConfigError(f"--tree {tree}: EAGLE drafts a chain in this draftsmith (--tree chain)")
+    from draftsmith.inference.proposers.eagle import TREES
+
+    tree = str(ctx.option("tree", "dynamic"))
+    if tree not in TREES:
+        raise ConfigError(f"--tree {tree}: EAGLE drafts a chain or EAGLE-2's dynamic tree (--tree chain|dynamic)")
     config = read_json(Path(ctx.artefact_dir) / "heads_config.json")
     if config is None or config.get("method") != "eagle":
         raise ArtefactError(f"{ctx.artefact_dir}/heads_config.json is missing or not an EAGLE head: pass an EAGLE artefact")
@@ -173,5 +176,6 @@ def eagle_proposer(ctx: ProposerContext):
     head.load_state_dict(load_file(str(Path(ctx.artefact_dir) / "heads.safetensors")))
     head.to(target.device)
     return EagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(),
-                         length=int(ctx.option("draft_length", 5)))
+                         length=int(ctx.option("draft_length", 5)), tree=tree, depth=int(ctx.option("tree_depth", 5)),
+                         top_k=int(ctx.option("tree_top_k", 8)), total_tokens=int(ctx.option("tree_nodes", 32)))
 

@@ -157,5 +157,27 @@ def default_choices(heads: int, nodes: int = 32) -> list[Path]:
     return greedy_choices(default_accuracy(heads), nodes)
 
 
-__all__ = ["StaticTree", "tree_from_choices", "chain_choices", "greedy_choices", "default_accuracy",
+def rerank(scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, total: int) -> tuple[torch.Tensor,
+                                                                                              torch.Tensor]:
+    """EAGLE-2's rerank: of the candidate nodes an expansion produced, keep the ``total`` with the highest cumulative
+    draft log-probability (``scores`` ``[n]``; ties: the shallower first, so a parent, never scoring below its
+    child, always precedes it and the kept set is closed under ancestors). ``parents`` ``[n]`` index into the
+    candidates (-1 = the root), ``depths`` ``[n]`` (1 = a child of the root).
+
+    Returns ``(keep, new_parents)``: the kept candidates' indices in topological order (by depth, then by score)
+    and their parents as indices into ``keep`` (-1 = the root)."""
+    n = scores.numel()
+    order = sorted(range(n), key=lambda i: (-float(scores[i]), int(depths[i]), i))[: max(0, min(total, n))]
+    kept = sorted(order, key=lambda i: (int(depths[i]), -float(scores[i]), i))
+    where = {c: j for j, c in enumerate(kept)}
+    new_parents = []
+    for c in kept:
+        p = int(parents[c])
+        if p >= 0 and p not in where:
+            raise ValueError(f"candidate {c} is kept without its parent {p}: its score exceeds its parent's")
+        new_parents.append(where[p] if p >= 0 else -1)
+    return torch.tensor(kept, dtype=torch.long), torch.tensor(new_parents, dtype=torch.long)
+
+
+__all__ = ["rerank", "StaticTree", "tree_from_choices", "chain_choices", "greedy_choices", "default_accuracy",
            "default_choices"]

@@ -30,7 +30,7 @@ PROPOSER_OPTIONS = {"draft_length": "draft_length", "draft_length_mode": "draft_
                     "pld_max_ngram": "pld_max_ngram", "pld_min_ngram": "pld_min_ngram", "pld_length": "pld_length",
                     "pld_threshold": "pld_threshold", "draft_vocab": "draft_vocab", "tree": "tree",
                     "tree_nodes": "tree_nodes", "acceptance": "acceptance", "typical_epsilon": "typical_epsilon",
-                    "typical_delta": "typical_delta"}
+                    "typical_delta": "typical_delta", "tree_depth": "tree_depth", "tree_top_k": "tree_top_k"}
 
 
 def add_parser(sub) -> None:
@@ -81,8 +81,13 @@ def add_parser(sub) -> None:
                         "0 = always draft --draft-length tokens)")
     g.add_argument("--tree", metavar="auto|chain|FILE", default=None,
                    help="head drafters: medusa's static token tree: auto (grown from the heads' measured "
-                        "accuracies; default), chain (the top-1 of each head) or a JSON file of choice paths; eagle: chain")
-    g.add_argument("--tree-nodes", metavar="N", type=int, default=None, help="nodes of the auto tree (default 32)")
+                        "accuracies; default), chain (the top-1 of each head) or a JSON file of choice paths; eagle: chain or dynamic (EAGLE-2)")
+    g.add_argument("--tree-nodes", metavar="N", type=int, default=None,
+                   help="nodes of the auto tree (medusa) or the dynamic tree's total tokens (eagle) (default 32)")
+    g.add_argument("--tree-depth", metavar="D", type=int, default=None,
+                   help="eagle --tree dynamic: levels the head expands (default 5)")
+    g.add_argument("--tree-top-k", metavar="K", type=int, default=None,
+                   help="eagle --tree dynamic: nodes expanded per level and children per node (default 8)")
     g.add_argument("--acceptance", choices=("exact", "typical"), default=None,
                    help="head drafters: exact (default, lossless) or typical (Medusa's typical acceptance: LOSSY under "
                         "sampling, labelled so in the report)")

@@ -53,6 +53,10 @@ class EagleConfig:
     prompt_tokens: int = field(default=32, metadata=_help("For plain-text rows, how many leading tokens form the "
                                                           "prompt the target continues."))
     draft_length: int = field(default=5, metadata=_help("Evaluation: tokens the head drafts per step (chain)."))
+    tree: str = field(default="dynamic", metadata=_help("Evaluation: dynamic (EAGLE-2's tree) or chain."))
+    tree_depth: int = field(default=5, metadata=_help("Dynamic tree: levels the head expands."))
+    tree_top_k: int = field(default=8, metadata=_help("Dynamic tree: nodes expanded per level, children per node."))
+    tree_nodes: int = field(default=32, metadata=_help("Dynamic tree: tokens kept for verification (total_tokens)."))
 
     def __post_init__(self) -> None:
         if self.variant != "eagle1":
@@ -63,14 +67,18 @@ class EagleConfig:
             raise ConfigError("reg_weight and cls_weight must be >= 0 and not both 0")
         if float(self.noise) < 0:
             raise ConfigError(f"noise={self.noise} must be >= 0")
-        if min(int(self.max_new_tokens), int(self.prompt_tokens), int(self.draft_length)) < 1:
-            raise ConfigError("max_new_tokens, prompt_tokens and draft_length must be >= 1")
+        if min(int(self.max_new_tokens), int(self.prompt_tokens), int(self.draft_length), int(self.tree_depth),
+               int(self.tree_top_k), int(self.tree_nodes)) < 1:
+            raise ConfigError("max_new_tokens, prompt_tokens, draft_length and the tree sizes must be >= 1")
+        if self.tree not in ("chain", "dynamic"):
+            raise ConfigError(f"tree={self.tree!r} is unknown: choose chain or dynamic")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def proposer_settings(self) -> dict[str, Any]:
-        return {"draft_length": int(self.draft_length), "tree": "chain"}
+        return {"draft_length": int(self.draft_length), "tree": self.tree, "tree_depth": int(self.tree_depth),
+                "tree_top_k": int(self.tree_top_k), "tree_nodes": int(self.tree_nodes)}
 
 
 def build_eagle_head(models: dict, config: EagleConfig) -> EagleHead:

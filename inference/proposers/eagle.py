@@ -1,4 +1,5 @@
-"""EAGLE-1 drafting as a chain (Li et al. 2024): the head extrapolates the target's features token by token.
+"""EAGLE drafting (Li et al. 2024): the head extrapolates the target's features token by token, as a chain
+(EAGLE-1) or as EAGLE-2's dynamic tree.
 
 Head position ``t`` reads ``[E(x_{t+1}); f_t]`` and predicts ``f^_{t+1}``, whose LM-head distribution guesses
 ``x_{t+2}``. The head keeps its own KV cache over the committed sequence, filled only from *true* target
@@ -6,9 +7,18 @@ features: after the prefill it holds positions ``0 .. L-2`` (the prompt's featur
 ``x_{t+1}``). A draft continues from there on the head's own predicted features (``f^`` for ``f``), writing
 entries the next :meth:`EagleProposer.observe` crops away; ``observe`` then feeds the verification's true
 features at the pending token and the accepted nodes, with the committed tokens as ``x_{t+1}``, so the cache is
-always in step with the accepted branch. Greedy drafts are argmax tokens; under sampling each token is drawn
-from the head's distribution, which is returned as ``q`` so that the loop's rejection sampling keeps the target's
-distribution exactly.
+always in step with the accepted branch. Chain drafts: greedy drafts are argmax tokens; under sampling each
+token is drawn from the head's distribution, which is returned as ``q`` so that the loop's rejection sampling
+keeps the target's distribution exactly.
+
+Dynamic tree (EAGLE-2, ``tree="dynamic"``): the root's children are the head's ``top_k`` tokens; for ``depth - 1``
+more levels, the ``top_k`` nodes of the newest level with the highest cumulative draft log-probability (the
+product of the head's probabilities along the path, EAGLE-2's confidence estimate of acceptance) are expanded in
+one head forward (each sees the true prefix and its own ancestors in the head cache), each giving ``top_k``
+children; then all candidates are reranked and the best ``total_tokens`` (closed under ancestors) form the tree
+verified in one target forward (:func:`~draftsmith.inference.trees.rerank`). The tree's tokens are deterministic
+functions of the head's outputs (one-hot proposals), so the loop's multi-branch verification keeps greedy
+decoding identical and sampling exact.
 """
 
 from __future__ import annotations
@@ -19,7 +29,10 @@ from draftsmith.common.errors import ConfigError
 from draftsmith.inference.eagle import EagleHead
 from draftsmith.inference.proposers.base import StepFeedback
 from draftsmith.inference.sampling import SamplingParams, process_logits
+from draftsmith.inference.trees import rerank
 from draftsmith.inference.verify import Draft
+
+TREES = ("chain", "dynamic")
 
 
 class EagleProposer:
@@ -30,10 +43,17 @@ class EagleProposer:
     lossless = True
     hidden_layers: tuple[int, ...] = (-1,)
 
-    def __init__(self, head: EagleHead, embed: torch.nn.Module, lm_head: torch.nn.Module, length: int = 5) -> None:
-        if length < 1:
-            raise ConfigError(f"EAGLE draft length must be >= 1, got {length}")
+    def __init__(self, head: EagleHead, embed: torch.nn.Module, lm_head: torch.nn.Module, length: int = 5,
+                 tree: str = "chain", depth: int = 5, top_k: int = 8, total_tokens: int = 32) -> None:
+        if min(length, depth, top_k, total_tokens) < 1:
+            raise ConfigError(f"EAGLE needs draft length, tree depth, top-k and total tokens >= 1, got {length}, "
+                              f"{depth}, {top_k}, {total_tokens}")
+        if tree not in TREES:
+            raise ConfigError(f"EAGLE tree {tree!r} is unknown: choose one of {', '.join(TREES)}")
         self.head, self.embed, self.lm_head, self.length = head.eval(), embed, lm_head, int(length)
+        self.tree, self.depth, self.top_k, self.total_tokens = tree, int(depth), int(top_k), int(total_tokens)
+        if tree == "dynamic":
+            self.name = "eagle (dynamic tree)"
         self._prompt: torch.Tensor | None = None  # [L] the sequence's prompt (for the prefill)
         self._cache = None
         self._true = 0  # head positions filled from true target features (= committed tokens - 1)
@@ -44,6 +64,7 @@ class EagleProposer:
         self._cache = self.head.new_cache(capacity=max(256, 2 * prompt_ids.numel()))
         self._true, self._feature = 0, None
 
+    @torch.inference_mode()
     def _feed(self, next_tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:  # [m], [m, H] -> [m, H]
         """Run the head on true inputs at positions ``_true .. _true + m - 1`` and advance ``_true``."""
         m = next_tokens.numel()
@@ -74,6 +95,8 @@ class EagleProposer:
         k = min(self.length, max_tokens)
         if self._feature is None or k <= 0 or tokens.numel() - 1 != self._true:
             return Draft.empty()  # no features yet, or the head fell out of step (a step that drafted nothing)
+        if self.tree == "dynamic":
+            return self._dynamic_tree(min(self.total_tokens, max_tokens))
         feature, pos = self._feature, self._true
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
@@ -92,6 +115,49 @@ class EagleProposer:
                 feature = self.head(self.embed(ids), feature[None, None], p, self._cache)[0, -1]
                 pos += 1
         return Draft.chain(drafted, q=torch.stack(qs) if qs else None)
+
+    def _logprobs(self, features: torch.Tensor) -> torch.Tensor:  # [m, H] -> [m, V]
+        return torch.log_softmax(self.lm_head(features).float(), dim=-1)
+
+    def _dynamic_tree(self, total: int) -> Draft:
+        """EAGLE-2's expansion and rerank (module docstring)."""
+        device, k = self._feature.device, self.top_k
+        top = self._logprobs(self._feature[None])[0].topk(k)  # the root's children
+        tokens, scores = [top.indices], [top.values]  # per level: [c] token ids and cumulative log-probs
+        parents = [torch.full((k,), -1, dtype=torch.long)]  # candidate index of each node's parent (-1 = root)
+        depths = [torch.ones(k, dtype=torch.long)]
+        slot_of: dict[int, int] = {}  # candidate index -> its entry in the head cache past the true prefix
+        ancestors: dict[int, list[int]] = {-1: []}  # candidate index -> cache slots of its forwarded ancestors
+        feature_of: dict[int, torch.Tensor] = {-1: self._feature}  # expanded candidate -> the head's output there
+        offset = 0  # candidate index of the first node of the newest level
+        for level in range(1, self.depth):
+            level_scores = scores[-1]
+            chosen = level_scores.topk(min(k, level_scores.numel())).indices  # [e] within the level
+            cands = [offset + int(i) for i in chosen]
+            all_parents = torch.cat(parents)
+            feats = torch.stack([feature_of[int(all_parents[c])] for c in cands])  # [e, H]
+            ids = torch.cat(tokens)[cands].to(device)  # [e]
+            past = self._cache.get_seq_length(0)
+            visible = torch.zeros(len(cands), past + len(cands), dtype=torch.bool, device=device)
+            visible[:, : self._true] = True
+            for row, c in enumerate(cands):
+                chain = ancestors[int(all_parents[c])]
+                visible[row, [self._true + s for s in chain]] = True
+                visible[row, past + row] = True
+                ancestors[c] = chain + [past - self._true + row]
+                slot_of[c] = past - self._true + row
+            pos = torch.full((1, len(cands)), self._true + level - 1, device=device)
+            out = self.head(self.embed(ids)[None], feats[None], pos, self._cache, visible=visible)[0]  # [e, H]
+            for row, c in enumerate(cands):
+                feature_of[c] = out[row]
+            child = self._logprobs(out).topk(k, dim=-1)  # [e, k]
+            offset += scores[-1].numel()
+            tokens.append(child.indices.reshape(-1))
+            scores.append((level_scores[chosen][:, None] + child.values).reshape(-1))
+            parents.append(torch.tensor(cands, dtype=torch.long).repeat_interleave(k))
+            depths.append(torch.full((len(cands) * k,), level + 1, dtype=torch.long))
+        keep, new_parents = rerank(torch.cat(scores).cpu(), torch.cat(parents), torch.cat(depths), total)
+        return Draft(tokens=torch.cat(tokens).cpu()[keep].to(device), parents=new_parents)
 
 
 __all__ = ["EagleProposer"]

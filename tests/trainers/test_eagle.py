@@ -69,12 +69,13 @@ def _trained_like_head(target):
     return head
 
 
-@pytest.mark.parametrize("length", [1, 4])
-def test_chain_drafting_is_token_identical_and_the_head_stays_in_step(length):
+@pytest.mark.parametrize("length, tree", [(1, "chain"), (4, "chain"), (4, "dynamic")])
+def test_drafting_is_token_identical_and_the_head_stays_in_step(length, tree):
     target = random_model("llama", seed=0, layers=2)
     adapter = ModelAdapter(target)
     proposer = EagleProposer(_trained_like_head(target), target.get_input_embeddings(),
-                             target.get_output_embeddings(), length=length)
+                             target.get_output_embeddings(), length=length, tree=tree, depth=length, top_k=3,
+                             total_tokens=10)
     for seed in range(3):
         prompt = torch.randint(3, 100, (11,), generator=torch.Generator().manual_seed(seed))
         ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=24))
@@ -84,16 +85,19 @@ def test_chain_drafting_is_token_identical_and_the_head_stays_in_step(length):
         assert max(sp.accept_lengths) <= length + 1
 
 
-def test_head_cache_after_a_partial_accept_equals_a_fresh_prefill():
+@pytest.mark.parametrize("tree", ["chain", "dynamic"])
+def test_head_cache_after_a_partial_accept_equals_a_fresh_prefill(tree):
     """After verification the head holds exactly the true features of the committed tokens: its next feature equals
     the one a fresh head computes from the target's features of the whole committed sequence."""
     target = random_model("llama", seed=0, layers=2)
     adapter = ModelAdapter(target)
     head = _trained_like_head(target)
-    proposer = EagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(), length=4)
+    proposer = EagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(), length=4,
+                             tree=tree, depth=4, top_k=3, total_tokens=10)
     prompt = torch.randint(3, 100, (10,), generator=torch.Generator().manual_seed(0))
     res = generate(adapter, prompt, GenerationConfig(max_new_tokens=9), proposer)
     assert any(a < 5 for a in res.accept_lengths)  # some step accepted only part of its draft
+    assert proposer._cache.get_seq_length(0) == proposer._true  # the draft's own entries are gone
     seq = torch.cat([prompt, torch.tensor(res.output_ids)])
     committed = seq[: proposer._true + 1]
     with torch.no_grad():
@@ -114,5 +118,64 @@ def test_sampling_returns_the_heads_distribution_as_q():
     proposer.prefill_hidden({-1: feats})
     draft = proposer.propose(prompt, 3, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
     assert draft.q is not None and draft.q.shape == (3, 128) and torch.allclose(draft.q.sum(-1), torch.ones(3))
-    first = F.softmax(target.get_output_embeddings()(proposer._feature).float(), -1)
+    with torch.inference_mode():
+        first = F.softmax(target.get_output_embeddings()(proposer._feature).float(), -1)
     assert torch.allclose(draft.q[0], first, atol=1e-5)
+
+
+def test_rerank_keeps_the_best_nodes_closed_under_ancestors():
+    from draftsmith.inference.trees import rerank
+
+    scores = torch.tensor([-0.1, -0.5, -0.3, -0.2, -2.0, -0.35])
+    parents = torch.tensor([-1, -1, 0, 0, 1, 2])
+    depths = torch.tensor([1, 1, 2, 2, 2, 3])
+    keep, new_parents = rerank(scores, parents, depths, 4)
+    assert keep.tolist() == [0, 3, 2, 5] and new_parents.tolist() == [-1, 0, 0, 2]
+    keep, _ = rerank(scores, parents, depths, 100)
+    assert sorted(keep.tolist()) == list(range(6))
+    with pytest.raises(ValueError, match="without its parent"):
+        rerank(torch.tensor([-1.0, -0.5]), torch.tensor([-1, 0]), torch.tensor([1, 2]), 1)
+
+
+def test_dynamic_tree_matches_a_brute_force_expansion():
+    """EAGLE-2's expansion and rerank, computed by the proposer in batched head forwards over the head cache with
+    tree visibility, equal the same rule applied path by path with a fresh sequential head run per path."""
+    import copy
+
+    target = random_model("llama", seed=0, layers=2)
+    head = _trained_like_head(target)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    k, depth, total = 3, 3, 9
+    proposer = EagleProposer(head, embed, lm_head, tree="dynamic", depth=depth, top_k=k, total_tokens=total)
+    prompt = torch.randint(3, 100, (8,), generator=torch.Generator().manual_seed(2))
+    proposer.reset(prompt)
+    with torch.no_grad():
+        feats = target(input_ids=prompt[None, :-1], output_hidden_states=True).hidden_states[-1][0]
+    proposer.prefill_hidden({-1: feats})
+    true_cache, root, p0 = copy.deepcopy(proposer._cache), proposer._feature.clone(), proposer._true
+
+    @torch.inference_mode()
+    def logprobs(path: tuple[int, ...]) -> torch.Tensor:  # the head's distribution after the path, run afresh
+        cache, feature = copy.deepcopy(true_cache), root
+        for i, tok in enumerate(path):
+            feature = head(embed(torch.tensor([[tok]])), feature[None, None], torch.tensor([[p0 + i]]), cache)[0, -1]
+        return torch.log_softmax(lm_head(feature).float(), -1)
+
+    def children(path, score):
+        top = logprobs(path).topk(k)
+        return [(path + (int(t),), score + float(v)) for t, v in zip(top.indices, top.values)]
+
+    level = children((), 0.0)
+    candidates = list(level)
+    for _ in range(depth - 1):
+        expanded = sorted(level, key=lambda c: -c[1])[:k]
+        level = [c for path, score in expanded for c in children(path, score)]
+        candidates += level
+    want = sorted(candidates, key=lambda c: (-c[1], len(c[0])))[:total]
+
+    draft = proposer.propose(prompt, 100, SamplingParams(), None)
+    paths = []
+    for i, tok in enumerate(draft.tokens.tolist()):
+        parent = int(draft.parents[i])
+        paths.append((paths[parent] if parent >= 0 else ()) + (tok,))
+    assert sorted(paths) == sorted(p for p, _ in want)
