@@ -7,7 +7,9 @@ its LM head) and the embedding of the next token ``x_{t+1}``, and predicts the n
     p^_{t+2} = softmax(LMHead(f^_{t+1}))
 
 ``Layer`` is one decoder layer of the target's own architecture, built from the target's config by the target's
-own layer class (no copied modeling code), with its own rotary embedding and KV cache; ``E`` and ``LMHead`` are
+own layer class (no copied modeling code), with its own rotary embedding and KV cache; its input norm is the
+identity, as in EAGLE's own head and in vLLM's and SGLang's EAGLE models (so an exported head computes what
+draftsmith trained); ``E`` and ``LMHead`` are
 the target's, frozen and shared, passed in at call time (never parameters of the head, so never trained, saved
 or given to an optimizer). Drafting feeds the head its own predicted features (``f^`` for ``f``) to go further
 ahead; after verification the true features of the accepted tokens replace them in the head's cache.
@@ -41,7 +43,7 @@ def head_config(target_config):
 class EagleHead(nn.Module):
     """``fc`` over ``[E(x_{t+1}); f_t]`` then one decoder layer of the target's architecture (module docstring)."""
 
-    def __init__(self, config, layer_cls: type[nn.Module], rotary_cls: type[nn.Module], fc_bias: bool = True) -> None:
+    def __init__(self, config, layer_cls: type[nn.Module], rotary_cls: type[nn.Module], fc_bias: bool = False) -> None:
         super().__init__()
         self.config = config
         hidden = int(config.hidden_size)
@@ -49,10 +51,13 @@ class EagleHead(nn.Module):
         self.fc_bias = fc_bias
         self.fc = nn.Linear(2 * hidden, hidden, bias=fc_bias)
         self.layer = layer_cls(config, layer_idx=0)
+        # as in EAGLE and in the engines that serve its heads (vLLM, SGLang): the layer reads the fc output without
+        # an input norm (module docstring)
+        self.layer.input_layernorm = nn.Identity()
         self.rotary = rotary_cls(config=config)
 
     @classmethod
-    def for_target(cls, target: nn.Module, fc_bias: bool = True) -> EagleHead:
+    def for_target(cls, target: nn.Module, fc_bias: bool = False) -> EagleHead:
         """A fresh head for ``target`` (its dtype; on the CPU)."""
         adapter = ModelAdapter(target)
         if adapter.family != "llama":

@@ -172,7 +172,7 @@ def eagle_proposer(ctx: ProposerContext):
     if config is None or config.get("method") != "eagle":
         raise ArtefactError(f"{ctx.artefact_dir}/heads_config.json is missing or not an EAGLE head: pass an EAGLE artefact")
     target = ctx.target_model
-    head = EagleHead.for_target(target, fc_bias=bool(config.get("fc_bias", True)))
+    head = EagleHead.for_target(target, fc_bias=bool(config.get("fc_bias", False)))
     head.load_state_dict(load_file(str(Path(ctx.artefact_dir) / "heads.safetensors")))
     head.to(target.device)
     return EagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(),

@@ -42,7 +42,8 @@ class EagleConfig:
     """EAGLE-1 settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
 
     variant: str = field(default="eagle1", metadata=_help("eagle1 (EAGLE-3 is not built yet)."))
-    fc_bias: bool = field(default=True, metadata=_help("Bias in the (2H -> H) fc layer."))
+    fc_bias: bool = field(default=False, metadata=_help("Bias in the (2H -> H) fc layer (vLLM's EAGLE-1 model "
+                                                        "has none, so the default leaves it out)."))
     reg_weight: float = field(default=1.0, metadata=_help("Weight of the smooth-L1 feature regression (EAGLE: 1.0)."))
     cls_weight: float = field(default=0.1, metadata=_help("Weight of the token cross-entropy (EAGLE: 0.1)."))
     noise: float = field(default=0.1, metadata=_help("Uniform noise U(-noise, noise) on the input features (EAGLE: "

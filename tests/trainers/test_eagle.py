@@ -23,6 +23,7 @@ def test_head_is_the_targets_layer_class_and_its_cache_matches_a_full_forward():
     head = EagleHead.for_target(target)
     assert type(head.layer) is type(target.model.layers[0]) and head.fc.in_features == 2 * head.fc.out_features
     assert not any(p is q for p in head.parameters() for q in target.parameters())  # the target is not in the head
+    assert isinstance(head.layer.input_layernorm, torch.nn.Identity) and head.fc.bias is None  # as the engines load it
     torch.manual_seed(0)
     e, f = torch.randn(1, 9, 32), torch.randn(1, 9, 32)
     pos = torch.arange(9)[None]
