@@ -207,6 +207,26 @@ class FrozenTargetTrainer(transformers.Trainer):
             logs[TOKENS_LOG_KEY] = self._tokens_total
         super().log(logs, start_time)
 
+    # ----------------------------------------------------------------------------------------- checkpoints
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """A trained module that is not a Hugging Face model and holds frozen parameters (Medusa-2's copy of the
+        target under its LoRA adapter) is checkpointed without them: they never change, the Trainer reloads a
+        checkpoint non-strictly, and safetensors refuses the target's tied embedding and LM head anyway."""
+        if state_dict is None and not isinstance(self.model, transformers.PreTrainedModel):
+            frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
+            if frozen:
+                state_dict = {k: v for k, v in self.model.state_dict().items() if k not in frozen}
+        super()._save(output_dir, state_dict)
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """Resuming such a checkpoint leaves the frozen parameters as built: only other missing keys are news."""
+        frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
+        missing = [k for k in load_result.missing_keys if k not in frozen]
+        if missing or load_result.unexpected_keys:
+            transformers.utils.logging.get_logger(__name__).warning(
+                f"checkpoint load: missing keys {missing}, unexpected keys {list(load_result.unexpected_keys)}")
+
     @property
     def trained_tokens(self) -> int:
         """Loss tokens trained on so far, over every process (as of the last training log)."""

@@ -76,6 +76,14 @@ def test_medusa2_tunes_the_target_ships_its_adapter_and_verifies_against_it(tiny
         "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out)])
     artefact, manifest = result.artefact, result.manifest
     assert manifest["target_adapter"] == "adapter" and (artefact / "adapter" / "adapter_config.json").is_file()
+    saved = load_file(str(out / "checkpoint-4" / "model.safetensors"))  # trainable parameters only
+    assert saved and all("lora_" in k or k.startswith("heads.") for k in saved)
+    again = run_recipe("medusa", [  # and such a checkpoint resumes
+        "--config", str(ROOT / "recipes" / "configs" / "medusa_test.yaml"), "variant=medusa2", "max_steps=4",
+        "heads_warmup_ratio=0.5", "lora_r=4", "lora_learning_rate=1e-2", "eval_steps=4",
+        "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out),
+        "--resume_from_checkpoint", str(out / "checkpoint-2")])
+    assert again.manifest["training"]["steps"] == 4
     assert any(name.startswith("adapter/") for name in manifest["weights"])
     assert set(load_file(str(artefact / "heads.safetensors"))) == {f"blocks.{k}.0.linear.{w}" for k in range(3)
                                                                     for w in ("weight", "bias")}
