@@ -60,8 +60,8 @@ class MethodSpec:
     ``proposer`` is called as ``proposer(ctx)`` with a :class:`draftsmith.inference.methods.ProposerContext`
     (target, tokenizer, artefact directory and manifest or None, command-line options, draft model if any)
     and returns the proposer (None = plain AR). ``trainable`` (trained methods) is called as
-    ``trainable(models, config)`` with the loaded models by role and returns the module the trainer optimises
-    (default: the draft model). ``eval_defaults`` fill the options neither the command line nor the artefact
+    ``trainable(models, config)`` with the loaded models by role (and ``train_dataset=`` the tokenized training
+    set, when its signature takes it) and returns the module the trainer optimises (default: the draft model). ``eval_defaults`` fill the options neither the command line nor the artefact
     set."""
 
     name: str

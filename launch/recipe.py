@@ -284,7 +284,13 @@ def evaluate_artefact(artefact: Path, target_model, tokenizer, args: RecipeArgum
 
 
 def build_trainer(spec: MethodSpec, models: dict, method_config, training_args, train, heldout, tokenizer):
-    trainable = resolve(spec.trainable)(models, method_config) if spec.trainable else models["draft"]
+    trainable = models.get("draft")
+    if spec.trainable:
+        import inspect
+
+        build = resolve(spec.trainable)
+        sees_data = "train_dataset" in inspect.signature(build).parameters  # e.g. EAGLE-3's draft vocabulary
+        trainable = build(models, method_config, train_dataset=train) if sees_data else build(models, method_config)
     return resolve(spec.trainer)(model=trainable, teacher_model=models["target"], method_config=method_config,
                                  args=training_args, train_dataset=train, eval_dataset=heldout,
                                  processing_class=tokenizer)

@@ -1,4 +1,5 @@
-"""EAGLE-1 (Li et al. 2024): a feature-level draft head trained on the frozen target's features.
+"""EAGLE-1 (Li et al. 2024) and EAGLE-3 (Li et al. 2025): feature-level draft heads trained on the frozen target's
+features.
 
 For a training sequence ``x_0 .. x_{T-1}`` the frozen target gives its features ``f_t`` (final-normed last hidden
 states) and next-token distributions ``p_{t+1} = softmax(LMHead(f_t))``; the features are computed inside the
@@ -16,6 +17,20 @@ over those positions of the accumulation window. The training data is the target
 (``data_mode=target``, the shared self-distillation), as the paper recommends for robustness; ``fixed`` trains on
 the dataset's responses. Evaluation reports the held-out top-1 agreement of the head's next token with the
 target's (the acceptance proxy of the first draft step) and logs it to TensorBoard.
+
+EAGLE-3 (``variant=eagle3``, :class:`draftsmith.inference.eagle.Eagle3Head`) fuses three target layers, drops the
+feature regression and trains on tokens alone, with the target's distribution over the draft vocabulary as the
+label, through the *training-time test*: the head is unrolled ``ttt_steps`` times, step ``j`` reading at anchor
+``t`` the token ``x_{t+1+j}`` and its own step ``j-1`` output (step 0: ``g_t = fc(target features)``), at position
+``t + j``, attending to the step-0 keys of positions ``<= t`` and to its own earlier steps at the same anchor —
+exactly what decoding shows draft depth ``j + 1`` (:func:`ttt_visibility`). Loss (EAGLE-3 sec. 3; SpecForge's
+weights)::
+
+    L = sum_j decay**j * sum_t CE(p_{t+2+j}|Vd, softmax(LMHead_d(norm(h^j_t))))
+
+``p|Vd`` the target's next-token distribution restricted to the draft vocabulary and renormalised (``t2d``), over
+the anchors whose ``x_{t+2+j}`` is a response token. Evaluation logs the top-1 agreement at every unrolled step
+(``eval_step{j}_top1``): the acceptance proxy of draft depth ``j + 1``.
 """
 
 from __future__ import annotations
@@ -25,12 +40,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.inference.eagle import EagleHead
+from draftsmith.inference.eagle import Eagle3Head, EagleHead, GrowingCache, draft_vocab
 from draftsmith.trainers.base import FrozenTargetTrainer
 
 DATA_MODES = ("target", "fixed")
+VARIANTS = ("eagle1", "eagle3")
 
 
 def _help(text: str) -> dict:
@@ -39,9 +56,17 @@ def _help(text: str) -> dict:
 
 @dataclass
 class EagleConfig:
-    """EAGLE-1 settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
+    """EAGLE-1/-3 settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
 
-    variant: str = field(default="eagle1", metadata=_help("eagle1 (EAGLE-3 is not built yet)."))
+    variant: str = field(default="eagle1", metadata=_help("eagle1 (last-layer features, feature regression) or eagle3 "
+                                                          "(three fused layers, token loss, training-time test)."))
+    layers: str = field(default="auto", metadata=_help("EAGLE-3: the three target layers (hidden-state indices, "
+                                                       "comma-separated), or auto: 2, n//2, n-3 as EAGLE-3."))
+    ttt_steps: int = field(default=7, metadata=_help("EAGLE-3: unrolled steps of the training-time test."))
+    step_decay: float = field(default=0.8, metadata=_help("EAGLE-3: weight decay**j of unrolled step j's loss."))
+    draft_vocab_size: int = field(default=8192, metadata=_help("EAGLE-3: the draft vocabulary, the most frequent "
+                                                               "target tokens of the training answers (capped at the "
+                                                               "target's vocabulary)."))
     fc_bias: bool = field(default=False, metadata=_help("Bias in the (2H -> H) fc layer (vLLM's EAGLE-1 model "
                                                         "has none, so the default leaves it out)."))
     reg_weight: float = field(default=1.0, metadata=_help("Weight of the smooth-L1 feature regression (EAGLE: 1.0)."))
@@ -60,8 +85,17 @@ class EagleConfig:
     tree_nodes: int = field(default=32, metadata=_help("Dynamic tree: tokens kept for verification (total_tokens)."))
 
     def __post_init__(self) -> None:
-        if self.variant != "eagle1":
-            raise ConfigError(f"variant={self.variant!r} is not available: this draftsmith trains eagle1")
+        if self.variant not in VARIANTS:
+            raise ConfigError(f"variant={self.variant!r} is unknown: choose one of {', '.join(VARIANTS)}")
+        if int(self.ttt_steps) < 1 or int(self.draft_vocab_size) < 1 or not 0.0 < float(self.step_decay) <= 1.0:
+            raise ConfigError("ttt_steps and draft_vocab_size must be >= 1 and step_decay in (0, 1]")
+        if self.layers != "auto":
+            try:
+                picked = [int(x) for x in str(self.layers).split(",")]
+            except ValueError:
+                picked = []
+            if len(picked) != 3:
+                raise ConfigError(f"layers={self.layers!r}: give auto or three comma-separated hidden-state indices")
         if self.data_mode not in DATA_MODES:
             raise ConfigError(f"data_mode={self.data_mode!r} is unknown: choose one of {', '.join(DATA_MODES)}")
         if min(float(self.reg_weight), float(self.cls_weight)) < 0 or float(self.reg_weight) + float(self.cls_weight) == 0:
@@ -82,9 +116,82 @@ class EagleConfig:
                 "tree_top_k": int(self.tree_top_k), "tree_nodes": int(self.tree_nodes)}
 
 
-def build_eagle_head(models: dict, config: EagleConfig) -> EagleHead:
-    """The trainable module of the recipe: a fresh head for the target."""
-    return EagleHead.for_target(models["target"], fc_bias=config.fc_bias)
+def answer_token_counts(dataset, vocab_size: int) -> torch.Tensor:  # [V] long
+    """How often each target token is a labelled (answer) token of the tokenized ``dataset``."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for row in dataset if dataset is not None else ():
+        labels = torch.as_tensor(row.get("labels", row["input_ids"]), dtype=torch.long)
+        labels = labels[(labels >= 0) & (labels < vocab_size)]
+        counts += torch.bincount(labels, minlength=vocab_size)
+    return counts
+
+
+def build_eagle_head(models: dict, config: EagleConfig, train_dataset=None) -> EagleHead | Eagle3TTT:
+    """The trainable module of the recipe: a fresh head for the target (EAGLE-3: with its draft vocabulary, the
+    most frequent answer tokens of ``train_dataset``)."""
+    target = models["target"]
+    if config.variant == "eagle1":
+        return EagleHead.for_target(target, fc_bias=config.fc_bias)
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    d2t, t2d = draft_vocab(answer_token_counts(train_dataset, vocab), config.draft_vocab_size)
+    layers = None if config.layers == "auto" else tuple(int(x) for x in str(config.layers).split(","))
+    return Eagle3TTT(Eagle3Head.for_target(target, d2t, t2d, layers))
+
+
+class Eagle3TTT(nn.Module):
+    """EAGLE-3's trainable module: the head, whose ``forward`` runs the whole unrolled training-time test (one
+    forward per training step, as data-parallel wrappers require). The artefact keeps the head's own tensors."""
+
+    def __init__(self, head: Eagle3Head) -> None:
+        super().__init__()
+        self.head = head
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        return self.head.hidden_layers
+
+    @property
+    def t2d(self) -> torch.Tensor:
+        return self.head.t2d
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head.to_target(ids)
+
+    def forward(self, features: torch.Tensor, step_embeds: torch.Tensor) -> torch.Tensor:
+        """``features`` ``[B, A, 3Ht]`` (the target's three layers at anchors ``0 .. A-1``), ``step_embeds``
+        ``[K, B, A, H]`` (``E(x_{t+1+j})`` for step ``j``) -> draft logits ``[K, B, A, Vd]``."""
+        steps, b, a = step_embeds.shape[:3]
+        hidden = self.head.fc(features)  # [B, A, H]: g
+        cache = GrowingCache()
+        logits = []
+        for j in range(steps):
+            pos = (torch.arange(a, device=features.device) + j)[None].expand(b, a)
+            hidden = self.head(step_embeds[j], hidden, pos, cache, visible=ttt_visibility(a, j, features.device))
+            logits.append(self.head.draft_logits(hidden))
+        return torch.stack(logits)
+
+    def artefact_config(self) -> dict:
+        return self.head.artefact_config()
+
+    @staticmethod
+    def artefact_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k.removeprefix("head."): v for k, v in state_dict.items() if k.startswith("head.")}
+
+
+def ttt_visibility(anchors: int, step: int, device=None) -> torch.Tensor:  # [A, (step + 1) * A] bool
+    """What unrolled step ``step`` sees in the training-time test, over the keys of steps ``0 .. step`` (``anchors``
+    keys each): step 0's keys causally (``s <= t``, the true prefix), and each later step's key at the same anchor
+    only (``s == t``: the draft's own ancestors) — decoding's view of draft depth ``step + 1``."""
+    causal = torch.ones(anchors, anchors, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(anchors, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * step, dim=1)
+
+
+def shifted(x: torch.Tensor, by: int, fill: float = 0) -> torch.Tensor:  # [B, A, ...] -> [B, A, ...]
+    """``x`` moved ``by`` places to the left along dim 1, ``fill`` at the end."""
+    if by == 0:
+        return x
+    return torch.cat([x[:, by:], x.new_full((x.shape[0], by, *x.shape[2:]), fill)], dim=1)
 
 
 def supervised_positions(labels: torch.Tensor) -> torch.Tensor:  # [B, T-2] bool
@@ -148,9 +255,39 @@ class EagleTrainer(FrozenTargetTrainer):
         agree = (pred_logits.argmax(-1) == target_logits.argmax(-1)).sum().float()
         return reg, cls, agree, keep.sum().float()
 
-    def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
-        """``reg_weight * L_reg + cls_weight * L_cls`` summed over the supervised positions (module docstring)."""
+    def _ttt(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """EAGLE-3's unrolled steps: ``(weighted loss sum, [K] per-step CE sums, [K, 2] top-1 hits and anchors)``."""
         cfg = self.method_config
+        unrolled = self.accelerator.unwrap_model(model)
+        ids, labels = inputs["input_ids"], inputs["labels"]
+        b, t = ids.shape
+        steps = max(1, min(int(cfg.ttt_steps), t - 2))  # unrolled steps with a label (anchors 0 .. T-2)
+        with torch.no_grad():
+            out = self.teacher(input_ids=ids, attention_mask=inputs["attention_mask"], output_hidden_states=True)
+            features = torch.cat([out.hidden_states[i][:, :-1] for i in unrolled.hidden_layers], dim=-1)  # [B, A, 3Ht]
+            embed = self.teacher_module.get_input_embeddings()
+            step_embeds = torch.stack([embed(shifted(ids[:, 1:], j)) for j in range(steps)])  # [K, B, A, H]
+        logits = model(features, step_embeds)  # [K, B, A, Vd]
+        total = logits.new_zeros((), dtype=torch.float32)
+        ce_sums, hits = [], []
+        for j in range(steps):
+            keep = shifted(labels[:, 2:], j, -100) != -100  # [B, A-1]: x_{t+2+j} is an answer token
+            keep = torch.cat([keep, keep.new_zeros(b, 1)], dim=1)  # [B, A]: the last anchor has no label
+            logq = F.log_softmax(logits[j][keep].float(), dim=-1)  # [N, Vd]
+            target = shifted(out.logits[:, 1:], j)[keep].float()  # [N, V]: p_{t+2+j}, from the logits at t+1+j
+            ce = -(target[:, unrolled.t2d].softmax(-1) * logq).sum()
+            total = total + cfg.step_decay ** j * ce
+            agree = unrolled.to_target(logq.argmax(-1)) == target.argmax(-1)
+            ce_sums.append(ce.detach())
+            hits.append(torch.stack([agree.sum().float(), keep.sum().float()]).detach())
+        return total, torch.stack(ce_sums), torch.stack(hits)
+
+    def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+        """EAGLE-1: ``reg_weight * L_reg + cls_weight * L_cls`` summed over the supervised positions; EAGLE-3: the
+        unrolled token loss (module docstring)."""
+        cfg = self.method_config
+        if cfg.variant == "eagle3":
+            return self._ttt(model, inputs)[0], None
         reg, cls, _, _ = self._terms(model, inputs, float(cfg.noise) if model.training else 0.0)
         return cfg.reg_weight * reg + cfg.cls_weight * cls, None
 
@@ -160,6 +297,14 @@ class EagleTrainer(FrozenTargetTrainer):
         if self.method_config.data_mode == "target":
             inputs = self.prepare_training_batch(model, inputs)
         cfg = self.method_config
+        if cfg.variant == "eagle3":
+            with torch.no_grad():
+                total, ce, hits = self._ttt(model, inputs)
+                steps = int(cfg.ttt_steps)
+                row = torch.zeros(3, steps, device=total.device)  # per step: CE sum, top-1 hits, anchors
+                row[0, : ce.numel()], row[1, : ce.numel()], row[2, : ce.numel()] = ce, hits[:, 0], hits[:, 1]
+                self.add_eval_sums(row)
+                return (total / self.count_loss_tokens(inputs).clamp(min=1).to(total.device)).detach(), None, None
         with torch.no_grad():
             reg, cls, agree, n = self._terms(model, inputs, 0.0)
             loss = (cfg.reg_weight * reg + cfg.cls_weight * cls) / n.clamp(min=1)
@@ -167,6 +312,12 @@ class EagleTrainer(FrozenTargetTrainer):
         return loss.detach(), None, None
 
     def eval_metrics(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
+        if self.method_config.variant == "eagle3":  # [3, K]: CE sums, hits, anchors per unrolled step
+            n = sums[2].clamp(min=1)
+            self.top1 = float(sums[1, 0] / n[0])
+            metrics = {f"{prefix}_step{j}_top1": float(sums[1, j] / n[j]) for j in range(sums.shape[1])}
+            metrics.update({f"{prefix}_step{j}_ce": float(sums[0, j] / n[j]) for j in range(sums.shape[1])})
+            return metrics | {f"{prefix}_top1": self.top1}
         n = float(sums[3].clamp(min=1))
         self.top1 = float(sums[2]) / n
         return {f"{prefix}_reg": float(sums[0]) / n, f"{prefix}_cls": float(sums[1]) / n, f"{prefix}_top1": self.top1}
@@ -175,4 +326,5 @@ class EagleTrainer(FrozenTargetTrainer):
         return {"head_top1": self.top1} if getattr(self, "top1", None) is not None else {}
 
 
-__all__ = ["EagleConfig", "EagleTrainer", "build_eagle_head", "eagle_losses", "supervised_positions", "uniform_noise"]
+__all__ = ["Eagle3TTT", "EagleConfig", "EagleTrainer", "answer_token_counts", "build_eagle_head", "eagle_losses", "shifted",
+           "supervised_positions", "ttt_visibility", "uniform_noise"]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import torch
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.inference.eagle import EagleHead
 from draftsmith.inference.proposers.base import StepFeedback
 from draftsmith.inference.sampling import SamplingParams, process_logits
 from draftsmith.inference.trees import rerank
@@ -36,14 +35,14 @@ TREES = ("chain", "dynamic")
 
 
 class EagleProposer:
-    """Drafts a chain of up to ``length`` tokens with an :class:`EagleHead` over the target's embedding and LM
-    head."""
+    """Drafts with an EAGLE head (:class:`~draftsmith.inference.eagle.EagleHead` or
+    :class:`~draftsmith.inference.eagle.Eagle3Head`) over the target's embedding (and, for EAGLE-1, its LM head): a
+    chain of up to ``length`` tokens, or EAGLE-2's dynamic tree."""
 
     name = "eagle"
     lossless = True
-    hidden_layers: tuple[int, ...] = (-1,)
 
-    def __init__(self, head: EagleHead, embed: torch.nn.Module, lm_head: torch.nn.Module, length: int = 5,
+    def __init__(self, head, embed: torch.nn.Module, lm_head: torch.nn.Module, length: int = 5,
                  tree: str = "chain", depth: int = 5, top_k: int = 8, total_tokens: int = 32) -> None:
         if min(length, depth, top_k, total_tokens) < 1:
             raise ConfigError(f"EAGLE needs draft length, tree depth, top-k and total tokens >= 1, got {length}, "
@@ -51,13 +50,15 @@ class EagleProposer:
         if tree not in TREES:
             raise ConfigError(f"EAGLE tree {tree!r} is unknown: choose one of {', '.join(TREES)}")
         self.head, self.embed, self.lm_head, self.length = head.eval(), embed, lm_head, int(length)
+        self.hidden_layers = tuple(head.hidden_layers)  # the target layers the loop hands over
+        self.vocab_size = int(lm_head.weight.shape[0])
         self.tree, self.depth, self.top_k, self.total_tokens = tree, int(depth), int(top_k), int(total_tokens)
         if tree == "dynamic":
             self.name = "eagle (dynamic tree)"
         self._prompt: torch.Tensor | None = None  # [L] the sequence's prompt (for the prefill)
         self._cache = None
         self._true = 0  # head positions filled from true target features (= committed tokens - 1)
-        self._feature: torch.Tensor | None = None  # [H] f^ of the next position, from true inputs
+        self._feature: torch.Tensor | None = None  # [H] the head's output at the last true position
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self._prompt = prompt_ids
@@ -65,19 +66,22 @@ class EagleProposer:
         self._true, self._feature = 0, None
 
     @torch.inference_mode()
-    def _feed(self, next_tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:  # [m], [m, H] -> [m, H]
-        """Run the head on true inputs at positions ``_true .. _true + m - 1`` and advance ``_true``."""
+    def _feed(self, next_tokens: torch.Tensor, features: dict[int, torch.Tensor]) -> torch.Tensor:  # -> [m, H]
+        """Run the head on true inputs (``next_tokens`` [m] and the target's ``features`` {layer: [m, Ht]}) at
+        positions ``_true .. _true + m - 1`` and advance ``_true``."""
         m = next_tokens.numel()
-        pos = torch.arange(self._true, self._true + m, device=features.device)[None]  # [1, m]
-        out = self.head(self.embed(next_tokens)[None], features[None].to(self.embed.weight.dtype), pos, self._cache)
+        dtype = self.embed.weight.dtype
+        hidden = self.head.fuse({i: f[:m].to(dtype) for i, f in features.items()})  # [m, H]
+        pos = torch.arange(self._true, self._true + m, device=hidden.device)[None]  # [1, m]
+        out = self.head(self.embed(next_tokens)[None], hidden[None], pos, self._cache)
         self._true += m
         return out[0]
 
     def prefill_hidden(self, hidden_states: dict[int, torch.Tensor]) -> None:
-        features = hidden_states[-1]  # [L - 1, H]: f_0 .. f_{L-2}
-        if features.shape[0] == 0:
+        rows = next(iter(hidden_states.values()))  # [L - 1, Ht]: the features of x_0 .. x_{L-2}
+        if rows.shape[0] == 0:
             return
-        self._feature = self._feed(self._prompt[1:].to(features.device), features)[-1]
+        self._feature = self._feed(self._prompt[1:].to(rows.device), hidden_states)[-1]
 
     def observe(self, feedback: StepFeedback) -> None:
         if self._feature is None:
@@ -86,8 +90,7 @@ class EagleProposer:
         committed = torch.tensor(feedback.committed, dtype=torch.long, device=self._feature.device)  # [a + 1]
         if committed.numel() == 0:
             return
-        features = feedback.hidden_states[-1][: committed.numel()]  # f at the pending token and accepted nodes
-        self._feature = self._feed(committed, features)[-1]
+        self._feature = self._feed(committed, feedback.hidden_states)[-1]  # features at the pending token + accepted
 
     @torch.inference_mode()
     def propose(self, tokens: torch.Tensor, max_tokens: int, sampling: SamplingParams,
@@ -101,13 +104,14 @@ class EagleProposer:
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
         for i in range(k):
-            logits = self.lm_head(feature).float()  # [V]
+            logits = self.head.draft_logits(feature, self.lm_head).float()  # [Vd]
             if sampling.greedy:
-                tok = int(logits.argmax())
+                idx = logits.argmax()
             else:
-                q = process_logits(logits, sampling)  # [V]
-                tok = int(torch.multinomial(q, 1, generator=generator))
-                qs.append(q)
+                q = process_logits(logits, sampling)  # [Vd]
+                idx = torch.multinomial(q, 1, generator=generator)[0]
+                qs.append(self._on_target_vocab(q))
+            tok = int(self.head.to_target(idx))
             drafted.append(tok)
             if i + 1 < k:  # the head's next position reads its own feature
                 ids = torch.tensor([[tok]], dtype=torch.long, device=feature.device)
@@ -116,14 +120,22 @@ class EagleProposer:
                 pos += 1
         return Draft.chain(drafted, q=torch.stack(qs) if qs else None)
 
-    def _logprobs(self, features: torch.Tensor) -> torch.Tensor:  # [m, H] -> [m, V]
-        return torch.log_softmax(self.lm_head(features).float(), dim=-1)
+    def _on_target_vocab(self, q: torch.Tensor) -> torch.Tensor:  # [Vd] -> [V]
+        """A draft-vocabulary distribution as one over the target's vocabulary (zero outside the draft's)."""
+        if q.numel() == self.vocab_size:
+            return q
+        full = q.new_zeros(self.vocab_size)
+        full[self.head.to_target(torch.arange(q.numel(), device=q.device))] = q
+        return full
+
+    def _logprobs(self, features: torch.Tensor) -> torch.Tensor:  # [m, H] -> [m, Vd]
+        return torch.log_softmax(self.head.draft_logits(features, self.lm_head).float(), dim=-1)
 
     def _dynamic_tree(self, total: int) -> Draft:
         """EAGLE-2's expansion and rerank (module docstring)."""
         device, k = self._feature.device, self.top_k
         top = self._logprobs(self._feature[None])[0].topk(k)  # the root's children
-        tokens, scores = [top.indices], [top.values]  # per level: [c] token ids and cumulative log-probs
+        tokens, scores = [self.head.to_target(top.indices)], [top.values]  # per level: [c] target ids, log-probs
         parents = [torch.full((k,), -1, dtype=torch.long)]  # candidate index of each node's parent (-1 = root)
         depths = [torch.ones(k, dtype=torch.long)]
         slot_of: dict[int, int] = {}  # candidate index -> its entry in the head cache past the true prefix
@@ -152,7 +164,7 @@ class EagleProposer:
                 feature_of[c] = out[row]
             child = self._logprobs(out).topk(k, dim=-1)  # [e, k]
             offset += scores[-1].numel()
-            tokens.append(child.indices.reshape(-1))
+            tokens.append(self.head.to_target(child.indices).reshape(-1))
             scores.append((level_scores[chosen][:, None] + child.values).reshape(-1))
             parents.append(torch.tensor(cands, dtype=torch.long).repeat_interleave(k))
             depths.append(torch.full((len(cands) * k,), level + 1, dtype=torch.long))

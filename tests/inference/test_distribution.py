@@ -157,6 +157,29 @@ def test_medusa_tree_sampling_passes(peaky_pair):
     assert res.passed, res.summary()
 
 
+@pytest.mark.parametrize("tree", ["dynamic", "chain"])
+def test_eagle3_sampling_passes(peaky_pair, tree):
+    """EAGLE-3's dynamic tree (one-hot nodes, multi-branch verification) and its sampled chain (q over the reduced
+    draft vocabulary, scattered onto the target's) keep the target's distribution."""
+    from draftsmith.inference.eagle import Eagle3Head, draft_vocab
+    from draftsmith.inference.proposers.eagle import EagleProposer
+
+    target = peaky_pair[0]
+    target3 = random_model("llama", seed=0, vocab_size=32, layers=4, hidden=32)
+    with torch.no_grad():
+        target3.lm_head.weight.mul_(25.0)
+    d2t, t2d = draft_vocab(torch.arange(32).flip(0), 20)  # a 20-token draft vocabulary: some tokens never drafted
+    torch.manual_seed(4)
+    head = Eagle3Head.for_target(target3, d2t, t2d)
+    for p in head.midlayer.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    factory = lambda: EagleProposer(head, target3.get_input_embeddings(), target3.get_output_embeddings(),  # noqa: E731
+                                    length=3, tree=tree, depth=3, top_k=2, total_tokens=5)
+    res = _check((target3, None), SamplingParams(temperature=1.0), factory=factory)
+    assert res.passed, res.summary()
+    assert target is not None
+
+
 def test_typical_acceptance_at_a_loose_threshold_fails(peaky_pair):
     """The negative control: Medusa's typical acceptance with a loose threshold is lossy, and the check sees it."""
     res = _check(peaky_pair, SamplingParams(temperature=1.0), factory=_medusa(peaky_pair[0], typical=(0.02, 0.01)))

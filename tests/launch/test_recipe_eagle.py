@@ -22,24 +22,46 @@ from draftsmith.launch.recipe import run_recipe
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_recipe_trains_a_head_writes_the_artefact_and_decodes_identically(tiny_pair, tmp_path):
+def _target_with_layers(pair, tmp_path, layers: int) -> Path:
+    """The pair's tokenizer beside a random llama target of ``layers`` layers (seed 0)."""
+    import shutil
+
+    out = tmp_path / f"target{layers}"
+    random_model("llama", seed=0, layers=layers).save_pretrained(out)
+    for f in pair["target"].iterdir():
+        if "token" in f.name or f.name.endswith(".jinja"):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+@pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
+def test_recipe_trains_a_head_writes_the_artefact_and_decodes_identically(tiny_pair, tmp_path, variant):
     torch.set_num_threads(1)
-    out = tmp_path / "eagle"
+    out = tmp_path / variant
+    layers = 2 if variant == "eagle1" else 4  # EAGLE-3 fuses three layers: a 4-layer target
+    target_dir = tiny_pair["target"] if variant == "eagle1" else _target_with_layers(tiny_pair, tmp_path, layers)
     result = run_recipe("eagle", [
-        "--config", str(ROOT / "recipes" / "configs" / "eagle_test.yaml"),
-        "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out)])
+        "--config", str(ROOT / "recipes" / "configs" / "eagle_test.yaml"), f"variant={variant}", "ttt_steps=3",
+        "draft_vocab_size=64", "layers=auto",
+        "--target", str(target_dir), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out)])
     artefact, manifest = result.artefact, result.manifest
     assert manifest["kind"] == "heads" and manifest["method"] == "eagle"
-    assert json.loads((artefact / "heads_config.json").read_text())["method"] == "eagle"
-    assert 0 <= manifest["training"]["head_top1"] <= 1 and {"reg", "cls", "top1"} <= manifest["metrics"].keys()
+    config = json.loads((artefact / "heads_config.json").read_text())
+    assert config["method"] == "eagle" and config["variant"] == variant
+    assert 0 <= manifest["training"]["head_top1"] <= 1 and "top1" in manifest["metrics"]
+    if variant == "eagle1":
+        assert {"reg", "cls"} <= manifest["metrics"].keys()
+    else:
+        assert {"step0_top1", "step2_top1"} <= manifest["metrics"].keys() and config["draft_vocab_size"] == 64
     assert manifest["proposer"]["draft_length"] == 3
-    target = random_model("llama", seed=0, layers=2)  # the pair's target (same seed)
-    proposer, _ = load_artefact(artefact, target, None)
+    target = random_model("llama", seed=0, layers=layers)  # the recipe's target (same seed)
     adapter = ModelAdapter(target)
-    for seed in range(2):
-        prompt = torch.randint(3, 100, (12,), generator=torch.Generator().manual_seed(seed))
-        ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=20))
-        assert generate(adapter, prompt, GenerationConfig(max_new_tokens=20), proposer).output_ids == ar.output_ids
+    for tree in ("dynamic", "chain"):
+        proposer, _ = load_artefact(artefact, target, None, tree=tree)
+        for seed in range(2):
+            prompt = torch.randint(3, 100, (12,), generator=torch.Generator().manual_seed(seed))
+            ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=20))
+            assert generate(adapter, prompt, GenerationConfig(max_new_tokens=20), proposer).output_ids == ar.output_ids
     with pytest.raises(Exception, match="chain"):
         load_artefact(artefact, target, None, tree="auto")
 

@@ -55,11 +55,15 @@ def test_supervised_positions_and_losses():
 
 def test_config_is_validated():
     with pytest.raises(ConfigError, match="variant"):
-        EagleConfig(variant="eagle3")
+        EagleConfig(variant="eagle4")
     with pytest.raises(ConfigError, match="reg_weight"):
         EagleConfig(reg_weight=0.0, cls_weight=0.0)
     with pytest.raises(ConfigError, match="noise"):
         EagleConfig(noise=-0.1)
+    with pytest.raises(ConfigError, match="layers"):
+        EagleConfig(variant="eagle3", layers="1,2")
+    with pytest.raises(ConfigError, match="ttt_steps"):
+        EagleConfig(variant="eagle3", ttt_steps=0)
 
 
 def _trained_like_head(target):
@@ -180,3 +184,81 @@ def test_dynamic_tree_matches_a_brute_force_expansion():
         parent = int(draft.parents[i])
         paths.append((paths[parent] if parent >= 0 else ()) + (tok,))
     assert sorted(paths) == sorted(p for p, _ in want)
+
+
+# --------------------------------------------------------------------------------------------------- EAGLE-3
+
+
+def test_draft_vocab_follows_the_contract():
+    """../shared/contracts section 10: d2t int64 offsets [Vd], ids = arange + d2t strictly increasing in [0, V), t2d
+    bool [V] marking exactly those ids; the most frequent answer tokens, unseen ids filled from the smallest."""
+    from draftsmith.inference.eagle import draft_vocab
+
+    counts = torch.zeros(50, dtype=torch.long)
+    counts[[40, 7, 33]] = torch.tensor([9, 5, 5])
+    d2t, t2d = draft_vocab(counts, 6)
+    ids = torch.arange(6) + d2t
+    assert d2t.dtype == torch.int64 and d2t.shape == (6,) and bool((d2t >= 0).all())
+    assert ids.tolist() == [0, 1, 2, 7, 33, 40] and bool((ids[1:] > ids[:-1]).all())
+    assert t2d.dtype == torch.bool and t2d.shape == (50,) and t2d.nonzero().squeeze().tolist() == ids.tolist()
+
+
+def _eagle3(target, vd=96, seed=3):
+    from draftsmith.inference.eagle import Eagle3Head, draft_vocab
+
+    d2t, t2d = draft_vocab(torch.arange(128).flip(0), vd)
+    head = Eagle3Head.for_target(target, d2t, t2d)
+    torch.manual_seed(seed)
+    for p in head.midlayer.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    return head
+
+
+def test_eagle3_head_shapes_and_layers():
+    from draftsmith.inference.eagle import aux_layers
+
+    assert aux_layers(30) == (2, 15, 27) and aux_layers(4) == (1, 2, 3)
+    target = random_model("llama", seed=0, layers=4)
+    head = _eagle3(target)
+    assert head.hidden_layers == (1, 2, 3) and head.fc.weight.shape == (32, 96) and head.fc.bias is None
+    assert head.midlayer.self_attn.q_proj.weight.shape[1] == 64 and head.lm_head.weight.shape == (96, 32)
+    ids = torch.arange(96) + head.d2t
+    assert torch.equal(head.lm_head.weight, target.lm_head.weight[ids])  # starts as the target's rows
+
+
+def test_training_time_test_step_j_sees_what_decoding_sees():
+    """The unrolled step j's logits at every anchor t equal decoding's at draft depth j+1: the head fed true inputs
+    up to t, then its own outputs with the next tokens x_{t+2}, x_{t+3}, ..."""
+    from draftsmith.trainers.eagle import Eagle3TTT, shifted
+
+    target = random_model("llama", seed=0, layers=4)
+    unrolled = Eagle3TTT(_eagle3(target)).eval()
+    head = unrolled.head
+    ids = torch.randint(3, 100, (1, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i][:, :-1] for i in head.hidden_layers], -1)  # [1, A, 96]
+        embed = target.get_input_embeddings()
+        steps = 3
+        logits = unrolled(feats, torch.stack([embed(shifted(ids[:, 1:], j)) for j in range(steps)]))  # [K, 1, A, Vd]
+        a = ids.shape[1] - 1
+        for t in range(a - steps):
+            cache = head.new_cache()
+            g = head.fc(feats[:, : t + 1])
+            h = head(embed(ids[:, 1: t + 2]), g, torch.arange(t + 1)[None], cache)[:, -1:]  # true inputs 0..t
+            for j in range(steps):
+                assert torch.allclose(head.draft_logits(h)[0, 0], logits[j, 0, t], atol=1e-4), (t, j)
+                h = head(embed(ids[:, t + 2 + j: t + 3 + j]), h, torch.tensor([[t + 1 + j]]), cache)
+
+
+@pytest.mark.parametrize("tree", ["chain", "dynamic"])
+def test_eagle3_drafting_is_token_identical(tree):
+    target = random_model("llama", seed=0, layers=4)
+    adapter = ModelAdapter(target)
+    proposer = EagleProposer(_eagle3(target), target.get_input_embeddings(), target.get_output_embeddings(),
+                             length=3, tree=tree, depth=3, top_k=3, total_tokens=8)
+    for seed in range(2):
+        prompt = torch.randint(3, 100, (11,), generator=torch.Generator().manual_seed(seed))
+        ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=20))
+        assert generate(adapter, prompt, GenerationConfig(max_new_tokens=20), proposer).output_ids == ar.output_ids
+        assert proposer._cache.get_seq_length(0) == proposer._true
