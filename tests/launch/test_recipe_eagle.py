@@ -87,3 +87,21 @@ def test_accelerate_two_cpu_processes(tiny_pair, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     manifest = json.loads((out / "artefact" / "manifest.json").read_text())
     assert manifest["method"] == "eagle" and manifest["training"]["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_eagle3_under_deepspeed_zero2_two_cpu_processes(tiny_pair, tmp_path):
+    """recipes/eagle.py --variant eagle3 under `deepspeed` (ZeRO-2, 2 CPU processes): the unrolled training-time
+    test is one forward per step, so data parallelism sees one forward per backward."""
+    out = tmp_path / "ds"
+    target = _target_with_layers(tiny_pair, tmp_path, 4)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+    cmd = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port", "29547",
+           str(ROOT / "recipes" / "eagle.py"), "--config", str(ROOT / "recipes" / "configs" / "eagle_test.yaml"),
+           "--variant", "eagle3", "ttt_steps=3", "draft_vocab_size=64", "--max_steps", "3",
+           "--target", str(target), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out),
+           "--deepspeed", str(ROOT / "launch" / "configs" / "deepspeed" / "zero2.json")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    manifest = json.loads((out / "artefact" / "manifest.json").read_text())
+    assert manifest["training"]["world_size"] == 2 and manifest["training"]["config"]["eagle"]["variant"] == "eagle3"
