@@ -263,4 +263,26 @@ class Eagle3Head(nn.Module):
                 "draft_vocab_size": int(self.d2t.numel()), "vocab_size": int(self.t2d.numel())}
 
 
-__all__ = ["Eagle3Head", "EagleHead", "GrowingCache", "aux_layers", "draft_vocab", "head_config", "head_mask"]
+def load_eagle_head(directory, target: nn.Module) -> EagleHead | Eagle3Head:
+    """The head of an EAGLE artefact directory (``heads.safetensors`` + ``heads_config.json``) for ``target``."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from draftsmith.common.errors import ArtefactError
+    from draftsmith.common.io import read_json
+
+    directory = Path(directory)
+    config = read_json(directory / "heads_config.json")
+    if config is None or config.get("method") != "eagle":
+        raise ArtefactError(f"{directory}/heads_config.json is missing or not an EAGLE head: pass an EAGLE artefact")
+    tensors = load_file(str(directory / "heads.safetensors"))
+    if config.get("variant", "eagle1") == "eagle3":
+        head = Eagle3Head.for_target(target, tensors["d2t"], tensors["t2d"], tuple(config["layers"]))
+    else:
+        head = EagleHead.for_target(target, fc_bias=bool(config.get("fc_bias", False)))
+    head.load_state_dict(tensors)
+    return head
+
+
+__all__ = ["load_eagle_head", "Eagle3Head", "EagleHead", "GrowingCache", "aux_layers", "draft_vocab", "head_config", "head_mask"]

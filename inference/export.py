@@ -1,5 +1,5 @@
 """Exporting trained heads to the serving engines' checkpoint layouts (docs/EXPORT.md), and reading an export
-back (the round trip the tests check).
+back (the round trip the tests check). EAGLE's layouts live in :mod:`draftsmith.inference.export_eagle`.
 
 ``vllm-medusa``: the directory vLLM's Medusa model loads (``speculative_config={"method": "medusa", "model": DIR,
 "num_speculative_tokens": k}`` with ``k <= heads``):
@@ -28,7 +28,8 @@ from draftsmith.common.errors import ArtefactError, ConfigError
 from draftsmith.common.io import atomic_write_json, read_json
 from draftsmith.inference.heads import MedusaHeads
 
-FORMATS = ("vllm-medusa",)
+FORMATS = ("vllm-medusa", "eagle3", "vllm-eagle", "sglang-eagle")
+FORMAT_METHOD = {"vllm-medusa": "medusa", "eagle3": "eagle", "vllm-eagle": "eagle", "sglang-eagle": "eagle"}
 
 
 def vllm_medusa_config(heads: MedusaHeads) -> dict:
@@ -119,8 +120,16 @@ def export_artefact(artefact: str | os.PathLike, fmt: str, out: str | os.PathLik
     manifest = read_json(Path(artefact) / "manifest.json")
     if manifest is None:
         raise ArtefactError(f"{artefact} has no manifest.json: pass an artefact directory written by a recipe")
-    if manifest.get("method") != "medusa":
-        raise ConfigError(f"--format {fmt} exports Medusa heads, but {artefact} is a {manifest.get('method')} artefact")
+    if manifest.get("method") != FORMAT_METHOD[fmt]:
+        raise ConfigError(f"--format {fmt} exports {FORMAT_METHOD[fmt]} heads, but {artefact} is a "
+                          f"{manifest.get('method')} artefact")
+    if FORMAT_METHOD[fmt] == "eagle":
+        from draftsmith.inference.eagle import load_eagle_head
+        from draftsmith.inference.export_eagle import export_eagle
+
+        if target_model is None:
+            raise ConfigError(f"--format {fmt} builds the head's layer from its target's config: pass --target")
+        return export_eagle(load_eagle_head(artefact, target_model), target_model.config, fmt, out)
     heads = load_heads_artefact(artefact)
     if manifest.get("target_adapter"):  # Medusa-2: the heads belong to the adapted target, which ships beside them
         from draftsmith.inference.artefact import adapted_target
@@ -140,6 +149,8 @@ def describe(out: str | os.PathLike) -> str:
     """One line: what an export directory holds."""
     config = json.loads((Path(out) / "config.json").read_text())
     names = load_file(str(Path(out) / "model.safetensors"))
+    if config.get("model_type") != "medusa":
+        return f"{out}: {config['architectures'][0]} draft head, {len(names)} tensors"
     line = (f"{out}: {config['model_type']} with {config['num_heads']} heads x {config['num_hidden_layers']} blocks, "
             f"{len(names)} tensors")
     if (Path(out) / ADAPTED_TARGET).is_dir():

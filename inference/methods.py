@@ -155,29 +155,16 @@ def medusa_proposer(ctx: ProposerContext):
 def eagle_proposer(ctx: ProposerContext):
     """An EAGLE-1 or EAGLE-3 head from a ``heads`` artefact over the target's features, drafting EAGLE-2's dynamic tree
     (``tree_depth`` levels of ``tree_top_k``, ``tree_nodes`` kept; the default) or a chain of ``draft_length``."""
-    from safetensors.torch import load_file
-
-    from draftsmith.common.io import read_json
-    from draftsmith.inference.eagle import Eagle3Head, EagleHead
-    from draftsmith.inference.proposers.eagle import EagleProposer
+    from draftsmith.inference.eagle import load_eagle_head
+    from draftsmith.inference.proposers.eagle import TREES, EagleProposer
 
     if ctx.artefact_dir is None:
         raise ConfigError("eagle runs from its trained head: pass --artefact DIR (from recipes/eagle.py)")
-    from draftsmith.inference.proposers.eagle import TREES
-
     tree = str(ctx.option("tree", "dynamic"))
     if tree not in TREES:
         raise ConfigError(f"--tree {tree}: EAGLE drafts a chain or EAGLE-2's dynamic tree (--tree chain|dynamic)")
-    config = read_json(Path(ctx.artefact_dir) / "heads_config.json")
-    if config is None or config.get("method") != "eagle":
-        raise ArtefactError(f"{ctx.artefact_dir}/heads_config.json is missing or not an EAGLE head: pass an EAGLE artefact")
     target = ctx.target_model
-    tensors = load_file(str(Path(ctx.artefact_dir) / "heads.safetensors"))
-    if config.get("variant", "eagle1") == "eagle3":
-        head = Eagle3Head.for_target(target, tensors["d2t"], tensors["t2d"], tuple(config["layers"]))
-    else:
-        head = EagleHead.for_target(target, fc_bias=bool(config.get("fc_bias", False)))
-    head.load_state_dict(tensors)
+    head = load_eagle_head(ctx.artefact_dir, target)
     head.to(target.device)
     return EagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(),
                          length=int(ctx.option("draft_length", 5)), tree=tree, depth=int(ctx.option("tree_depth", 5)),

@@ -64,6 +64,17 @@ def test_recipe_trains_a_head_writes_the_artefact_and_decodes_identically(tiny_p
             assert generate(adapter, prompt, GenerationConfig(max_new_tokens=20), proposer).output_ids == ar.output_ids
     with pytest.raises(Exception, match="chain"):
         load_artefact(artefact, target, None, tree="auto")
+    # exported through the command line for the engines, and read back to the same head
+    from draftsmith.inference.eagle import load_eagle_head
+    from draftsmith.inference.export_eagle import read_eagle_export
+    from draftsmith.launch.cli import main
+
+    for fmt in (("eagle3",) if variant == "eagle3" else ("vllm-eagle", "sglang-eagle")):
+        export = tmp_path / f"export-{fmt}"
+        assert main(["export", "--artefact", str(artefact), "--format", fmt, "--out", str(export),
+                     "--target", str(target_dir)]) == 0
+        back, head = read_eagle_export(export, target), load_eagle_head(artefact, target)
+        assert all(torch.equal(v, back.state_dict()[k]) for k, v in head.state_dict().items())
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("eagle*.yaml")), ids=lambda p: p.name)
