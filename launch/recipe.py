@@ -284,6 +284,11 @@ def evaluate_artefact(artefact: Path, target_model, tokenizer, args: RecipeArgum
 
 
 def build_trainer(spec: MethodSpec, models: dict, method_config, training_args, train, heldout, tokenizer):
+    trainer_cls = resolve(spec.trainer)
+    collator = None
+    if hasattr(trainer_cls, "prepare_datasets"):  # e.g. EAGLE's offline features: the datasets it trains on
+        train, heldout, collator = trainer_cls.prepare_datasets(models, method_config, train, heldout, tokenizer,
+                                                                training_args)
     trainable = models.get("draft")
     if spec.trainable:
         import inspect
@@ -291,9 +296,9 @@ def build_trainer(spec: MethodSpec, models: dict, method_config, training_args, 
         build = resolve(spec.trainable)
         sees_data = "train_dataset" in inspect.signature(build).parameters  # e.g. EAGLE-3's draft vocabulary
         trainable = build(models, method_config, train_dataset=train) if sees_data else build(models, method_config)
-    return resolve(spec.trainer)(model=trainable, teacher_model=models["target"], method_config=method_config,
-                                 args=training_args, train_dataset=train, eval_dataset=heldout,
-                                 processing_class=tokenizer)
+    return trainer_cls(model=trainable, teacher_model=models["target"], method_config=method_config,
+                       args=training_args, train_dataset=train, eval_dataset=heldout, processing_class=tokenizer,
+                       data_collator=collator)
 
 
 def run_recipe(method: str, argv: list[str] | None = None, default_config: str | os.PathLike | None = None) -> RecipeResult:

@@ -36,6 +36,7 @@ the anchors whose ``x_{t+2+j}`` is a response token. Evaluation logs the top-1 a
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,7 +44,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.inference.eagle import Eagle3Head, EagleHead, GrowingCache, draft_vocab
+from draftsmith.data.feature_cache import features_of
+from draftsmith.inference.eagle import Eagle3Head, EagleHead, GrowingCache, aux_layers, draft_vocab
 from draftsmith.trainers.base import FrozenTargetTrainer
 
 DATA_MODES = ("target", "fixed")
@@ -78,6 +80,16 @@ class EagleConfig:
     max_new_tokens: int = field(default=64, metadata=_help("Tokens the target generates per prompt (data_mode=target)."))
     prompt_tokens: int = field(default=32, metadata=_help("For plain-text rows, how many leading tokens form the "
                                                           "prompt the target continues."))
+    features: str = field(default="online", metadata=_help("online = the frozen target computes the features in "
+                                                           "every step; offline = once, into a cache on disk "
+                                                           "(draftsmith.data.feature_cache), reused across epochs and "
+                                                           "runs."))
+    feature_cache_dir: str = field(default="", metadata=_help("Offline features: the cache root (default "
+                                                              "$DRAFTSMITH_HOME/features)."))
+    feature_cache_budget_gb: float = field(default=50.0, metadata=_help("Offline features: refuse to build a cache "
+                                                                        "larger than this."))
+    feature_cache_dtype: str = field(default="float16", metadata=_help("Offline features: float16, bfloat16 or "
+                                                                       "float32."))
     draft_length: int = field(default=5, metadata=_help("Evaluation: tokens the head drafts per step (chain)."))
     tree: str = field(default="dynamic", metadata=_help("Evaluation: dynamic (EAGLE-2's tree) or chain."))
     tree_depth: int = field(default=5, metadata=_help("Dynamic tree: levels the head expands."))
@@ -85,6 +97,8 @@ class EagleConfig:
     tree_nodes: int = field(default=32, metadata=_help("Dynamic tree: tokens kept for verification (total_tokens)."))
 
     def __post_init__(self) -> None:
+        if self.features not in ("online", "offline"):
+            raise ConfigError(f"features={self.features!r} is unknown: choose online or offline")
         if self.variant not in VARIANTS:
             raise ConfigError(f"variant={self.variant!r} is unknown: choose one of {', '.join(VARIANTS)}")
         if int(self.ttt_steps) < 1 or int(self.draft_vocab_size) < 1 or not 0.0 < float(self.step_decay) <= 1.0:
@@ -114,6 +128,16 @@ class EagleConfig:
     def proposer_settings(self) -> dict[str, Any]:
         return {"draft_length": int(self.draft_length), "tree": self.tree, "tree_depth": int(self.tree_depth),
                 "tree_top_k": int(self.tree_top_k), "tree_nodes": int(self.tree_nodes)}
+
+
+def feature_layers(config: EagleConfig, target) -> tuple[int, ...]:
+    """The target layers the head trains on (-1: the final-normed last hidden state, whose LM head gives the target's
+    distribution)."""
+    if config.variant == "eagle1":
+        return (-1,)
+    layers = aux_layers(int(target.config.num_hidden_layers)) if config.layers == "auto" else \
+        tuple(int(x) for x in str(config.layers).split(","))
+    return tuple(layers) + (-1,)
 
 
 def answer_token_counts(dataset, vocab_size: int) -> torch.Tensor:  # [V] long
@@ -218,9 +242,67 @@ class EagleTrainer(FrozenTargetTrainer):
 
     config_class = EagleConfig
 
+    @classmethod
+    def prepare_datasets(cls, models: dict, config: EagleConfig, train, heldout, tokenizer, training_args):
+        """Offline features: the target's answers (``data_mode=target``) and their features, cached once
+        (:mod:`draftsmith.data.feature_cache`; the main process builds, the others wait and read), as the datasets
+        and collator the trainer uses. Online: unchanged."""
+        if config.features != "offline":
+            return train, heldout, None
+        from draftsmith.common.models import target_identity
+        from draftsmith.data.feature_cache import (
+            CacheSpec,
+            FeatureCollator,
+            FeatureDataset,
+            answer_rows,
+            build_feature_cache,
+        )
+        from draftsmith.data.generation import eos_token_ids, pad_token_id
+        from draftsmith.data.zoo import draftsmith_home
+
+        target = models["target"]
+        pad = pad_token_id(tokenizer, target.config)
+        root = Path(config.feature_cache_dir) if config.feature_cache_dir else draftsmith_home() / "features"
+        spec = CacheSpec(layers=feature_layers(config, target), dtype=config.feature_cache_dtype,
+                         budget_gb=float(config.feature_cache_budget_gb))
+        identity = target_identity(target, tokenizer)
+        out = []
+        with training_args.main_process_first(desc="building the feature cache"):
+            for dataset in (train, heldout):
+                rows = [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in dataset]
+                if config.data_mode == "target":
+                    rows = answer_rows(target, rows, max_new_tokens=config.max_new_tokens,
+                                       prompt_tokens=config.prompt_tokens, pad_token_id=pad,
+                                       eos_ids=eos_token_ids(tokenizer, target.config))
+                out.append(FeatureDataset(build_feature_cache(target, rows, root, spec, identity)))
+        return out[0], out[1], FeatureCollator(pad)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        layers = getattr(self.train_dataset, "layers", ())  # a FeatureDataset: its columns reach the loss
+        self._signature_columns = list(self._signature_columns) + [f"feat_{i}" for i in layers]
+
+    def _target_outputs(self, inputs: dict[str, torch.Tensor], layers: tuple[int, ...]):
+        """``({layer: [B, T, H]}, logits [B, T, V])``: from the batch's cached features when it has them (the
+        logits through the target's LM head from the final-normed layer), else from a frozen target forward."""
+        cached = features_of(inputs)
+        if self.method_config.features == "offline" and not cached:
+            raise ConfigError("features=offline but the batch holds no cached features: build the trainer through the "
+                              "recipe runner (EagleTrainer.prepare_datasets), or train with features=online")
+        if cached:
+            dtype = self.teacher_module.get_output_embeddings().weight.dtype
+            feats = {i: v.to(dtype) for i, v in cached.items()}
+            with torch.no_grad():
+                logits = self.teacher_module.get_output_embeddings()(feats[-1])
+            return feats, logits
+        with torch.no_grad():
+            out = self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                               output_hidden_states=True)
+        return {i: out.hidden_states[i] for i in layers}, out.logits
+
     def prepare_training_batch(self, model, inputs):
         cfg = self.method_config
-        if cfg.data_mode == "fixed":
+        if cfg.data_mode == "fixed" or features_of(inputs):  # cached rows already hold the target's answers
             return inputs
         return self.generated_batch(inputs, max_new_tokens=cfg.max_new_tokens, prompt_tokens=cfg.prompt_tokens)
 
@@ -229,10 +311,8 @@ class EagleTrainer(FrozenTargetTrainer):
 
     def _head_outputs(self, model, inputs: dict[str, torch.Tensor], noise: float):
         """``(f^ [B, T-1, H], target features [B, T, H], target logits [B, T, V])`` for a batch."""
-        with torch.no_grad():
-            out = self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                               output_hidden_states=True)
-        features, logits = out.hidden_states[-1], out.logits  # [B, T, H], [B, T, V]
+        feats, logits = self._target_outputs(inputs, (-1,))
+        features = feats[-1]  # [B, T, H], logits [B, T, V]
         ids = inputs["input_ids"]
         with torch.no_grad():
             embeds = self.teacher_module.get_input_embeddings()(ids[:, 1:])  # [B, T-1, H]  E(x_{t+1})
@@ -262,9 +342,9 @@ class EagleTrainer(FrozenTargetTrainer):
         ids, labels = inputs["input_ids"], inputs["labels"]
         b, t = ids.shape
         steps = max(1, min(int(cfg.ttt_steps), t - 2))  # unrolled steps with a label (anchors 0 .. T-2)
+        feats, target_logits = self._target_outputs(inputs, tuple(unrolled.hidden_layers))
         with torch.no_grad():
-            out = self.teacher(input_ids=ids, attention_mask=inputs["attention_mask"], output_hidden_states=True)
-            features = torch.cat([out.hidden_states[i][:, :-1] for i in unrolled.hidden_layers], dim=-1)  # [B, A, 3Ht]
+            features = torch.cat([feats[i][:, :-1] for i in unrolled.hidden_layers], dim=-1)  # [B, A, 3Ht]
             embed = self.teacher_module.get_input_embeddings()
             step_embeds = torch.stack([embed(shifted(ids[:, 1:], j)) for j in range(steps)])  # [K, B, A, H]
         logits = model(features, step_embeds)  # [K, B, A, Vd]
@@ -274,7 +354,7 @@ class EagleTrainer(FrozenTargetTrainer):
             keep = shifted(labels[:, 2:], j, -100) != -100  # [B, A-1]: x_{t+2+j} is an answer token
             keep = torch.cat([keep, keep.new_zeros(b, 1)], dim=1)  # [B, A]: the last anchor has no label
             logq = F.log_softmax(logits[j][keep].float(), dim=-1)  # [N, Vd]
-            target = shifted(out.logits[:, 1:], j)[keep].float()  # [N, V]: p_{t+2+j}, from the logits at t+1+j
+            target = shifted(target_logits[:, 1:], j)[keep].float()  # [N, V]: p_{t+2+j}, from the logits at t+1+j
             ce = -(target[:, unrolled.t2d].softmax(-1) * logq).sum()
             total = total + cfg.step_decay ** j * ce
             agree = unrolled.to_target(logq.argmax(-1)) == target.argmax(-1)
@@ -327,4 +407,4 @@ class EagleTrainer(FrozenTargetTrainer):
 
 
 __all__ = ["Eagle3TTT", "EagleConfig", "EagleTrainer", "answer_token_counts", "build_eagle_head", "eagle_losses", "shifted",
-           "supervised_positions", "ttt_visibility", "uniform_noise"]
+           "feature_layers", "supervised_positions", "ttt_visibility", "uniform_noise"]

@@ -1,0 +1,231 @@
+"""Offline hidden-state features: the frozen target's hidden states of chosen layers, computed once and stored, so
+that head methods (EAGLE) train without running the target in every step and every epoch.
+
+A cache directory holds ``manifest.json`` (what the cache is of: its key, the layers, the dtype, the shards and
+their rows) and shards ``shard-00000.safetensors`` ...: per shard, the rows' tokens concatenated (``input_ids``,
+``labels`` int32 ``[N]``), the row boundaries (``offsets`` int64 ``[rows + 1]``) and one tensor per layer
+(``layer_<i>`` ``[N, H]``, half precision by default; ``-1`` is the final-normed last hidden state, the input of
+the LM head). Only the layers the method needs are kept.
+
+- **Keyed**: the directory name is a hash of the target's identity, the rows (their tokens, hence the data and
+  the answers), the layers and the dtype, so a run reuses a cache exactly when all of them match.
+- **Budgeted**: before writing, the size per million tokens and the estimate for these rows are printed, and a
+  build whose estimate exceeds the stated disk budget (or the free space) is refused with a one-line error.
+- **Resumable**: rows go to shards in a fixed order and each shard is written to a temporary file and renamed;
+  a killed build rerun skips the shards that exist and writes the rest (no row lost or duplicated).
+- **Shardable**: ``shard_rows`` rows per shard; a reader loads one shard at a time.
+
+:func:`answer_rows` turns dataset rows into the target's own answers first (greedy), when the method trains on
+those, so the cache holds exactly the sequences the head trains on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from draftsmith.common.errors import ConfigError
+from draftsmith.common.io import atomic_write_json, read_json
+from draftsmith.data.chat import IGNORE_INDEX
+from draftsmith.data.generation import sample_completions, sequences_from_generations, split_prompts
+
+FORMAT = "draftsmith-features/1"
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    layers: tuple[int, ...]  # transformers hidden-state indices; -1 = final-normed last hidden state
+    dtype: str = "float16"
+    shard_rows: int = 256
+    budget_gb: float = 50.0
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"feature cache dtype {self.dtype!r} is unknown: choose one of {', '.join(DTYPES)}")
+        if self.shard_rows < 1 or self.batch_size < 1 or self.budget_gb <= 0 or not self.layers:
+            raise ConfigError("feature cache: shard_rows and batch_size >= 1, budget_gb > 0 and at least one layer")
+
+
+def bytes_per_token(hidden: int, spec: CacheSpec) -> int:
+    """Disk bytes one token takes: every kept layer's hidden state plus its token and label ids."""
+    return len(spec.layers) * hidden * DTYPES[spec.dtype].itemsize + 8
+
+
+def cache_key(identity: dict, rows: Sequence[dict], spec: CacheSpec) -> str:
+    """The hash that names a cache: the target's identity, the rows' tokens and labels, the layers, the dtype."""
+    h = hashlib.sha256(json.dumps({"target": identity, "layers": list(spec.layers), "dtype": spec.dtype},
+                                  sort_keys=True).encode())
+    for row in rows:
+        h.update(json.dumps([list(row["input_ids"]), list(row["labels"])]).encode())
+    return h.hexdigest()[:24]
+
+
+def answer_rows(target, rows: Sequence[dict], *, max_new_tokens: int, prompt_tokens: int, pad_token_id: int,
+                eos_ids: Sequence[int], batch_size: int = 8, progress: bool = True) -> list[dict]:
+    """``rows`` with their answers replaced by the target's own greedy answers to the same prompts (the shared
+    self-distillation, batched)."""
+    from tqdm.auto import tqdm
+
+    out: list[dict] = []
+    for start in tqdm(range(0, len(rows), batch_size), desc="target answers", disable=not progress, unit="batch"):
+        batch = rows[start: start + batch_size]
+        width = max(len(r["input_ids"]) for r in batch)
+        ids = torch.tensor([list(r["input_ids"]) + [pad_token_id] * (width - len(r["input_ids"])) for r in batch])
+        labels = torch.tensor([list(r["labels"]) + [IGNORE_INDEX] * (width - len(r["labels"])) for r in batch])
+        mask = torch.tensor([[1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"])) for r in batch])
+        prompts = split_prompts(ids, labels, mask, prompt_tokens)
+        completions = sample_completions(target, prompts, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
+                                         eos_ids=eos_ids)
+        out.extend(sequences_from_generations(prompts, completions))
+    return out
+
+
+def _shards(n: int, per: int) -> list[tuple[int, int]]:
+    return [(s, min(n, s + per)) for s in range(0, n, per)]
+
+
+def _shard_name(k: int) -> str:
+    return f"shard-{k:05d}.safetensors"
+
+
+@torch.no_grad()
+def _features(target, rows: Sequence[dict], layers: Sequence[int], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """One batch's features, unpadded and concatenated: ``layer_<i>`` ``[N, H]``."""
+    device = next(target.parameters()).device
+    width = max(len(r["input_ids"]) for r in rows)
+    ids = torch.tensor([list(r["input_ids"]) + [0] * (width - len(r["input_ids"])) for r in rows], device=device)
+    mask = torch.tensor([[1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"])) for r in rows], device=device)
+    out = target(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1)
+    keep = mask.bool()
+    return {f"layer_{i}": out.hidden_states[i][keep].to(dtype).cpu() for i in layers}  # right padding: row order
+
+
+def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, spec: CacheSpec, identity: dict,
+                        progress: bool = True) -> Path:
+    """The cache of ``rows`` under ``root`` (built, or finished, or reused as it is); see the module docstring."""
+    from tqdm.auto import tqdm
+
+    key = cache_key(identity, rows, spec)
+    directory = Path(root) / key
+    manifest = read_json(directory / "manifest.json")
+    if manifest is not None and manifest.get("complete"):
+        return directory
+    hidden = int(target.config.hidden_size)
+    tokens = sum(len(r["input_ids"]) for r in rows)
+    per_token = bytes_per_token(hidden, spec)
+    need = tokens * per_token
+    print(f"feature cache: {per_token * 1e6 / 1e9:.2f} GB per million tokens ({len(spec.layers)} layers x {hidden} "
+          f"x {spec.dtype}); {tokens:,} tokens -> {need / 1e9:.3f} GB in {directory}")
+    if need > spec.budget_gb * 1e9:
+        raise ConfigError(f"the feature cache needs {need / 1e9:.2f} GB, over its budget of {spec.budget_gb:g} GB: "
+                          "raise feature_cache_budget_gb, keep fewer rows (max_train_examples) or train online")
+    directory.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(directory).free
+    if need > free:
+        raise ConfigError(f"the feature cache needs {need / 1e9:.2f} GB and {directory} has {free / 1e9:.2f} GB free: "
+                          "free space, or point feature_cache_dir elsewhere")
+    shards = _shards(len(rows), spec.shard_rows)
+    atomic_write_json(directory / "manifest.json", {
+        "format": FORMAT, "key": key, "target": identity, "layers": list(spec.layers), "dtype": spec.dtype,
+        "rows": len(rows), "tokens": tokens, "shards": [{"file": _shard_name(k), "rows": [a, b]}
+                                                       for k, (a, b) in enumerate(shards)], "complete": False})
+    bar = tqdm(total=len(rows), desc="feature cache", disable=not progress, unit="row")
+    for k, (a, b) in enumerate(shards):
+        path = directory / _shard_name(k)
+        if path.is_file():  # written (atomically) by an earlier, interrupted build
+            bar.update(b - a)
+            continue
+        part: dict[str, list[torch.Tensor]] = {f"layer_{i}": [] for i in spec.layers}
+        for s in range(a, b, spec.batch_size):
+            for name, value in _features(target, rows[s: min(b, s + spec.batch_size)], spec.layers,
+                                         DTYPES[spec.dtype]).items():
+                part[name].append(value)
+            bar.update(min(b, s + spec.batch_size) - s)
+        chunk = rows[a:b]
+        lengths = torch.tensor([len(r["input_ids"]) for r in chunk], dtype=torch.long)
+        tensors = {name: torch.cat(values) for name, values in part.items()}
+        tensors["input_ids"] = torch.tensor([t for r in chunk for t in r["input_ids"]], dtype=torch.int32)
+        tensors["labels"] = torch.tensor([t for r in chunk for t in r["labels"]], dtype=torch.int32)
+        tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+        tmp = path.with_suffix(".tmp")
+        save_file(tensors, str(tmp))
+        os.replace(tmp, path)
+    bar.close()
+    manifest = read_json(directory / "manifest.json")
+    atomic_write_json(directory / "manifest.json", manifest | {"complete": True})
+    return directory
+
+
+class FeatureDataset(torch.utils.data.Dataset):
+    """The rows of a built cache: ``input_ids``, ``labels``, ``attention_mask`` and ``feat_<i>`` ``[T, H]`` per
+    layer. Loads one shard at a time."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = Path(directory)
+        manifest = read_json(self.directory / "manifest.json")
+        if manifest is None or manifest.get("format") != FORMAT or not manifest.get("complete"):
+            raise ConfigError(f"{self.directory} is not a complete feature cache: rebuild it (the recipe resumes it)")
+        self.layers = tuple(manifest["layers"])
+        self._index = [(k, j) for k, shard in enumerate(manifest["shards"])
+                       for j in range(shard["rows"][1] - shard["rows"][0])]
+        self._files = [shard["file"] for shard in manifest["shards"]]
+        self._loaded: tuple[int, dict] | None = None
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def _shard(self, k: int) -> dict[str, torch.Tensor]:
+        if self._loaded is None or self._loaded[0] != k:
+            self._loaded = (k, load_file(str(self.directory / self._files[k])))
+        return self._loaded[1]
+
+    def __getitem__(self, i: int) -> dict:
+        k, j = self._index[i]
+        shard = self._shard(k)
+        a, b = int(shard["offsets"][j]), int(shard["offsets"][j + 1])
+        row = {"input_ids": shard["input_ids"][a:b].tolist(), "labels": shard["labels"][a:b].tolist()}
+        row["attention_mask"] = [1] * (b - a)
+        for layer in self.layers:
+            row[f"feat_{layer}"] = shard[f"layer_{layer}"][a:b]
+        return row
+
+
+@dataclass
+class FeatureCollator:
+    """Right-pads token rows (as :class:`draftsmith.data.collate.PadCollator`) and their ``feat_<i>`` features
+    (zeros): ``feat_<i>`` ``[B, T, H]``."""
+
+    pad_token_id: int
+
+    def __call__(self, rows: Sequence[dict]) -> dict[str, torch.Tensor]:
+        from draftsmith.data.collate import PadCollator
+
+        out = PadCollator(self.pad_token_id)([{k: r[k] for k in ("input_ids", "labels", "attention_mask")}
+                                              for r in rows])
+        width = out["input_ids"].shape[1]
+        for key in (k for k in rows[0] if k.startswith("feat_")):
+            feats = [r[key] for r in rows]
+            padded = feats[0].new_zeros(len(rows), width, feats[0].shape[-1])
+            for b, f in enumerate(feats):
+                padded[b, : f.shape[0]] = f
+            out[key] = padded
+        return out
+
+
+def features_of(batch: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """``{layer: [B, T, H]}`` from a collated batch's ``feat_<i>`` entries (empty when the batch has none)."""
+    return {int(k.removeprefix("feat_")): v for k, v in batch.items() if k.startswith("feat_")}
+
+
+__all__ = ["CacheSpec", "FeatureCollator", "FeatureDataset", "answer_rows", "build_feature_cache", "bytes_per_token",
+           "cache_key", "features_of"]
