@@ -140,3 +140,25 @@ def test_offline_and_online_features_train_to_the_same_loss_curve(tiny_pair, tmp
     assert curves[("offline", "float16")] == pytest.approx(online, rel=2e-2)
     assert curves[("offline", "float16")] != online  # the half-precision features were the ones trained on
     assert len(list((tmp_path / "cache").iterdir())) == 4  # train and held-out, float32 and float16
+
+
+@pytest.mark.slow
+def test_zoo_eagle_greedy_identical_on_every_dev_question(tmp_path):
+    """Issue 13, done-when: token-identical to AR on every bundled dev question (tiny zoo) for the EAGLE-1 chain,
+    the EAGLE-1 dynamic tree and the EAGLE-3 dynamic tree."""
+    from draftsmith.data.zoo import load_zoo
+    from draftsmith.inference.evaluator import evaluate
+    from draftsmith.inference.questions import read_questions
+
+    tokenizer, target, _ = load_zoo("tiny")
+    short = ["max_steps=30", "eval_steps=30", "save_steps=30", "evaluate=false", "eval_examples=16"]
+    for variant, trees in (("eagle1", ("chain", "dynamic")), ("eagle3", ("dynamic",))):
+        config = ROOT / "recipes" / "configs" / ("eagle_tiny.yaml" if variant == "eagle1" else "eagle3_tiny.yaml")
+        result = run_recipe("eagle", ["--config", str(config), "--output_dir", str(tmp_path / variant), *short])
+        for tree in trees:
+            proposer, _ = load_artefact(result.artefact, target, tokenizer, tree=tree)
+            rep = evaluate(target, tokenizer, "eagle", lambda p=proposer: p, read_questions(), max_new_tokens=64,
+                           warmup=1, progress=False)
+            assert rep["num_questions"] == 324
+            differing = [(r["question_id"], r["difference"]) for r in rep["questions"] if not r["identical"]]
+            assert rep["summary"]["greedy_identical"] == 1.0, (variant, tree, differing[:3])
