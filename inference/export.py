@@ -56,21 +56,27 @@ def vllm_medusa_tensors(heads: MedusaHeads, lm_head: torch.nn.Module | None) -> 
     return {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in out.items()}
 
 
-def export_vllm_medusa(heads: MedusaHeads, lm_head: torch.nn.Module | None, out: str | os.PathLike) -> Path:
-    """Write the vLLM Medusa directory (module docstring) at ``out``, atomically (staged, then renamed)."""
+def write_export(out: str | os.PathLike, tensors: dict[str, torch.Tensor], config: dict) -> Path:
+    """An engine's checkpoint directory at ``out`` (``model.safetensors`` + ``config.json``), atomically: staged
+    beside it, then renamed over any older export."""
     out = Path(out)
     staging = out.with_name(f".{out.name}.export.tmp")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        save_file(vllm_medusa_tensors(heads, lm_head), str(staging / "model.safetensors"))
-        atomic_write_json(staging / "config.json", vllm_medusa_config(heads))
+        save_file(tensors, str(staging / "model.safetensors"))
+        atomic_write_json(staging / "config.json", config)
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
+
+
+def export_vllm_medusa(heads: MedusaHeads, lm_head: torch.nn.Module | None, out: str | os.PathLike) -> Path:
+    """Write the vLLM Medusa directory (module docstring) at ``out``, atomically."""
+    return write_export(out, vllm_medusa_tensors(heads, lm_head), vllm_medusa_config(heads))
 
 
 def read_vllm_medusa(directory: str | os.PathLike) -> tuple[MedusaHeads, torch.nn.Linear | None]:
@@ -158,5 +164,5 @@ def describe(out: str | os.PathLike) -> str:
     return line
 
 
-__all__ = ["FORMATS", "vllm_medusa_config", "vllm_medusa_tensors", "export_vllm_medusa", "read_vllm_medusa",
+__all__ = ["FORMATS", "write_export", "vllm_medusa_config", "vllm_medusa_tensors", "export_vllm_medusa", "read_vllm_medusa",
            "load_heads_artefact", "export_artefact", "describe"]

@@ -22,14 +22,13 @@ Keys neither engine agrees on are never written (``bias``, ``norm_before_residua
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from draftsmith.common.errors import ArtefactError, ConfigError
-from draftsmith.common.io import atomic_write_json, read_json
+from draftsmith.common.io import read_json
 from draftsmith.inference.eagle import Eagle3Head, EagleHead, aux_layers
 
 EAGLE_FORMATS = ("eagle3", "vllm-eagle", "sglang-eagle")
@@ -82,23 +81,12 @@ def eagle_tensors(head, fmt: str) -> dict[str, torch.Tensor]:
 
 
 def export_eagle(head, target_config, fmt: str, out: str | os.PathLike) -> Path:
-    """Write ``head`` in layout ``fmt`` at ``out``, atomically (staged, then renamed)."""
+    """Write ``head`` in layout ``fmt`` at ``out``, atomically."""
     if fmt not in EAGLE_FORMATS:
         raise ConfigError(f"EAGLE export format {fmt!r} is unknown: choose one of {', '.join(EAGLE_FORMATS)}")
-    tensors = eagle_tensors(head, fmt)
-    out = Path(out)
-    staging = out.with_name(f".{out.name}.export.tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        save_file(tensors, str(staging / "model.safetensors"))
-        atomic_write_json(staging / "config.json", layer_config(head, target_config, fmt))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return out
+    from draftsmith.inference.export import write_export
+
+    return write_export(out, eagle_tensors(head, fmt), layer_config(head, target_config, fmt))
 
 
 def read_eagle_export(directory: str | os.PathLike, target) -> EagleHead | Eagle3Head:

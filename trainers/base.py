@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -43,6 +44,30 @@ from draftsmith.trainers.losses import acceptance_from_tvd
 
 TOKENS_LOG_KEY = "trained_tokens"
 BATCH_COLUMNS = ("input_ids", "labels", "attention_mask")
+
+
+ANSWER_MODES = ("target", "fixed")
+
+
+@dataclass
+class TargetAnswers:
+    """Where a head method trains its answers from (the fields every head method's config shares)."""
+
+    data_mode: str = field(default="target", metadata={"help": "target = train on the target's greedy answers to the "
+                                                               "dataset prompts (self-distillation); fixed = the "
+                                                               "dataset responses as they are."})
+    max_new_tokens: int = field(default=64, metadata={"help": "Tokens the target generates per prompt "
+                                                              "(data_mode=target)."})
+    prompt_tokens: int = field(default=32, metadata={"help": "For plain-text rows, how many leading tokens form the "
+                                                             "prompt the target continues."})
+
+    def check_answers(self) -> None:
+        from draftsmith.common.errors import ConfigError
+
+        if self.data_mode not in ANSWER_MODES:
+            raise ConfigError(f"data_mode={self.data_mode!r} is unknown: choose one of {', '.join(ANSWER_MODES)}")
+        if int(self.max_new_tokens) < 1 or int(self.prompt_tokens) < 1:
+            raise ConfigError("max_new_tokens and prompt_tokens must be >= 1")
 
 
 class FrozenTargetTrainer(transformers.Trainer):
@@ -124,6 +149,14 @@ class FrozenTargetTrainer(transformers.Trainer):
                                          synced_gpus=self._zero_stage() == 3 if own else self._sharded())
         batch = self.data_collator(sequences_from_generations(prompts, completions))
         return {k: v.to(inputs["input_ids"].device) for k, v in batch.items()}
+
+    def answers_batch(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``inputs`` with the target's own answers when the method config (a :class:`TargetAnswers`) says
+        ``data_mode=target``, else unchanged."""
+        cfg = self.method_config
+        if getattr(cfg, "data_mode", "fixed") == "fixed":
+            return inputs
+        return self.generated_batch(inputs, max_new_tokens=cfg.max_new_tokens, prompt_tokens=cfg.prompt_tokens)
 
     def prepare_training_batch(self, model, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Turn a collated micro-batch (on the device) into what the loss sees; runs before the window's loss

@@ -46,9 +46,8 @@ from torch import nn
 from draftsmith.common.errors import ConfigError
 from draftsmith.data.feature_cache import features_of
 from draftsmith.inference.eagle import Eagle3Head, EagleHead, GrowingCache, aux_layers, draft_vocab
-from draftsmith.trainers.base import FrozenTargetTrainer
+from draftsmith.trainers.base import FrozenTargetTrainer, TargetAnswers
 
-DATA_MODES = ("target", "fixed")
 VARIANTS = ("eagle1", "eagle3")
 
 
@@ -57,7 +56,7 @@ def _help(text: str) -> dict:
 
 
 @dataclass
-class EagleConfig:
+class EagleConfig(TargetAnswers):
     """EAGLE-1/-3 settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
 
     variant: str = field(default="eagle1", metadata=_help("eagle1 (last-layer features, feature regression) or eagle3 "
@@ -75,11 +74,6 @@ class EagleConfig:
     cls_weight: float = field(default=0.1, metadata=_help("Weight of the token cross-entropy (EAGLE: 0.1)."))
     noise: float = field(default=0.1, metadata=_help("Uniform noise U(-noise, noise) on the input features (EAGLE: "
                                                      "0.1; 0 = off)."))
-    data_mode: str = field(default="target", metadata=_help("target = train on the target's greedy answers to the "
-                                                            "dataset prompts; fixed = the dataset responses."))
-    max_new_tokens: int = field(default=64, metadata=_help("Tokens the target generates per prompt (data_mode=target)."))
-    prompt_tokens: int = field(default=32, metadata=_help("For plain-text rows, how many leading tokens form the "
-                                                          "prompt the target continues."))
     features: str = field(default="online", metadata=_help("online = the frozen target computes the features in "
                                                            "every step; offline = once, into a cache on disk "
                                                            "(draftsmith.data.feature_cache), reused across epochs and "
@@ -110,15 +104,13 @@ class EagleConfig:
                 picked = []
             if len(picked) != 3:
                 raise ConfigError(f"layers={self.layers!r}: give auto or three comma-separated hidden-state indices")
-        if self.data_mode not in DATA_MODES:
-            raise ConfigError(f"data_mode={self.data_mode!r} is unknown: choose one of {', '.join(DATA_MODES)}")
+        self.check_answers()
         if min(float(self.reg_weight), float(self.cls_weight)) < 0 or float(self.reg_weight) + float(self.cls_weight) == 0:
             raise ConfigError("reg_weight and cls_weight must be >= 0 and not both 0")
         if float(self.noise) < 0:
             raise ConfigError(f"noise={self.noise} must be >= 0")
-        if min(int(self.max_new_tokens), int(self.prompt_tokens), int(self.draft_length), int(self.tree_depth),
-               int(self.tree_top_k), int(self.tree_nodes)) < 1:
-            raise ConfigError("max_new_tokens, prompt_tokens, draft_length and the tree sizes must be >= 1")
+        if min(int(self.draft_length), int(self.tree_depth), int(self.tree_top_k), int(self.tree_nodes)) < 1:
+            raise ConfigError("draft_length and the tree sizes must be >= 1")
         if self.tree not in ("chain", "dynamic"):
             raise ConfigError(f"tree={self.tree!r} is unknown: choose chain or dynamic")
 
@@ -301,10 +293,9 @@ class EagleTrainer(FrozenTargetTrainer):
         return {i: out.hidden_states[i] for i in layers}, out.logits
 
     def prepare_training_batch(self, model, inputs):
-        cfg = self.method_config
-        if cfg.data_mode == "fixed" or features_of(inputs):  # cached rows already hold the target's answers
+        if features_of(inputs):  # cached rows already hold the target's answers
             return inputs
-        return self.generated_batch(inputs, max_new_tokens=cfg.max_new_tokens, prompt_tokens=cfg.prompt_tokens)
+        return self.answers_batch(inputs)
 
     def count_loss_tokens(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         return supervised_positions(inputs["labels"]).sum()

@@ -41,9 +41,8 @@ from torch import nn
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import lm_head_rows
 from draftsmith.inference.heads import MedusaHeads
-from draftsmith.trainers.base import FrozenTargetTrainer
+from draftsmith.trainers.base import FrozenTargetTrainer, TargetAnswers
 
-DATA_MODES = ("target", "fixed")
 VARIANTS = ("medusa1", "medusa2")
 RANKS = 10  # candidate ranks whose accuracy is measured (the tree's top-k)
 
@@ -53,7 +52,7 @@ def _help(text: str) -> dict:
 
 
 @dataclass
-class MedusaConfig:
+class MedusaConfig(TargetAnswers):
     """Medusa-1/-2 settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
 
     variant: str = field(default="medusa1", metadata=_help("medusa1 = heads on the frozen target; medusa2 = heads and a "
@@ -63,12 +62,6 @@ class MedusaConfig:
     shared_lm_head: bool = field(default=True, metadata=_help("Use the target's frozen LM head for every head (true), "
                                                               "or give each head its own copy initialised from it."))
     loss_decay: float = field(default=0.8, metadata=_help("lambda_k = loss_decay**k weights head k's loss (Medusa: 0.8)."))
-    data_mode: str = field(default="target", metadata=_help("target = train on the target's greedy answers to the "
-                                                            "dataset prompts (self-distillation); fixed = the dataset "
-                                                            "responses as they are."))
-    max_new_tokens: int = field(default=64, metadata=_help("Tokens the target generates per prompt (data_mode=target)."))
-    prompt_tokens: int = field(default=32, metadata=_help("For plain-text rows, how many leading tokens form the "
-                                                          "prompt the target continues."))
     lora_r: int = field(default=16, metadata=_help("Medusa-2: LoRA rank of the target's adapter."))
     lora_alpha: float = field(default=32.0, metadata=_help("Medusa-2: LoRA alpha."))
     lora_dropout: float = field(default=0.0, metadata=_help("Medusa-2: LoRA dropout."))
@@ -92,10 +85,9 @@ class MedusaConfig:
             raise ConfigError(f"heads={self.heads} and head_layers={self.head_layers} must be >= 1")
         if not 0.0 < float(self.loss_decay) <= 1.0:
             raise ConfigError(f"loss_decay={self.loss_decay} must lie in (0, 1] (Medusa uses 0.8)")
-        if self.data_mode not in DATA_MODES:
-            raise ConfigError(f"data_mode={self.data_mode!r} is unknown: choose one of {', '.join(DATA_MODES)}")
-        if int(self.max_new_tokens) < 1 or int(self.prompt_tokens) < 1 or int(self.tree_nodes) < 1:
-            raise ConfigError("max_new_tokens, prompt_tokens and tree_nodes must be >= 1")
+        self.check_answers()
+        if int(self.tree_nodes) < 1:
+            raise ConfigError(f"tree_nodes={self.tree_nodes} must be >= 1")
         if self.variant not in VARIANTS:
             raise ConfigError(f"variant={self.variant!r} is unknown: choose one of {', '.join(VARIANTS)}")
         if int(self.lora_r) < 1 or float(self.lora_learning_rate) <= 0:
@@ -204,10 +196,7 @@ class MedusaTrainer(FrozenTargetTrainer):
         self.head_accuracy: list[list[float]] | None = None  # [K][RANKS] from the last evaluation
 
     def prepare_training_batch(self, model, inputs):
-        cfg = self.method_config
-        if cfg.data_mode == "fixed":
-            return inputs
-        return self.generated_batch(inputs, max_new_tokens=cfg.max_new_tokens, prompt_tokens=cfg.prompt_tokens)
+        return self.answers_batch(inputs)
 
     def _target_hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:  # [B, T, H], final-normed
         with torch.no_grad():
