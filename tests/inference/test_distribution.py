@@ -157,7 +157,7 @@ def test_medusa_tree_sampling_passes(peaky_pair):
     assert res.passed, res.summary()
 
 
-@pytest.mark.parametrize("tree", ["dynamic", "chain"])
+@pytest.mark.parametrize("tree", ["dynamic", pytest.param("chain", marks=pytest.mark.slow)])
 def test_eagle3_sampling_passes(peaky_pair, tree):
     """EAGLE-3's dynamic tree (one-hot nodes, multi-branch verification) and its sampled chain (q over the reduced
     draft vocabulary, scattered onto the target's) keep the target's distribution."""
