@@ -105,6 +105,10 @@ def _builtin() -> dict[str, MethodSpec]:
                        proposer=f"{inference}:prompt_lookup_proposer", eval_method=True,
                        eval_defaults={"pld_tokens": 24, "pld_max_ngram": 4, "pld_min_ngram": 2,
                                       "pld_length": "adaptive", "pld_threshold": 0.15}),
+            MethodSpec(name="early-exit", summary="the target's first E layers draft for it, verified by the rest "
+                       "with the draft's cache reused (LayerSkip, Elhoushi et al. 2024)",
+                       proposer=f"{inference}:early_exit_proposer", eval_method=True,
+                       eval_defaults={"draft_length": 4, "draft_length_mode": "fixed"}),
             MethodSpec(name="distillspec", summary="a draft model distilled into its target (Zhou et al. 2023)",
                        proposer=f"{inference}:draft_model_proposer", artefact_kind="draft_model",
                        models=("target", "draft"), config="draftsmith.trainers.distillspec:DistillSpecConfig",

@@ -129,6 +129,11 @@ def evaluate(
         draft_name=draft_name, question_file=question_file, command=command, tol=tol, target=target,
         compare_hf=compare_hf, extra=extra, cost_curve=curve,
     )
+    exit_layer = getattr(inner, "exit_layer", None)
+    if exit_layer is not None:  # self-speculation from the first E layers: how often layer E's top-1 is the model's
+        by_depth = report["summary"].get("acceptance_by_depth") or [None]
+        report["early_exit"] = {"exit_layer": int(exit_layer), "num_layers": target.num_layers,
+                                "top1_agreement": by_depth[0] if sampling.greedy else None}
     if original is not None:
         report["adapted_target"] = {
             "verified_against": "the target with the artefact's LoRA adapter merged; AR of that adapted target is the "

@@ -89,6 +89,23 @@ def _relative_verify(ctx: ProposerContext):
     return CostModel.from_dict(recorded).relative_verify if recorded else None
 
 
+def early_exit_proposer(ctx: ProposerContext):
+    """LayerSkip's self-speculation on any Llama-style or GPT-2 target: the first ``exit_layer`` layers draft a chain
+    of ``draft_length`` tokens, the verification runs the remaining layers only, reusing the draft's cache."""
+    from draftsmith.inference.draft_length import DraftLengthPolicy
+    from draftsmith.inference.proposers.self_spec import EarlyExitProposer
+
+    exit_layer = ctx.option("exit_layer", None)
+    if exit_layer is None:
+        raise ConfigError("early-exit drafts with the target's first E layers: pass --exit-layer E")
+    length = int(ctx.option("draft_length", 4))
+    if length < 1:
+        raise ConfigError(f"draft length must be at least 1, got {length}")
+    policy = DraftLengthPolicy(length=length, mode=ctx.option("draft_length_mode", "fixed"), max_length=max(16, length),
+                               relative_verify=_relative_verify(ctx))
+    return EarlyExitProposer(int(exit_layer), policy)
+
+
 def prompt_lookup_proposer(ctx: ProposerContext):
     """Prompt lookup: longest-match-first n-gram copying with an acceptance-adaptive draft length."""
     from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer

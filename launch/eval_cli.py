@@ -30,7 +30,8 @@ PROPOSER_OPTIONS = {"draft_length": "draft_length", "draft_length_mode": "draft_
                     "pld_max_ngram": "pld_max_ngram", "pld_min_ngram": "pld_min_ngram", "pld_length": "pld_length",
                     "pld_threshold": "pld_threshold", "draft_vocab": "draft_vocab", "tree": "tree",
                     "tree_nodes": "tree_nodes", "acceptance": "acceptance", "typical_epsilon": "typical_epsilon",
-                    "typical_delta": "typical_delta", "tree_depth": "tree_depth", "tree_top_k": "tree_top_k"}
+                    "typical_delta": "typical_delta", "tree_depth": "tree_depth", "tree_top_k": "tree_top_k",
+                    "exit_layer": "exit_layer"}
 
 
 def add_parser(sub) -> None:
@@ -82,6 +83,8 @@ def add_parser(sub) -> None:
     g.add_argument("--tree", metavar="auto|chain|FILE", default=None,
                    help="head drafters: medusa's static token tree: auto (grown from the heads' measured "
                         "accuracies; default), chain (the top-1 of each head) or a JSON file of choice paths; eagle: chain or dynamic (EAGLE-2)")
+    g.add_argument("--exit-layer", metavar="E", type=int, default=None,
+                   help="early-exit: draft with the target's first E layers (LayerSkip self-speculation)")
     g.add_argument("--tree-nodes", metavar="N", type=int, default=None,
                    help="nodes of the auto tree (medusa) or the dynamic tree's total tokens (eagle) (default 32)")
     g.add_argument("--tree-depth", metavar="D", type=int, default=None,

@@ -72,6 +72,20 @@ def test_tree_attention_kernel_option_loads_the_registered_attention(tiny_pair, 
     assert json.loads(out.read_text())["summary"]["greedy_identical"] == 1.0
 
 
+def test_early_exit_method_on_any_target(tiny_pair, qfile, tmp_path, capsys):
+    """--method early-exit --exit-layer E: LayerSkip self-speculation on a target as it is, token-identical, with
+    the exit layer's top-1 agreement in the report; a missing exit layer is a one-line error."""
+    out = tmp_path / "ee.json"
+    assert _eval(tiny_pair, "--method", "early-exit", "--exit-layer", "1", "--draft-length", "3", "--questions", qfile,
+                 "--out", out) == 0
+    rep = json.loads(out.read_text())
+    assert rep["method"] == "early-exit" and rep["summary"]["greedy_identical"] == 1.0
+    assert rep["early_exit"]["exit_layer"] == 1 and rep["early_exit"]["num_layers"] == 2
+    assert 0.0 <= rep["early_exit"]["top1_agreement"] <= 1.0
+    assert _eval(tiny_pair, "--method", "early-exit", "--questions", qfile) == 2
+    assert "--exit-layer" in _one_line_error(capsys)
+
+
 def test_sampling_run(tiny_pair, qfile, tmp_path):
     out = tmp_path / "s.json"
     args = ("--draft", tiny_pair["draft"], "--questions", qfile, "--temperature", "0.7", "--top-p", "0.9", "--out", out)
