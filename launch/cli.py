@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "tune": "draftsmith.launch.tune_cli",
     "export": "draftsmith.launch.export_cli",
     "data": "draftsmith.launch.data_cli",
+    "exit-layer": "draftsmith.launch.exit_cli",
 }
 
 

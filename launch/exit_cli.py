@@ -1,0 +1,92 @@
+"""``draftsmith exit-layer``: choose LayerSkip's exit layer and draft length for a target, from measurements.
+
+    draftsmith exit-layer                                          # the tiny zoo target
+    draftsmith exit-layer --target smollm2-135m --prompts 16 --max-new-tokens 64 --threads 1 --out exit.json
+
+Answers held-out calibration prompts with the target (greedy), measures every layer's top-1 agreement with the
+full model along those answers and the cost of drafting through each exit, predicts the speedup of every (exit
+layer, draft length) and prints the best (:mod:`draftsmith.inference.exit_layer`); then run it with
+``draftsmith eval --method early-exit --exit-layer E --draft-length K``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from pathlib import Path
+
+from draftsmith.common.errors import ConfigError
+from draftsmith.common.threads import parse_threads, torch_threads
+from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("exit-layer", help="choose the exit layer and draft length of early-exit self-speculation",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", metavar="PATH", default=None,
+                   help="target: a model directory, a .gguf file, a hub id or smollm2-135m (default: the zoo's)")
+    p.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer (default: the target's, or the zoo's)")
+    p.add_argument("--zoo", default="tiny", choices=ZOO_SIZE_NAMES, help="zoo size used for the defaults")
+    p.add_argument("--prompts", metavar="N", type=int, default=16, help="calibration prompts (held-out corpus split)")
+    p.add_argument("--max-new-tokens", metavar="N", type=int, default=64, help="tokens per calibration answer")
+    p.add_argument("--out", metavar="FILE", default=None, help="write the whole table as JSON")
+    p.add_argument("--threads", metavar="N", default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=run)
+
+
+def calibration_sequences(target, tokenizer, questions, max_new_tokens: int) -> tuple[list[list[int]], list[int]]:
+    """Each question's chat prompt followed by the target's greedy answer, and where each answer starts."""
+    import torch
+
+    from draftsmith.inference.adapter import ModelAdapter
+    from draftsmith.inference.generate import GenerationConfig, generate
+    from draftsmith.inference.runs import chat_prompt_ids
+
+    adapter = ModelAdapter(target)
+    eos = tokenizer.eos_token_id
+    config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_ids=(eos,) if eos is not None else ())
+    sequences, starts = [], []
+    for q in questions:
+        prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": q.turns[0]}])
+        prompt = prompt[-max(1, adapter.max_positions - max_new_tokens - 1):]
+        answer = generate(adapter, torch.tensor(prompt, device=adapter.device), config).output_ids
+        sequences.append(prompt + list(answer))
+        starts.append(len(prompt))
+    return sequences, starts
+
+
+def run(args: argparse.Namespace) -> int:
+    from draftsmith.common.io import atomic_write_json
+    from draftsmith.common.models import load_model, load_tokenizer, tokenizer_dir_for
+    from draftsmith.inference.exit_layer import choose_exit
+    from draftsmith.launch.eval_cli import zoo_paths
+    from draftsmith.launch.tune_cli import calibration_questions
+
+    if args.prompts < 1 or args.max_new_tokens < 1:
+        raise ConfigError("--prompts and --max-new-tokens must be at least 1")
+    threads = contextlib.nullcontext() if args.threads is None else torch_threads(
+        parse_threads(args.threads, "--threads", "pass --threads N with N >= 1, or leave it out"))
+    with threads:
+        target_dir = Path(args.target) if args.target else zoo_paths(args.zoo, None) / "target"
+        target = load_model(target_dir, "float32", what="target").eval()
+        tok_dir = Path(args.tokenizer) if args.tokenizer else tokenizer_dir_for(target_dir)
+        if tok_dir is None:
+            raise ConfigError(f"the target directory {target_dir} holds no tokenizer: pass --tokenizer DIR")
+        tokenizer = load_tokenizer(tok_dir)
+        questions = calibration_questions(args.prompts, args.seed)
+        sequences, starts = calibration_sequences(target, tokenizer, questions, args.max_new_tokens)
+        record = choose_exit(target, sequences, starts)
+    record["calibration"] = {"prompts": len(questions), "max_new_tokens": args.max_new_tokens, "target": str(target_dir)}
+    if args.out:
+        atomic_write_json(Path(args.out), record)
+    print("exit  agreement  " + "  ".join(f"{e + 1}:{a:.3f}" for e, a in enumerate(record["agreement"])))
+    for name in ("chosen", "runner_up"):
+        c = record[name]
+        if c:
+            print(f"{name}: exit layer {c['exit_layer']}, draft length {c['draft_length']}: agreement {c['agreement']:.3f}, "
+                  f"predicted tau {c['predicted_tau']:.3f}, speedup {c['predicted_speedup']:.3f}")
+    c = record["chosen"]
+    print(json.dumps({"exit_layer": c["exit_layer"], "draft_length": c["draft_length"]}))
+    return 0
