@@ -109,6 +109,13 @@ def _builtin() -> dict[str, MethodSpec]:
                        "with the draft's cache reused (LayerSkip, Elhoushi et al. 2024)",
                        proposer=f"{inference}:early_exit_proposer", eval_method=True,
                        eval_defaults={"draft_length": 4, "draft_length_mode": "fixed"}),
+            MethodSpec(name="layerskip", summary="layer dropout and early-exit losses so the target drafts with its "
+                       "first layers (LayerSkip, Elhoushi et al. 2024)",
+                       proposer=f"{inference}:early_exit_proposer", artefact_kind="adapted_target",
+                       config="draftsmith.trainers.layerskip:LayerSkipConfig",
+                       trainer="draftsmith.trainers.layerskip:LayerSkipTrainer",
+                       trainable="draftsmith.trainers.layerskip:build_layerskip_model",
+                       eval_defaults={"draft_length": 4, "draft_length_mode": "fixed"}),
             MethodSpec(name="distillspec", summary="a draft model distilled into its target (Zhou et al. 2023)",
                        proposer=f"{inference}:draft_model_proposer", artefact_kind="draft_model",
                        models=("target", "draft"), config="draftsmith.trainers.distillspec:DistillSpecConfig",

@@ -200,8 +200,14 @@ def check_target(manifest: dict, model, tokenizer, allow_mismatch: bool = False)
 
 
 def adapted_target(directory: str | Path, manifest: dict, target_model):
-    """The model an artefact's proposer is verified against: ``target_model`` itself, or, when the manifest names
-    a ``target_adapter``, a copy of it with that LoRA adapter merged in (``target_model`` is left untouched)."""
+    """The model an artefact's proposer is verified against: ``target_model`` itself; the artefact's own model for
+    kind ``adapted_target``; or, when the manifest names a ``target_adapter``, a copy of ``target_model`` with that
+    LoRA adapter merged in (``target_model`` is left untouched)."""
+    if manifest.get("kind") == "adapted_target":  # the method tuned the whole target (LayerSkip): its copy
+        from draftsmith.common.models import load_model
+
+        model = load_model(Path(directory) / WEIGHT_PATHS["adapted_target"], what="adapted target")
+        return model.to(next(target_model.parameters()).device, next(target_model.parameters()).dtype).eval()
     name = manifest.get("target_adapter")
     if not name:
         return target_model

@@ -92,10 +92,13 @@ def _relative_verify(ctx: ProposerContext):
 def early_exit_proposer(ctx: ProposerContext):
     """LayerSkip's self-speculation on any Llama-style or GPT-2 target: the first ``exit_layer`` layers draft a chain
     of ``draft_length`` tokens, the verification runs the remaining layers only, reusing the draft's cache."""
+    from draftsmith.inference.adapter import ModelAdapter
     from draftsmith.inference.draft_length import DraftLengthPolicy
     from draftsmith.inference.proposers.self_spec import EarlyExitProposer
 
     exit_layer = ctx.option("exit_layer", None)
+    if exit_layer is None and ctx.manifest is not None:  # a LayerSkip artefact trained without a chosen E
+        exit_layer = max(1, ModelAdapter(ctx.target_model).num_layers // 4)
     if exit_layer is None:
         raise ConfigError("early-exit drafts with the target's first E layers: pass --exit-layer E")
     length = int(ctx.option("draft_length", 4))

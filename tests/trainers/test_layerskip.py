@@ -1,0 +1,71 @@
+"""LayerSkip: the dropout schedule, the curricula's enabled exits and the exit-loss scales against the paper's
+formulas (module docstring of draftsmith.trainers.layerskip), and the layer-by-layer forward against the model's own
+(the recipe end to end: tests/launch/test_recipe_layerskip.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from draftsmith.common.errors import ConfigError
+from draftsmith.data.tiny_models import random_model
+from draftsmith.trainers.layerskip import LayerSkipConfig, dropout_rates, enabled_exits, exit_scales, layer_forward
+
+
+def test_dropout_rates_follow_the_papers_exponential_shape_and_time_scale():
+    L, T, p = 5, 11, 0.2
+    last = dropout_rates(L, T - 1, T, p)  # S(T-1) = 1
+    want = [(math.exp(i * math.log(2) / (L - 1)) - 1) * p for i in range(L)]
+    assert last.tolist() == pytest.approx(want, abs=1e-6) and last[0] == 0 and last[-1] == pytest.approx(p)
+    assert dropout_rates(L, 0, T, p).sum() == 0  # S(0) = 0: training starts with every layer
+    mid = dropout_rates(L, 5, T, p)
+    assert mid.tolist() == pytest.approx([w * (math.exp(5 * math.log(2) / 10) - 1) for w in want], abs=1e-6)
+    assert dropout_rates(L, 0, T, p, time="constant").tolist() == pytest.approx(want, abs=1e-6)
+    assert dropout_rates(L, T - 1, T, p, shape="linear").tolist() == pytest.approx([i / 4 * p for i in range(L)])
+    assert dropout_rates(L, T - 1, T, p, shape="uniform").tolist() == pytest.approx([p] * L)
+
+
+def test_rotational_curriculum_rotates_every_rth_exit_and_keeps_the_last():
+    assert enabled_exits(6, 0, 100, "rotational", rotation=3).tolist() == [True, False, False, True, False, True]
+    assert enabled_exits(6, 1, 100, "rotational", rotation=3).tolist() == [False, True, False, False, True, True]
+    assert enabled_exits(6, 2, 100, "rotational", rotation=3).tolist() == [False, False, True, False, False, True]
+    assert enabled_exits(6, 3, 100, "rotational", rotation=3).tolist() == enabled_exits(6, 0, 100, "rotational", 3).tolist()
+
+
+def test_gradual_curriculum_enables_exits_from_the_last_layer_down():
+    L, T, f = 4, 100, 0.5  # layer l joins once t/T >= f (L - l) / L
+    assert enabled_exits(L, 0, T, "gradual", fraction=f).tolist() == [False, False, False, True]
+    assert enabled_exits(L, 25, T, "gradual", fraction=f).tolist() == [False, False, True, True]  # 0.25 >= 0.25
+    assert enabled_exits(L, 38, T, "gradual", fraction=f).tolist() == [False, True, True, True]
+    assert enabled_exits(L, 50, T, "gradual", fraction=f).tolist() == [True, True, True, True]
+    assert enabled_exits(L, 7, T, "all").all()
+
+
+def test_exit_scales_grow_with_depth_and_are_normalised_over_enabled_exits():
+    scales = exit_scales(torch.tensor([True, False, True, True]), e_scale=0.5)
+    e = torch.tensor([1 * 0.5, 3 * 0.5, 6 * 0.5, 10.0]) * torch.tensor([1.0, 0.0, 1.0, 1.0])
+    assert scales.tolist() == pytest.approx((e / e.sum()).tolist()) and scales.sum() == pytest.approx(1.0)
+    assert exit_scales(torch.tensor([False, False, True]), 1.0).tolist() == [0.0, 0.0, 1.0]
+
+
+def test_layer_forward_is_the_models_own_and_dropout_passes_rows_through():
+    model = random_model("llama", seed=0, layers=3)
+    ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True)
+        states = layer_forward(model, ids, None, torch.ones(3, dtype=torch.bool))
+        assert torch.allclose(states[0], out.hidden_states[1], atol=1e-5)
+        assert torch.allclose(model.model.norm(states[2]), out.hidden_states[3], atol=1e-5)  # HF's last is normed
+        keep = torch.tensor([[True, True, True], [True, False, True]])  # row 1 skips layer 1
+        dropped = layer_forward(model, ids, keep, torch.ones(3, dtype=torch.bool))
+        assert torch.equal(dropped[1][1], dropped[0][1]) and torch.allclose(dropped[1][0], states[1][0], atol=1e-6)
+
+
+def test_config_is_validated():
+    with pytest.raises(ConfigError, match="curriculum"):
+        LayerSkipConfig(curriculum="random")
+    with pytest.raises(ConfigError, match="dropout_max"):
+        LayerSkipConfig(dropout_max=1.0)
+    assert LayerSkipConfig(exit_layer=0).proposer_settings()["exit_layer"] is None

@@ -1,0 +1,242 @@
+"""LayerSkip (Elhoushi et al. 2024): layer dropout and an early-exit loss, so that the target's first layers already
+predict well and it can draft for itself (early-exit self-speculation, ``draftsmith eval --artefact``).
+
+The trained module is a copy of the target (full fine-tuning; the frozen original stays the reference for the
+held-out figures). Its layers run one by one through the adapter (:meth:`ModelAdapter.forward_layers`, the
+model's own layer modules; no copied modeling code).
+
+**Layer dropout** (sec. 4.1): at step ``t`` of ``T`` layer ``l`` of ``L`` is skipped, per sample, with probability::
+
+    p_{l,t} = S(t) * D(l) * p_max
+    D(l) = exp(l ln 2 / (L - 1)) - 1         ("exp", the paper's; "linear": l / (L - 1); "uniform": 1)
+    S(t) = exp(t ln 2 / (T - 1)) - 1         ("increasing"; "constant": 1)
+
+so the first layer is never dropped and the last at ``p_max`` (a skipped layer passes its input through).
+
+**Early-exit loss** (sec. 4.2): every enabled exit ``l`` (the model's own final norm and LM head on layer ``l``'s
+output) adds its next-token cross-entropy, with scales that grow with depth and are normalised over the enabled
+exits::
+
+    J = sum_l  e~(t, l) * CE(LMHead(norm(h_l)), Y),      e~(t, l) = C(t, l) e(l) / sum_i C(t, i) e(i)
+    e(l) = e_scale * sum_{i=0..l} (i + 1)  for l < L - 1,    e(L - 1) = sum_{i=0..L-1} (i + 1)
+
+**Curricula** ``C(t, l)`` (the last layer is always enabled): ``rotational`` enables every ``R``-th exit, rotating
+by one layer each step (``C = 1`` when ``(l - t) mod R == 0``); ``gradual`` enables exits from the last layer
+towards the first: ``C = 1`` once ``t / T >= f * (L - l) / L`` (all enabled from ``t = f T``; ``f`` =
+``gradual_fraction``); ``all`` enables every exit in every step.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftsmith.common.errors import ConfigError
+from draftsmith.inference.adapter import ModelAdapter
+from draftsmith.trainers.base import FrozenTargetTrainer, TargetAnswers
+
+DROPOUT_SHAPES = ("exp", "linear", "uniform")
+DROPOUT_TIMES = ("constant", "increasing")
+CURRICULA = ("rotational", "gradual", "all")
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class LayerSkipConfig(TargetAnswers):
+    """LayerSkip settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
+
+    data_mode: str = field(default="fixed", metadata=_help("fixed = the dataset as it is (continual pretraining on "
+                                                           "text, or fine-tuning on chats: assistant tokens only); "
+                                                           "target = the target's own answers."))
+    dropout_max: float = field(default=0.1, metadata=_help("p_max: the last layer's dropout rate."))
+    dropout_shape: str = field(default="exp", metadata=_help("D(l): exp (the paper's), linear or uniform."))
+    dropout_time: str = field(default="increasing", metadata=_help("S(t): increasing or constant."))
+    early_exit_scale: float = field(default=1.0, metadata=_help("e_scale: weight of the early exits against the "
+                                                                "last layer."))
+    curriculum: str = field(default="rotational", metadata=_help("rotational, gradual or all."))
+    rotation: int = field(default=4, metadata=_help("Rotational curriculum: R, every R-th exit enabled per step."))
+    gradual_fraction: float = field(default=0.5, metadata=_help("Gradual curriculum: all exits enabled after this "
+                                                                "fraction of the steps."))
+    exit_layer: int = field(default=0, metadata=_help("Evaluation: the exit layer E that drafts (0 = a quarter of "
+                                                      "the layers)."))
+    draft_length: int = field(default=4, metadata=_help("Evaluation: tokens drafted per step."))
+
+    def __post_init__(self) -> None:
+        self.check_answers()
+        if not 0.0 <= float(self.dropout_max) < 1.0:
+            raise ConfigError(f"dropout_max={self.dropout_max} must lie in [0, 1)")
+        for name, value, allowed in (("dropout_shape", self.dropout_shape, DROPOUT_SHAPES),
+                                     ("dropout_time", self.dropout_time, DROPOUT_TIMES),
+                                     ("curriculum", self.curriculum, CURRICULA)):
+            if value not in allowed:
+                raise ConfigError(f"{name}={value!r} is unknown: choose one of {', '.join(allowed)}")
+        if int(self.rotation) < 1 or not 0.0 < float(self.gradual_fraction) <= 1.0 or float(self.early_exit_scale) < 0:
+            raise ConfigError("rotation >= 1, gradual_fraction in (0, 1] and early_exit_scale >= 0")
+        if int(self.exit_layer) < 0 or int(self.draft_length) < 1:
+            raise ConfigError("exit_layer >= 0 (0 = a quarter of the layers) and draft_length >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def proposer_settings(self) -> dict[str, Any]:
+        return {"exit_layer": int(self.exit_layer) or None, "draft_length": int(self.draft_length),
+                "draft_length_mode": "fixed"}
+
+
+# ------------------------------------------------------------------------------------------------ the schedules
+
+
+def dropout_rates(num_layers: int, step: int, total_steps: int, p_max: float, shape: str = "exp",
+                  time: str = "increasing") -> torch.Tensor:  # [L]
+    """``p_{l,t} = S(t) D(l) p_max`` for every layer (module docstring)."""
+    L, T = int(num_layers), max(2, int(total_steps))
+    depth = torch.arange(L, dtype=torch.float64) / max(1, L - 1)
+    d = {"exp": torch.exp(depth * math.log(2.0)) - 1.0, "linear": depth, "uniform": torch.ones(L, dtype=torch.float64)}
+    s = 1.0 if time == "constant" else math.exp(min(step, T - 1) * math.log(2.0) / (T - 1)) - 1.0
+    return (s * d[shape] * p_max).float()
+
+
+def enabled_exits(num_layers: int, step: int, total_steps: int, curriculum: str, rotation: int = 4,
+                  fraction: float = 0.5) -> torch.Tensor:  # [L] bool
+    """``C(t, l)``: which exits add their loss at ``step`` (the last layer always; module docstring)."""
+    L = int(num_layers)
+    layers = torch.arange(L)
+    if curriculum == "all":
+        on = torch.ones(L, dtype=torch.bool)
+    elif curriculum == "rotational":
+        on = (layers - step) % int(rotation) == 0
+    else:
+        done = step / max(1, int(total_steps))
+        on = torch.tensor([done >= fraction * (L - i) / L for i in range(L)])
+    on[-1] = True
+    return on
+
+
+def exit_scales(enabled: torch.Tensor, e_scale: float) -> torch.Tensor:  # [L] float, zero where disabled
+    """``e~(t, l)``: ``e(l) = e_scale * sum_{i<=l} (i + 1)`` (the last layer unscaled), normalised over the enabled
+    exits (module docstring)."""
+    L = enabled.numel()
+    e = torch.cumsum(torch.arange(1, L + 1, dtype=torch.float32), 0)
+    e[:-1] *= e_scale
+    e = e * enabled.float()
+    return e / e.sum().clamp(min=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------- the model
+
+
+def build_layerskip_model(models: dict, config: LayerSkipConfig) -> nn.Module:
+    """The trainable module: a copy of the target, all of it trained (the original stays the frozen reference)."""
+    model = copy.deepcopy(models["target"]).requires_grad_(True)
+    ModelAdapter(model)  # refuse unsupported layouts now, with a one-line error
+    return model
+
+
+def layer_forward(model: nn.Module, input_ids: torch.Tensor, keep: torch.Tensor | None,
+                  exits: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Run ``model``'s layers one by one: a row whose ``keep[b, l]`` is False skips layer ``l`` (passes its input
+    through). Returns ``{l: [B, T, H]}`` the output of every layer ``l`` with ``exits[l]`` (before the norm)."""
+    adapter = ModelAdapter(model)
+    t = input_ids.shape[1]
+    pos = torch.arange(t, device=input_ids.device)[None].expand(input_ids.shape[0], t)
+    hidden = adapter.embed(input_ids, pos)
+    states = {}
+    for i in range(adapter.num_layers):
+        if keep is None or bool(keep[:, i].any()):
+            new, _ = adapter.forward_layers(hidden, pos, start=i, end=i + 1)
+            hidden = new if keep is None else torch.where(keep[:, i, None, None], new, hidden)
+        if bool(exits[i]):
+            states[i] = hidden
+    return states
+
+
+class LayerSkipTrainer(FrozenTargetTrainer):
+    """Trains a copy of the target with layer dropout and the early-exit loss (module docstring)."""
+
+    config_class = LayerSkipConfig
+
+    def prepare_training_batch(self, model, inputs):
+        return self.answers_batch(inputs)
+
+    def _exit_losses(self, model, inputs, exits: torch.Tensor, keep: torch.Tensor | None) -> dict[int, torch.Tensor]:
+        """``{l: summed next-token CE of exit l}`` over the labelled positions."""
+        net = self.accelerator.unwrap_model(model)
+        adapter = ModelAdapter(net)
+        states = layer_forward(net, inputs["input_ids"], keep, exits)
+        labels = inputs["labels"][:, 1:]
+        mask = labels != -100
+        out = {}
+        for layer, hidden in states.items():
+            logits = adapter.logits(adapter.norm(hidden[:, :-1][mask]))  # [N, V]
+            out[layer] = F.cross_entropy(logits.float(), labels[mask], reduction="sum")
+        return out
+
+    def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+        """``sum_l e~(t, l) * CE_l`` with this step's dropout and enabled exits (module docstring)."""
+        cfg = self.method_config
+        layers = ModelAdapter(self.accelerator.unwrap_model(model)).num_layers
+        step, total = self.state.global_step, max(1, self.state.max_steps)
+        exits = enabled_exits(layers, step, total, cfg.curriculum, cfg.rotation, cfg.gradual_fraction)
+        keep = None
+        if model.training and cfg.dropout_max > 0:
+            rates = dropout_rates(layers, step, total, cfg.dropout_max, cfg.dropout_shape, cfg.dropout_time)
+            keep = torch.rand(inputs["input_ids"].shape[0], layers) >= rates[None]  # [B, L], per sample
+            keep = keep.to(inputs["input_ids"].device)
+        scales = exit_scales(exits, cfg.early_exit_scale)
+        losses = self._exit_losses(model, inputs, exits, keep)
+        total_loss = sum(scales[layer] * ce for layer, ce in losses.items())
+        return total_loss, None
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """Held-out: the training loss (no dropout, this step's exits), and per exit the CE and the top-1 agreement
+        with the full depth, plus the full-depth CE of the trained copy and of the original target."""
+        inputs = self._prepare_inputs(inputs)
+        inputs = self.answers_batch(inputs)
+        net = self.accelerator.unwrap_model(model)
+        with torch.no_grad():
+            total, _ = self.loss_sum(model, inputs)
+            n = self.count_loss_tokens(inputs).clamp(min=1).to(total.device)
+            adapter = ModelAdapter(net)
+            layers = adapter.num_layers
+            states = layer_forward(net, inputs["input_ids"], None, torch.ones(layers, dtype=torch.bool))
+            labels = inputs["labels"][:, 1:]
+            mask = labels != -100
+            final = adapter.logits(adapter.norm(states[layers - 1][:, :-1][mask])).float()
+            top = final.argmax(-1)
+            rows = []
+            for layer in range(layers):
+                logits = adapter.logits(adapter.norm(states[layer][:, :-1][mask])).float()
+                rows.append(torch.stack([F.cross_entropy(logits, labels[mask], reduction="sum"),
+                                         (logits.argmax(-1) == top).sum().float()]))
+            original = self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+            orig_ce = F.cross_entropy(original[:, :-1][mask].float(), labels[mask], reduction="sum")
+            sums = torch.cat([torch.stack(rows).reshape(-1), orig_ce[None].to(total.device),
+                              mask.sum().float()[None].to(total.device)])
+            self.add_eval_sums(sums)  # [2L + 2]
+        return (total / n).detach(), None, None
+
+    def eval_metrics(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
+        n = float(sums[-1].clamp(min=1))
+        per = sums[:-2].reshape(-1, 2)  # [L, 2]: CE sum, agreement
+        self.exit_agreement = [round(float(a) / n, 5) for a in per[:, 1]]
+        metrics = {f"{prefix}_exit{layer + 1}_top1": float(per[layer, 1]) / n for layer in range(per.shape[0])}
+        metrics[f"{prefix}_full_loss"] = float(per[-1, 0]) / n
+        metrics[f"{prefix}_original_full_loss"] = float(sums[-2]) / n
+        return metrics
+
+    def manifest_training(self) -> dict[str, Any]:
+        agreement = getattr(self, "exit_agreement", None)
+        return {"exit_agreement": agreement} if agreement is not None else {}
+
+
+__all__ = ["LayerSkipConfig", "LayerSkipTrainer", "build_layerskip_model", "dropout_rates", "enabled_exits",
+           "exit_scales", "layer_forward"]
