@@ -2,6 +2,7 @@
 
     draftsmith exit-layer                                          # the tiny zoo target
     draftsmith exit-layer --target smollm2-135m --prompts 16 --max-new-tokens 64 --threads 1 --out exit.json
+    draftsmith exit-layer --artefact runs/layerskip_tiny/artefact      # measured on it, recorded in its manifest
 
 Answers held-out calibration prompts with the target (greedy), measures every layer's top-1 agreement with the
 full model along those answers and the cost of drafting through each exit, predicts the speedup of every (exit
@@ -24,6 +25,9 @@ from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 def add_parser(sub) -> None:
     p = sub.add_parser("exit-layer", help="choose the exit layer and draft length of early-exit self-speculation",
                        description=__doc__.split("\n\n")[0])
+    p.add_argument("--artefact", metavar="DIR", default=None,
+                   help="a LayerSkip artefact: measure its adapted target and record the choice and the table in its "
+                        "manifest (proposer settings and `tuning`), where `draftsmith eval --artefact` reads them")
     p.add_argument("--target", metavar="PATH", default=None,
                    help="target: a model directory, a .gguf file, a hub id or smollm2-135m (default: the zoo's)")
     p.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer (default: the target's, or the zoo's)")
@@ -70,6 +74,13 @@ def run(args: argparse.Namespace) -> int:
         parse_threads(args.threads, "--threads", "pass --threads N with N >= 1, or leave it out"))
     with threads:
         target_dir = Path(args.target) if args.target else zoo_paths(args.zoo, None) / "target"
+        if args.artefact:
+            from draftsmith.inference.artefact import WEIGHT_PATHS, read_manifest
+
+            if read_manifest(args.artefact).get("kind") != "adapted_target":
+                raise ConfigError(f"{args.artefact} does not hold an adapted target: --artefact takes a LayerSkip "
+                                  "artefact; measure any other model with --target")
+            target_dir = Path(args.artefact) / WEIGHT_PATHS["adapted_target"]
         target = load_model(target_dir, "float32", what="target").eval()
         tok_dir = Path(args.tokenizer) if args.tokenizer else tokenizer_dir_for(target_dir)
         if tok_dir is None:
@@ -81,6 +92,14 @@ def run(args: argparse.Namespace) -> int:
     record["calibration"] = {"prompts": len(questions), "max_new_tokens": args.max_new_tokens, "target": str(target_dir)}
     if args.out:
         atomic_write_json(Path(args.out), record)
+    if args.artefact:
+        from draftsmith.inference.artefact import read_manifest
+
+        manifest = read_manifest(args.artefact)
+        manifest["proposer"].update(exit_layer=record["chosen"]["exit_layer"],
+                                    draft_length=record["chosen"]["draft_length"], draft_length_mode="fixed")
+        manifest["tuning"] = {"exit_layer": record}
+        atomic_write_json(Path(args.artefact) / "manifest.json", manifest)
     print("exit  agreement  " + "  ".join(f"{e + 1}:{a:.3f}" for e, a in enumerate(record["agreement"])))
     for name in ("chosen", "runner_up"):
         c = record[name]

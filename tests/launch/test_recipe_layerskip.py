@@ -37,6 +37,12 @@ def test_recipe_adapts_the_target_and_self_speculation_matches_its_ar(tiny_pair,
     assert any(not torch.equal(p, q) for p, q in zip(adapted.parameters(), original.parameters()))
     proposer, _ = load_artefact(artefact, adapted, None)
     assert proposer.exit_layer == 1
+    from draftsmith.launch.cli import main
+
+    assert main(["exit-layer", "--artefact", str(artefact), "--prompts", "2", "--max-new-tokens", "8",
+                 "--threads", "1"]) == 0
+    recorded = read_manifest(artefact)
+    assert recorded["proposer"]["exit_layer"] == 1 and recorded["tuning"]["exit_layer"]["table"]
     adapter = ModelAdapter(adapted)
     for seed in range(2):
         prompt = torch.randint(3, 100, (12,), generator=torch.Generator().manual_seed(seed))
