@@ -1,8 +1,8 @@
 """LayerSkip (Elhoushi et al. 2024): layer dropout and an early-exit loss, so that the target's first layers already
 predict well and it can draft for itself (early-exit self-speculation, ``draftsmith eval --artefact``).
 
-The trained module is a copy of the target (full fine-tuning; the frozen original stays the reference for the
-held-out figures). Its layers run one by one through the adapter (:meth:`ModelAdapter.forward_layers`, the
+The trained module is a copy of the target (full fine-tuning, or a peft LoRA adapter merged into the artefact;
+the frozen original stays the reference for the held-out figures). Its layers run one by one through the adapter (:meth:`ModelAdapter.forward_layers`, the
 model's own layer modules; no copied modeling code).
 
 **Layer dropout** (sec. 4.1): at step ``t`` of ``T`` layer ``l`` of ``L`` is skipped, per sample, with probability::
@@ -66,6 +66,10 @@ class LayerSkipConfig(TargetAnswers):
     rotation: int = field(default=4, metadata=_help("Rotational curriculum: R, every R-th exit enabled per step."))
     gradual_fraction: float = field(default=0.5, metadata=_help("Gradual curriculum: all exits enabled after this "
                                                                 "fraction of the steps."))
+    finetune: str = field(default="full", metadata=_help("full = every weight of the copy trains; lora = a peft LoRA "
+                                                         "adapter on every linear layer (merged into the artefact)."))
+    lora_r: int = field(default=16, metadata=_help("finetune=lora: the LoRA rank."))
+    lora_alpha: float = field(default=32.0, metadata=_help("finetune=lora: LoRA alpha."))
     exit_layer: int = field(default=0, metadata=_help("Evaluation: the exit layer E that drafts (0 = a quarter of "
                                                       "the layers)."))
     draft_length: int = field(default=4, metadata=_help("Evaluation: tokens drafted per step."))
@@ -81,6 +85,8 @@ class LayerSkipConfig(TargetAnswers):
                 raise ConfigError(f"{name}={value!r} is unknown: choose one of {', '.join(allowed)}")
         if int(self.rotation) < 1 or not 0.0 < float(self.gradual_fraction) <= 1.0 or float(self.early_exit_scale) < 0:
             raise ConfigError("rotation >= 1, gradual_fraction in (0, 1] and early_exit_scale >= 0")
+        if self.finetune not in ("full", "lora") or int(self.lora_r) < 1:
+            raise ConfigError(f"finetune={self.finetune!r} must be full or lora (with lora_r >= 1)")
         if int(self.exit_layer) < 0 or int(self.draft_length) < 1:
             raise ConfigError("exit_layer >= 0 (0 = a quarter of the layers) and draft_length >= 1")
 
@@ -135,10 +141,22 @@ def exit_scales(enabled: torch.Tensor, e_scale: float) -> torch.Tensor:  # [L] f
 
 
 def build_layerskip_model(models: dict, config: LayerSkipConfig) -> nn.Module:
-    """The trainable module: a copy of the target, all of it trained (the original stays the frozen reference)."""
-    model = copy.deepcopy(models["target"]).requires_grad_(True)
+    """The trainable module: a copy of the target (the original stays the frozen reference), all of it trained, or
+    a peft LoRA model of it (``finetune=lora``)."""
+    model = copy.deepcopy(models["target"])
     ModelAdapter(model)  # refuse unsupported layouts now, with a one-line error
-    return model
+    if config.finetune == "full":
+        return model.requires_grad_(True)
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=int(config.lora_r), lora_alpha=float(config.lora_alpha), target_modules="all-linear",
+                      bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model.requires_grad_(False), lora)
+
+
+def base_model(module: nn.Module) -> nn.Module:
+    """The causal LM under a peft wrapper (its LoRA layers active), or the module itself."""
+    return module.get_base_model() if hasattr(module, "get_base_model") else module
 
 
 def layer_forward(model: nn.Module, input_ids: torch.Tensor, keep: torch.Tensor | None,
@@ -169,7 +187,7 @@ class LayerSkipTrainer(FrozenTargetTrainer):
 
     def _exit_losses(self, model, inputs, exits: torch.Tensor, keep: torch.Tensor | None) -> dict[int, torch.Tensor]:
         """``{l: summed next-token CE of exit l}`` over the labelled positions."""
-        net = self.accelerator.unwrap_model(model)
+        net = base_model(self.accelerator.unwrap_model(model))
         adapter = ModelAdapter(net)
         states = layer_forward(net, inputs["input_ids"], keep, exits)
         labels = inputs["labels"][:, 1:]
@@ -183,7 +201,7 @@ class LayerSkipTrainer(FrozenTargetTrainer):
     def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
         """``sum_l e~(t, l) * CE_l`` with this step's dropout and enabled exits (module docstring)."""
         cfg = self.method_config
-        layers = ModelAdapter(self.accelerator.unwrap_model(model)).num_layers
+        layers = ModelAdapter(base_model(self.accelerator.unwrap_model(model))).num_layers
         step, total = self.state.global_step, max(1, self.state.max_steps)
         exits = enabled_exits(layers, step, total, cfg.curriculum, cfg.rotation, cfg.gradual_fraction)
         keep = None
@@ -201,7 +219,7 @@ class LayerSkipTrainer(FrozenTargetTrainer):
         with the full depth, plus the full-depth CE of the trained copy and of the original target."""
         inputs = self._prepare_inputs(inputs)
         inputs = self.answers_batch(inputs)
-        net = self.accelerator.unwrap_model(model)
+        net = base_model(self.accelerator.unwrap_model(model))
         with torch.no_grad():
             total, _ = self.loss_sum(model, inputs)
             n = self.count_loss_tokens(inputs).clamp(min=1).to(total.device)
@@ -239,4 +257,4 @@ class LayerSkipTrainer(FrozenTargetTrainer):
 
 
 __all__ = ["LayerSkipConfig", "LayerSkipTrainer", "build_layerskip_model", "dropout_rates", "enabled_exits",
-           "exit_scales", "layer_forward"]
+           "base_model", "exit_scales", "layer_forward"]

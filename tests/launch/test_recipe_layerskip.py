@@ -72,3 +72,17 @@ def test_every_shipped_layerskip_config_parses(tmp_path):
     for path in sorted((ROOT / "recipes" / "configs").glob("layerskip*.yaml")):
         recipe, config, targs = parse_recipe_args(LayerSkipConfig, ["--config", str(path), "--output_dir", str(tmp_path)])
         assert targs.max_steps > 0 and config.curriculum in ("rotational", "gradual", "all"), path
+
+
+def test_lora_variant_ships_the_merged_adapted_target(tiny_pair, tmp_path):
+    torch.set_num_threads(1)
+    result = run_recipe("layerskip", [
+        "--config", str(ROOT / "recipes" / "configs" / "layerskip_test.yaml"), "finetune=lora", "lora_r=4",
+        "learning_rate=1e-2", "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]),
+        "--output_dir", str(tmp_path / "lora")])
+    model_dir = result.artefact / "model"
+    assert (model_dir / "config.json").is_file() and not (model_dir / "adapter_config.json").exists()
+    original = random_model("llama", seed=0, layers=2)
+    adapted = adapted_target(result.artefact, read_manifest(result.artefact), original)
+    assert not any("lora" in n for n, _ in adapted.named_parameters())
+    assert any(not torch.equal(p, q) for p, q in zip(adapted.parameters(), original.parameters()))
