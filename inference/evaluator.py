@@ -129,6 +129,11 @@ def evaluate(
         draft_name=draft_name, question_file=question_file, command=command, tol=tol, target=target,
         compare_hf=compare_hf, extra=extra, cost_curve=curve,
     )
+    skip_attention, skip_mlp = getattr(inner, "skip_attention", None), getattr(inner, "skip_mlp", None)
+    if skip_attention is not None or skip_mlp is not None:  # the skip set, one character per layer (x = skipped)
+        report["skip_set"] = {
+            "attention": "".join("x" if i in (skip_attention or ()) else "." for i in range(target.num_layers)),
+            "mlp": "".join("x" if i in (skip_mlp or ()) else "." for i in range(target.num_layers))}
     exit_layer = getattr(inner, "exit_layer", None)
     if exit_layer is not None:  # self-speculation from the first E layers: how often layer E's top-1 is the model's
         by_depth = report["summary"].get("acceptance_by_depth") or [None]

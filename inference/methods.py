@@ -109,6 +109,22 @@ def early_exit_proposer(ctx: ProposerContext):
     return EarlyExitProposer(int(exit_layer), policy)
 
 
+def skip_layer_proposer(ctx: ProposerContext):
+    """Draft & Verify's self-speculation from a searched artefact: the target minus its skip set drafts, stopping
+    adaptively (``recipes/layer_skip_search.py``)."""
+    from draftsmith.inference.draft_length import DraftLengthPolicy
+    from draftsmith.inference.proposers.self_spec import AdaptiveThreshold, SkipLayerProposer
+
+    attention, mlp = ctx.option("skip_attention", None), ctx.option("skip_mlp", None)
+    if not attention and not mlp:
+        raise ConfigError("draft-verify runs a searched skip set: pass --artefact DIR (from recipes/layer_skip_search.py)")
+    length = int(ctx.option("draft_length", 8))
+    threshold = ctx.option("threshold", None)
+    return SkipLayerProposer(skip_attention=attention or (), skip_mlp=mlp or (),
+                             policy=DraftLengthPolicy(length=length, max_length=max(16, length)),
+                             stop=AdaptiveThreshold(**threshold) if threshold else None)
+
+
 def prompt_lookup_proposer(ctx: ProposerContext):
     """Prompt lookup: longest-match-first n-gram copying with an acceptance-adaptive draft length."""
     from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer

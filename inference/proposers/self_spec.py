@@ -9,7 +9,8 @@
 - :class:`SkipLayerProposer` (Draft & Verify, Zhang et al. 2023): draft with every layer except a
   skip set (whole layers, or only their attention or MLP), reading the target's cache of the
   committed prefix; what it writes for its own tokens differs from the full model's, so it crops
-  the cache back before the verification.
+  the cache back before the verification. With :class:`AdaptiveThreshold` it stops a draft at an
+  unsure token, the threshold following the measured acceptance.
 
 Both need the target: :func:`~draftsmith.inference.generate.generate` binds it through
 ``bind(TargetView)`` before every sequence. Drafted tokens stay on the device (no host sync per
@@ -125,6 +126,39 @@ class EarlyExitProposer(_SelfDrafting):
         return chain_draft(drafted, qs, Resume(start=exit_, hidden=torch.cat(hidden)))  # hidden [1 + k, H]
 
 
+class AdaptiveThreshold:
+    """Draft & Verify's adaptive draft-exiting (Zhang et al. 2023, sec. 3.3): drafting stops after a token whose
+    draft probability is below ``gamma``, and ``gamma`` follows the measured acceptance::
+
+        AR    <- beta * AR + (1 - beta) * accepted / proposed          (after every verified step)
+        gamma <- gamma + step   if AR < target     (accepting too little: stop drafts earlier)
+                 gamma - step   otherwise           (accepting enough: let drafts run longer)
+
+    clamped to ``[low, high]``. Stopping depends only on the draft's own probabilities, so decoding stays exact."""
+
+    def __init__(self, gamma: float = 0.6, target: float = 0.8, step: float = 0.01, beta: float = 0.9,
+                 low: float = 0.0, high: float = 0.99) -> None:
+        if not (0.0 <= low <= gamma <= high < 1.0 and 0.0 < target <= 1.0 and step >= 0 and 0.0 <= beta < 1.0):
+            raise ConfigError(f"adaptive threshold: need 0 <= low <= gamma <= high < 1, target in (0, 1], step >= 0 "
+                              f"and beta in [0, 1); got gamma={gamma}, target={target}, low={low}, high={high}")
+        self.initial, self.target, self.step, self.beta, self.low, self.high = gamma, target, step, beta, low, high
+        self.reset()
+
+    def reset(self) -> None:
+        self.gamma, self.acceptance = self.initial, self.target
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        if proposed <= 0:
+            return
+        self.acceptance = self.beta * self.acceptance + (1.0 - self.beta) * accepted / proposed
+        move = self.step if self.acceptance < self.target else -self.step
+        self.gamma = min(self.high, max(self.low, self.gamma + move))
+
+    def to_dict(self) -> dict:
+        return {"gamma": self.initial, "target": self.target, "step": self.step, "beta": self.beta, "low": self.low,
+                "high": self.high}
+
+
 class SkipLayerProposer(_SelfDrafting):
     """Drafts a chain with the target minus a skip set (Draft & Verify's self-speculation).
 
@@ -139,8 +173,10 @@ class SkipLayerProposer(_SelfDrafting):
         skip_attention: Iterable[int] = (),
         skip_mlp: Iterable[int] = (),
         policy: DraftLengthPolicy | None = None,
+        stop: AdaptiveThreshold | None = None,
     ) -> None:
         super().__init__(policy)
+        self.stop = stop
         self.skip_layers = tuple(sorted(set(skip_layers)))
         self.skip_attention = tuple(sorted(set(skip_attention)))
         self.skip_mlp = tuple(sorted(set(skip_mlp)))
@@ -179,5 +215,19 @@ class SkipLayerProposer(_SelfDrafting):
             drafted.append(feed)
             if q is not None:
                 qs.append(q)
+            if self.stop is not None:  # adaptive draft-exiting on the draft's own probability of its token
+                p = (q if q is not None else logits.float().softmax(-1))[feed]
+                if float(p) < self.stop.gamma:
+                    break
         cache.crop(past)  # the draft's own entries are not the full model's: drop them
         return chain_draft(drafted, qs)
+
+    def reset(self, prompt_ids: torch.Tensor) -> None:
+        super().reset(prompt_ids)
+        if self.stop is not None:
+            self.stop.reset()
+
+    def observe(self, feedback: StepFeedback) -> None:
+        super().observe(feedback)
+        if self.stop is not None:
+            self.stop.observe(feedback.num_proposed, feedback.num_accepted)
