@@ -141,6 +141,23 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def threads_context(value):
+    """``--threads N`` as a context (torch's own threads when not given)."""
+    if value is None:
+        return contextlib.nullcontext()
+    return torch_threads(parse_threads(value, "--threads", "pass --threads N with N >= 1, or leave it out"))
+
+
+def load_target(target: str | None, tokenizer: str | None, zoo: str):
+    """``(target_dir, model, tokenizer)`` for a command's ``--target`` / ``--tokenizer`` (default: the zoo's)."""
+    target_dir = Path(target) if target else zoo_paths(zoo, None) / "target"
+    model = load_model(target_dir, "float32", what="target").eval()
+    tok_dir = Path(tokenizer) if tokenizer else tokenizer_dir_for(target_dir)
+    if tok_dir is None:
+        raise ConfigError(f"the target directory {target_dir} holds no tokenizer: pass --tokenizer DIR")
+    return target_dir, model, load_tokenizer(tok_dir)
+
+
 def zoo_paths(size: str, home: str | None) -> Path:
     from draftsmith.trainers.zoo import ensure_zoo
 
@@ -263,9 +280,7 @@ def run(args: argparse.Namespace) -> int:
     from draftsmith.inference.questions import read_questions
     from draftsmith.inference.sampling import SamplingParams
 
-    threads = contextlib.nullcontext() if args.threads is None else torch_threads(
-        parse_threads(args.threads, "--threads", "pass --threads N with N >= 1, or leave it out"))
-    with _short_warnings(), threads:
+    with _short_warnings(), threads_context(args.threads):
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
         questions = read_questions(args.questions, limit=args.limit)
         target, tokenizer, info = setup(args)

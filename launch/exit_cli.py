@@ -13,12 +13,10 @@ layer, draft length) and prints the best (:mod:`draftsmith.inference.exit_layer`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 from pathlib import Path
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.common.threads import parse_threads, torch_threads
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 
@@ -63,29 +61,22 @@ def calibration_sequences(target, tokenizer, questions, max_new_tokens: int) -> 
 
 def run(args: argparse.Namespace) -> int:
     from draftsmith.common.io import atomic_write_json
-    from draftsmith.common.models import load_model, load_tokenizer, tokenizer_dir_for
     from draftsmith.inference.exit_layer import choose_exit
-    from draftsmith.launch.eval_cli import zoo_paths
+    from draftsmith.launch.eval_cli import load_target, threads_context
     from draftsmith.launch.tune_cli import calibration_questions
 
     if args.prompts < 1 or args.max_new_tokens < 1:
         raise ConfigError("--prompts and --max-new-tokens must be at least 1")
-    threads = contextlib.nullcontext() if args.threads is None else torch_threads(
-        parse_threads(args.threads, "--threads", "pass --threads N with N >= 1, or leave it out"))
-    with threads:
-        target_dir = Path(args.target) if args.target else zoo_paths(args.zoo, None) / "target"
+    with threads_context(args.threads):
+        target_arg = args.target
         if args.artefact:
             from draftsmith.inference.artefact import WEIGHT_PATHS, read_manifest
 
             if read_manifest(args.artefact).get("kind") != "adapted_target":
                 raise ConfigError(f"{args.artefact} does not hold an adapted target: --artefact takes a LayerSkip "
                                   "artefact; measure any other model with --target")
-            target_dir = Path(args.artefact) / WEIGHT_PATHS["adapted_target"]
-        target = load_model(target_dir, "float32", what="target").eval()
-        tok_dir = Path(args.tokenizer) if args.tokenizer else tokenizer_dir_for(target_dir)
-        if tok_dir is None:
-            raise ConfigError(f"the target directory {target_dir} holds no tokenizer: pass --tokenizer DIR")
-        tokenizer = load_tokenizer(tok_dir)
+            target_arg = str(Path(args.artefact) / WEIGHT_PATHS["adapted_target"])
+        target_dir, target, tokenizer = load_target(target_arg, args.tokenizer, args.zoo)
         questions = calibration_questions(args.prompts, args.seed)
         sequences, starts = calibration_sequences(target, tokenizer, questions, args.max_new_tokens)
         record = choose_exit(target, sequences, starts)

@@ -38,12 +38,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> dict:
-    import contextlib
-
     import torch
 
-    from draftsmith.common.models import load_model, load_tokenizer, target_identity, tokenizer_dir_for
-    from draftsmith.common.threads import parse_threads, torch_threads
+    from draftsmith.common.models import target_identity
     from draftsmith.inference.adapter import ModelAdapter
     from draftsmith.inference.artefact import write_artefact
     from draftsmith.inference.layer_search import (
@@ -55,22 +52,15 @@ def run(args: argparse.Namespace) -> dict:
         study_summary,
     )
     from draftsmith.inference.runs import chat_prompt_ids
-    from draftsmith.launch.eval_cli import zoo_paths
+    from draftsmith.launch.eval_cli import load_target, threads_context
     from draftsmith.launch.tune_cli import calibration_questions
 
     if args.n_trials < 1 or args.prompts < 1:
         raise ConfigError("--n-trials and --prompts must be at least 1")
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    threads = contextlib.nullcontext() if args.threads is None else torch_threads(
-        parse_threads(args.threads, "--threads", "pass --threads N with N >= 1, or leave it out"))
-    with threads:
-        target_dir = Path(args.target) if args.target else zoo_paths(args.zoo, None) / "target"
-        target = load_model(target_dir, "float32", what="target").eval()
-        tok_dir = Path(args.tokenizer) if args.tokenizer else tokenizer_dir_for(target_dir)
-        if tok_dir is None:
-            raise ConfigError(f"the target directory {target_dir} holds no tokenizer: pass --tokenizer DIR")
-        tokenizer = load_tokenizer(tok_dir)
+    with threads_context(args.threads):
+        target_dir, target, tokenizer = load_target(args.target, args.tokenizer, args.zoo)
         adapter = ModelAdapter(target)
         prompts = [torch.tensor(chat_prompt_ids(tokenizer, [{"role": "user", "content": q.turns[0]}]))
                    for q in calibration_questions(args.prompts, args.seed)]

@@ -13,14 +13,12 @@ See :mod:`draftsmith.inference.tune`.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import random
 from pathlib import Path
 
 from draftsmith.common.errors import ArtefactError, ConfigError
 from draftsmith.common.io import atomic_write_json
-from draftsmith.common.threads import parse_threads, torch_threads
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 
@@ -112,20 +110,12 @@ def summary_lines(record: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftsmith.common.models import load_model, load_tokenizer, tokenizer_dir_for
-    from draftsmith.launch.eval_cli import zoo_paths
+    from draftsmith.launch.eval_cli import load_target, threads_context
 
     if args.prompts < 1 or args.max_new_tokens < 1 or args.max_length < 1:
         raise ConfigError("--prompts, --max-new-tokens and --max-length must be at least 1")
-    threads = contextlib.nullcontext() if args.threads is None else torch_threads(
-        parse_threads(args.threads, "--threads", "pass --threads N with N >= 1, or leave it out"))
-    with threads:
-        target_dir = Path(args.target) if args.target else zoo_paths(args.zoo, None) / "target"
-        target = load_model(target_dir, "float32", what="target").eval()
-        tok_dir = Path(args.tokenizer) if args.tokenizer else tokenizer_dir_for(target_dir)
-        if tok_dir is None:
-            raise ConfigError(f"the target directory {target_dir} holds no tokenizer: pass --tokenizer DIR")
-        tokenizer = load_tokenizer(tok_dir)
+    with threads_context(args.threads):
+        _, target, tokenizer = load_target(args.target, args.tokenizer, args.zoo)
         record = tune_artefact(Path(args.artefact), target, tokenizer, calibration_questions(args.prompts, args.seed),
                                max_new_tokens=args.max_new_tokens, max_length=args.max_length,
                                measure_top=args.measure_top, allow_target_mismatch=args.allow_target_mismatch)
