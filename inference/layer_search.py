@@ -6,7 +6,10 @@ the paper, unless ``pin_ends=False``), TPE by default (``random`` selectable), s
 *measured* seconds per generated token of self-speculative decoding with that skip set (the
 :class:`~draftsmith.inference.proposers.self_spec.SkipLayerProposer` with adaptive draft-exiting) over the
 calibration prompts, greedy; after each prompt the running value is reported, so a trial whose first prompts are
-hopeless is pruned (median pruner). A skip set that skips nothing is scored as plain decoding. The study lives in
+hopeless is pruned (median pruner). A skip set that skips nothing is scored as plain decoding. Selectable instead
+(``objective="predicted"``): the seconds per token predicted from the skip set's teacher-forced agreement with
+the full model along the target's answers and the measured per-sublayer costs (cheap and free of timing noise;
+:func:`predicted_seconds_per_token`). The study lives in
 an SQLite file (``storage``), so a killed search rerun continues it (finished trials are kept and not repeated)
 and ``optuna-dashboard sqlite:///.../study.db`` shows it as it is.
 
@@ -29,6 +32,7 @@ from draftsmith.inference.generate import GenerationConfig, generate
 from draftsmith.inference.proposers.self_spec import AdaptiveThreshold, SkipLayerProposer
 
 SAMPLERS = ("tpe", "random")
+OBJECTIVES = ("measured", "predicted")
 STUDY = "draftsmith-layer-skip"
 
 
@@ -56,11 +60,14 @@ class SearchSettings:
     pin_ends: bool = True
     sampler: str = "tpe"
     seed: int = 0
+    objective: str = "measured"  # or "predicted": teacher-forced agreement and sublayer costs (noise-free)
     threshold: dict = field(default_factory=lambda: AdaptiveThreshold().to_dict())
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
             raise ConfigError(f"sampler {self.sampler!r} is unknown: choose one of {', '.join(SAMPLERS)}")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"objective {self.objective!r} is unknown: choose one of {', '.join(OBJECTIVES)}")
         if self.draft_length < 1 or self.max_new_tokens < 1:
             raise ConfigError("draft_length and max_new_tokens must be >= 1")
 
@@ -106,12 +113,81 @@ def seconds_per_token(adapter: ModelAdapter, prompts: Sequence[torch.Tensor], sk
     return seconds / max(1, tokens), accepted / max(1, steps)
 
 
+@torch.inference_mode()
+def skip_agreement(adapter: ModelAdapter, sequences: Sequence[torch.Tensor], starts: Sequence[int],
+                   skip: SkipSet) -> float:
+    """How often the skip set's next token equals the full model's along ``sequences`` (teacher-forced, from
+    position ``starts[i] - 1`` on): the draft's per-token acceptance under greedy verification."""
+    hits = total = 0
+    for seq, start in zip(sequences, starts):
+        ids = seq[None].to(adapter.device)
+        rows = slice(max(0, start - 1), ids.shape[1] - 1)
+        full = adapter.forward(ids).logits[0, rows].argmax(-1)
+        draft = adapter.forward(ids, skip_attention=skip.attention, skip_mlp=skip.mlp).logits[0, rows].argmax(-1)
+        hits += int((draft == full).sum())
+        total += full.numel()
+    return hits / max(1, total)
+
+
+@torch.inference_mode()
+def sublayer_seconds(adapter: ModelAdapter, prefix_tokens: int = 64, repeats: int = 5) -> dict[str, float]:
+    """Seconds one decoding token spends in each sublayer (``attn_<i>``, ``mlp_<i>``): a full step's time minus the
+    time with only that sublayer skipped (fastest of ``repeats``, round-robin), and ``full`` itself."""
+    from draftsmith.inference.cost import _seconds
+
+    ids = torch.randint(0, adapter.vocab_size, (1, prefix_tokens + 1), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(adapter.device)
+    cache = adapter.new_cache(capacity=prefix_tokens + 8)
+    adapter.forward(ids[:, :prefix_tokens], cache, compute_logits=False)
+    variants = {"full": {}} | {f"attn_{i}": {"skip_attention": [i]} for i in range(adapter.num_layers)} | \
+        {f"mlp_{i}": {"skip_mlp": [i]} for i in range(adapter.num_layers)}
+    best = {k: float("inf") for k in variants}
+
+    def step(kwargs: dict) -> None:
+        adapter.forward(ids[:, prefix_tokens:], cache, **kwargs)
+        cache.crop(prefix_tokens)
+
+    for r in range(1 + repeats):
+        for name, kwargs in variants.items():
+            seconds = _seconds(lambda k=kwargs: step(k), adapter.device)
+            if r:
+                best[name] = min(best[name], seconds)
+    full = best.pop("full")
+    return {"full": full} | {k: max(0.0, full - v) for k, v in best.items()}
+
+
+def predicted_seconds_per_token(agreement: float, skip: SkipSet, costs: dict[str, float], verify: dict[int, float],
+                                max_length: int) -> float:
+    """The noise-free objective: seconds per generated token at the best draft length, from the skip set's
+    agreement ``a`` and its draft cost ``c = full - sum of the skipped sublayers' costs``::
+
+        tau(k) = (1 - a^(k+1)) / (1 - a),    seconds per token = min_k (k c + V(k + 1)) / tau(k)"""
+    from draftsmith.inference.cost import CostModel
+
+    curve = CostModel(verify_seconds=verify)
+    draft = costs["full"] - sum(costs[f"attn_{i}"] for i in skip.attention) - sum(costs[f"mlp_{i}"] for i in skip.mlp)
+    draft = max(draft, 0.05 * costs["full"])
+    a = min(agreement, 1.0 - 1e-9)
+    return min((k * draft + curve.verify(k + 1)) / ((1.0 - a ** (k + 1)) / (1.0 - a)) for k in range(1, max_length + 1))
+
+
 def search(target, prompts: Sequence[torch.Tensor], storage: str, n_trials: int, settings: SearchSettings,
            timeout: float | None = None, eos: Sequence[int] = (), progress: bool = True):
-    """Run (or continue) the study in ``storage`` until it holds ``n_trials`` finished trials; returns the study."""
+    """Run (or continue) the study in ``storage`` until it holds ``n_trials`` finished trials; returns the study.
+    ``settings.objective``: ``measured`` seconds per token (default), or ``predicted`` from teacher-forced agreement
+    along the target's greedy answers to ``prompts`` and measured sublayer costs."""
     import optuna
 
     adapter = ModelAdapter(target)
+    if settings.objective == "predicted":
+        from draftsmith.inference.cost import measure_verify_curve
+
+        config = GenerationConfig(max_new_tokens=settings.max_new_tokens, eos_token_ids=tuple(eos))
+        sequences = [torch.cat([p, torch.tensor(generate(adapter, p, config).output_ids, dtype=torch.long)])
+                     for p in prompts]
+        starts = [p.numel() for p in prompts]
+        costs = sublayer_seconds(adapter)
+        verify = measure_verify_curve(adapter, sizes=range(1, settings.draft_length + 2))
     layers = adapter.num_layers
     free = range(1, layers - 1) if settings.pin_ends and layers > 2 else range(layers)
     sampler = optuna.samplers.TPESampler(seed=settings.seed) if settings.sampler == "tpe" else \
@@ -131,6 +207,13 @@ def search(target, prompts: Sequence[torch.Tensor], storage: str, n_trials: int,
             trial.report(value, i)
             return trial.should_prune()
 
+        if settings.objective == "predicted":
+            agreement = skip_agreement(adapter, sequences, starts, skip) if not skip.empty() else 0.0
+            value = predicted_seconds_per_token(agreement, skip, costs, verify, settings.draft_length) \
+                if not skip.empty() else verify[1]
+            trial.set_user_attr("agreement", agreement)
+            trial.set_user_attr("skip", skip.to_dict())
+            return value
         value, tau = seconds_per_token(adapter, prompts, skip, settings, eos, report)
         trial.set_user_attr("tau", tau)
         trial.set_user_attr("skip", skip.to_dict())
@@ -161,5 +244,5 @@ def study_summary(study, num_layers: int, top: int = 5) -> dict:
             "history": [t.value for t in complete]}
 
 
-__all__ = ["SAMPLERS", "SearchSettings", "SkipSet", "baselines", "best_skip_set", "proposer_for", "search",
+__all__ = ["OBJECTIVES", "SAMPLERS", "predicted_seconds_per_token", "skip_agreement", "sublayer_seconds", "SearchSettings", "SkipSet", "baselines", "best_skip_set", "proposer_for", "search",
            "seconds_per_token", "skip_set_of", "study_summary"]

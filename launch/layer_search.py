@@ -27,6 +27,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per calibration answer")
     p.add_argument("--draft-length", type=int, default=8, help="longest draft (adaptive exiting stops earlier)")
     p.add_argument("--sampler", default="tpe", choices=("tpe", "random"))
+    p.add_argument("--objective", default="measured", choices=("measured", "predicted"),
+                   help="measured seconds per token (default), or predicted from teacher-forced agreement and "
+                        "sublayer costs (cheap, noise-free)")
     p.add_argument("--no-pin-ends", action="store_true", help="let the search skip the first and last layers too")
     p.add_argument("--storage", default=None, help="Optuna storage URL (default: sqlite:///<output_dir>/study.db)")
     p.add_argument("--threads", default=None, help="torch CPU threads")
@@ -66,7 +69,8 @@ def run(args: argparse.Namespace) -> dict:
                    for q in calibration_questions(args.prompts, args.seed)]
         eos = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
         settings = SearchSettings(draft_length=args.draft_length, max_new_tokens=args.max_new_tokens,
-                                  pin_ends=not args.no_pin_ends, sampler=args.sampler, seed=args.seed)
+                                  pin_ends=not args.no_pin_ends, sampler=args.sampler, seed=args.seed,
+                                  objective=args.objective)
         storage = args.storage or f"sqlite:///{(out / 'study.db').resolve()}"
         import time
 

@@ -67,3 +67,24 @@ def test_a_killed_study_resumes_without_repeating_finished_trials(tmp_path):
     assert len(done) == 5
     assert search(target, prompts, storage, 5, settings, progress=False).trials == study.trials  # nothing left to do
     assert all(k.startswith(("attn_", "mlp_")) and k.split("_")[1] in ("1", "2") for k in study.best_trial.params)
+
+
+def test_predicted_objective_from_agreement_and_sublayer_costs(tmp_path):
+    from draftsmith.inference.layer_search import predicted_seconds_per_token, skip_agreement, sublayer_seconds
+
+    target = random_model("llama", seed=0, layers=4)
+    adapter = ModelAdapter(target)
+    seq = torch.randint(3, 100, (12,), generator=torch.Generator().manual_seed(0))
+    assert skip_agreement(adapter, [seq], [5], SkipSet((), ())) == 1.0  # skipping nothing is the full model
+    a = skip_agreement(adapter, [seq], [5], SkipSet((1, 2), (1, 2)))
+    assert 0.0 <= a <= 1.0
+    costs = sublayer_seconds(adapter, prefix_tokens=8, repeats=2)
+    assert costs["full"] > 0 and set(costs) == {"full"} | {f"{k}_{i}" for k in ("attn", "mlp") for i in range(4)}
+    flat = {"full": 1.0} | {f"{k}_{i}": 0.1 for k in ("attn", "mlp") for i in range(4)}
+    verify = {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}
+    got = predicted_seconds_per_token(0.5, SkipSet((1, 2), (1, 2)), flat, verify, 3)
+    want = min((k * 0.6 + 1.0) / ((1 - 0.5 ** (k + 1)) / 0.5) for k in (1, 2, 3))
+    assert got == pytest.approx(want)
+    study = search(target, [seq[:6]], f"sqlite:///{tmp_path / 'p.db'}", 3,
+                   SearchSettings(draft_length=3, max_new_tokens=6, objective="predicted"), progress=False)
+    assert len(study.trials) == 3 and all("agreement" in t.user_attrs or t.params == {} for t in study.trials)
