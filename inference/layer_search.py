@@ -5,8 +5,9 @@ The study has one boolean per sublayer (``attn_<i>``, ``mlp_<i>``; the first and
 the paper, unless ``pin_ends=False``), TPE by default (``random`` selectable), seeded. A trial's objective is the
 *measured* seconds per generated token of self-speculative decoding with that skip set (the
 :class:`~draftsmith.inference.proposers.self_spec.SkipLayerProposer` with adaptive draft-exiting) over the
-calibration prompts, greedy; after each prompt the running value is reported, so a trial whose first prompts are
-hopeless is pruned (median pruner). A skip set that skips nothing is scored as plain decoding. Selectable instead
+calibration prompts, greedy; after each prompt the running value is reported, so a trial whose first half of the
+prompts is worse than the median of earlier trials is pruned (median pruner, after 5 complete trials; timing
+noise makes an earlier verdict unreliable). A skip set that skips nothing is scored as plain decoding. Selectable instead
 (``objective="predicted"``): the seconds per token predicted from the skip set's teacher-forced agreement with
 the full model along the target's answers and the measured per-sublayer costs (cheap and free of timing noise;
 :func:`predicted_seconds_per_token`). The study lives in
@@ -193,7 +194,8 @@ def search(target, prompts: Sequence[torch.Tensor], storage: str, n_trials: int,
     sampler = optuna.samplers.TPESampler(seed=settings.seed) if settings.sampler == "tpe" else \
         optuna.samplers.RandomSampler(seed=settings.seed)
     study = optuna.create_study(study_name=STUDY, storage=storage, direction="minimize", sampler=sampler,
-                                pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=0),
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=5,
+                                                                   n_warmup_steps=max(0, len(prompts) // 2 - 1)),
                                 load_if_exists=True)
     done = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
     left = max(0, n_trials - len(done))
