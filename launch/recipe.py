@@ -225,10 +225,8 @@ def artefact_weights(trainer, kind: str, tokenizer) -> dict[str, Any]:
         return {"tensors": state_dict, "config": config} | extra
     if kind == "none":
         return {}
-    if kind == "adapted_target" and hasattr(module, "merge_and_unload"):  # a peft model: the adapter merged in
-        import copy
-
-        return {"model": copy.deepcopy(module).merge_and_unload(), "tokenizer": tokenizer}
+    if kind == "adapted_target" and hasattr(module, "artefact_model"):  # the model a training wrapper adapted
+        return {"model": module.artefact_model(), "tokenizer": tokenizer}
     return {"model": module, "state_dict": state_dict, "tokenizer": tokenizer}
 
 

@@ -240,16 +240,46 @@ class FrozenTargetTrainer(transformers.Trainer):
             logs[TOKENS_LOG_KEY] = self._tokens_total
         super().log(logs, start_time)
 
+    # ---------------------------------------------------------------------------------------- the replicas
+
+    def train(self, *args, **kwargs):
+        result = super().train(*args, **kwargs)
+        self.check_replicas()
+        return result
+
+    def check_replicas(self) -> None:
+        """Data-parallel processes must end with the same trained parameters; a loss computed outside the wrapped
+        module's forward would silently skip the gradient all-reduce (each process training its own copy). Raises
+        ``RuntimeError`` when the replicas differ (not checked when parameters are sharded)."""
+        if self.args.world_size <= 1 or self._sharded():
+            return
+        module = self.accelerator.unwrap_model(self.model_wrapped)
+        total = torch.zeros(2, dtype=torch.float64, device=self.args.device)
+        for p in module.parameters():
+            if p.requires_grad:
+                data = p.detach().double()
+                total += torch.stack([data.sum(), (data * data).sum()]).to(total.device)
+        every = self.accelerator.gather(total[None]).reshape(-1, 2)  # [world, 2]
+        if not torch.allclose(every, every[:1].expand_as(every), rtol=1e-6, atol=1e-9):
+            raise RuntimeError(f"the data-parallel replicas of the trained module differ after training ({every.tolist()}): "
+                               "a method computed its loss outside the wrapped module's forward; route it through "
+                               "model(...)")
+
     # ----------------------------------------------------------------------------------------- checkpoints
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """A trained module that is not a Hugging Face model and holds frozen parameters (Medusa-2's copy of the
-        target under its LoRA adapter) is checkpointed without them: they never change, the Trainer reloads a
-        checkpoint non-strictly, and safetensors refuses the target's tied embedding and LM head anyway."""
+        """A trained module that is not a Hugging Face model (a training wrapper) is checkpointed without its frozen
+        parameters (Medusa-2's copy of the target under its LoRA adapter: they never change, and the Trainer
+        reloads a checkpoint non-strictly) and with tied tensors (an embedding that is also the LM head) once,
+        which safetensors requires; loading the one name restores both."""
         if state_dict is None and not isinstance(self.model, transformers.PreTrainedModel):
             frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
-            if frozen:
-                state_dict = {k: v for k, v in self.model.state_dict().items() if k not in frozen}
+            state_dict, seen = {}, set()
+            for name, tensor in self.model.state_dict().items():  # tied weights (embedding = LM head) once
+                if name in frozen or tensor.data_ptr() in seen:
+                    continue
+                seen.add(tensor.data_ptr())
+                state_dict[name] = tensor
         super()._save(output_dir, state_dict)
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:

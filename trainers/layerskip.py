@@ -140,18 +140,41 @@ def exit_scales(enabled: torch.Tensor, e_scale: float) -> torch.Tensor:  # [L] f
 # ------------------------------------------------------------------------------------------------- the model
 
 
-def build_layerskip_model(models: dict, config: LayerSkipConfig) -> nn.Module:
-    """The trainable module: a copy of the target (the original stays the frozen reference), all of it trained, or
-    a peft LoRA model of it (``finetune=lora``)."""
+class LayerSkipTraining(nn.Module):
+    """The trainable module: the adapted copy of the target, whose ``forward`` is a batch's whole LayerSkip loss (one
+    forward per step through the data-parallel wrapper, so gradients are synchronised). The artefact is the
+    adapted model itself (:meth:`artefact_model`; a LoRA adapter merged in)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    @property
+    def causal_lm(self) -> nn.Module:
+        return base_model(self.model)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor | None, exits: torch.Tensor,
+                scales: torch.Tensor) -> torch.Tensor:
+        """``sum_l scales[l] * CE_l`` (summed over the labelled positions) with layer dropout ``keep`` [B, L]."""
+        losses = exit_losses(self.causal_lm, input_ids, labels, keep, exits)
+        return sum(scales[layer] * ce for layer, ce in losses.items())
+
+    def artefact_model(self) -> nn.Module:
+        return copy.deepcopy(self.model).merge_and_unload() if hasattr(self.model, "merge_and_unload") else self.model
+
+
+def build_layerskip_model(models: dict, config: LayerSkipConfig) -> LayerSkipTraining:
+    """The trainable module around a copy of the target (the original stays the frozen reference): all of it
+    trained, or a peft LoRA model of it (``finetune=lora``)."""
     model = copy.deepcopy(models["target"])
     ModelAdapter(model)  # refuse unsupported layouts now, with a one-line error
     if config.finetune == "full":
-        return model.requires_grad_(True)
+        return LayerSkipTraining(model.requires_grad_(True))
     from peft import LoraConfig, get_peft_model
 
     lora = LoraConfig(r=int(config.lora_r), lora_alpha=float(config.lora_alpha), target_modules="all-linear",
                       bias="none", task_type="CAUSAL_LM")
-    return get_peft_model(model.requires_grad_(False), lora)
+    return LayerSkipTraining(get_peft_model(model.requires_grad_(False), lora))
 
 
 def base_model(module: nn.Module) -> nn.Module:
@@ -177,6 +200,18 @@ def layer_forward(model: nn.Module, input_ids: torch.Tensor, keep: torch.Tensor 
     return states
 
 
+def exit_losses(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor | None,
+                exits: torch.Tensor) -> dict[int, torch.Tensor]:
+    """``{l: summed next-token CE of exit l}`` over the labelled positions (the model's own norm and LM head)."""
+    adapter = ModelAdapter(model)
+    states = layer_forward(model, input_ids, keep, exits)
+    targets = labels[:, 1:]
+    mask = targets != -100
+    return {layer: F.cross_entropy(adapter.logits(adapter.norm(hidden[:, :-1][mask])).float(), targets[mask],
+                                   reduction="sum")
+            for layer, hidden in states.items()}
+
+
 class LayerSkipTrainer(FrozenTargetTrainer):
     """Trains a copy of the target with layer dropout and the early-exit loss (module docstring)."""
 
@@ -185,23 +220,10 @@ class LayerSkipTrainer(FrozenTargetTrainer):
     def prepare_training_batch(self, model, inputs):
         return self.answers_batch(inputs)
 
-    def _exit_losses(self, model, inputs, exits: torch.Tensor, keep: torch.Tensor | None) -> dict[int, torch.Tensor]:
-        """``{l: summed next-token CE of exit l}`` over the labelled positions."""
-        net = base_model(self.accelerator.unwrap_model(model))
-        adapter = ModelAdapter(net)
-        states = layer_forward(net, inputs["input_ids"], keep, exits)
-        labels = inputs["labels"][:, 1:]
-        mask = labels != -100
-        out = {}
-        for layer, hidden in states.items():
-            logits = adapter.logits(adapter.norm(hidden[:, :-1][mask]))  # [N, V]
-            out[layer] = F.cross_entropy(logits.float(), labels[mask], reduction="sum")
-        return out
-
     def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
         """``sum_l e~(t, l) * CE_l`` with this step's dropout and enabled exits (module docstring)."""
         cfg = self.method_config
-        layers = ModelAdapter(base_model(self.accelerator.unwrap_model(model))).num_layers
+        layers = ModelAdapter(self.accelerator.unwrap_model(model).causal_lm).num_layers
         step, total = self.state.global_step, max(1, self.state.max_steps)
         exits = enabled_exits(layers, step, total, cfg.curriculum, cfg.rotation, cfg.gradual_fraction)
         keep = None
@@ -209,17 +231,15 @@ class LayerSkipTrainer(FrozenTargetTrainer):
             rates = dropout_rates(layers, step, total, cfg.dropout_max, cfg.dropout_shape, cfg.dropout_time)
             keep = torch.rand(inputs["input_ids"].shape[0], layers) >= rates[None]  # [B, L], per sample
             keep = keep.to(inputs["input_ids"].device)
-        scales = exit_scales(exits, cfg.early_exit_scale)
-        losses = self._exit_losses(model, inputs, exits, keep)
-        total_loss = sum(scales[layer] * ce for layer, ce in losses.items())
-        return total_loss, None
+        scales = exit_scales(exits, cfg.early_exit_scale).to(inputs["input_ids"].device)
+        return model(inputs["input_ids"], inputs["labels"], keep, exits, scales), None
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Held-out: the training loss (no dropout, this step's exits), and per exit the CE and the top-1 agreement
         with the full depth, plus the full-depth CE of the trained copy and of the original target."""
         inputs = self._prepare_inputs(inputs)
         inputs = self.answers_batch(inputs)
-        net = base_model(self.accelerator.unwrap_model(model))
+        net = self.accelerator.unwrap_model(model).causal_lm
         with torch.no_grad():
             total, _ = self.loss_sum(model, inputs)
             n = self.count_loss_tokens(inputs).clamp(min=1).to(total.device)
@@ -257,4 +277,4 @@ class LayerSkipTrainer(FrozenTargetTrainer):
 
 
 __all__ = ["LayerSkipConfig", "LayerSkipTrainer", "build_layerskip_model", "dropout_rates", "enabled_exits",
-           "base_model", "exit_scales", "layer_forward"]
+           "LayerSkipTraining", "base_model", "exit_losses", "exit_scales", "layer_forward"]

@@ -109,26 +109,54 @@ class MedusaConfig(TargetAnswers):
         return {"tree": self.tree, "tree_nodes": self.tree_nodes}
 
 
-class AdaptedTargetHeads(nn.Module):
-    """Medusa-2's trainable module: a peft LoRA model of (a copy of) the target and the heads over it.
+def heads_loss(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module,
+               decay: float) -> torch.Tensor:
+    """``sum_k decay**k * sum_t CE(head_k(h_t), x_{t+k+2})`` (Medusa eq. 2) over ``hidden`` ``[B, T, H]``."""
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for k in range(heads.num_heads):
+        positions, tokens = head_targets(labels, k)
+        if not bool(positions.any()):
+            continue
+        logits = heads.head_logits(hidden[:, : positions.shape[1]][positions], k, lm_head).float()  # [N, V]
+        total = total + decay ** k * F.cross_entropy(logits, tokens[positions], reduction="sum")
+    return total
 
-    The artefact keeps the heads' tensors (:meth:`artefact_tensors`) and the adapter (:attr:`target_adapter`)."""
 
-    def __init__(self, adapted_target: nn.Module, heads: MedusaHeads) -> None:
+def target_terms(labels: torch.Tensor, logits: torch.Tensor, original: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                            torch.Tensor, torch.Tensor]:
+    """Medusa-2's target terms over the response positions: summed CE of ``logits`` ``[B, T, V]`` to ``x_{t+1}``,
+    summed ``KL(original || adapted)`` and how often the two argmaxes agree."""
+    mask = labels[:, 1:] != -100  # [B, T-1]: position t predicts a labelled x_{t+1}
+    adapted = logits[:, :-1][mask].float()  # [N, V]
+    reference = original[:, :-1][mask].float()  # [N, V]
+    ce = F.cross_entropy(adapted, labels[:, 1:][mask], reduction="sum")
+    agree = (adapted.argmax(-1) == reference.argmax(-1)).sum().float()
+    return ce, kl_rows(reference, adapted).sum(), agree
+
+
+def _all_trainable_zero(module: nn.Module) -> torch.Tensor:
+    """A zero that reaches every trainable parameter (data-parallel ranks then all reduce the same set)."""
+    return sum(p.sum() * 0.0 for p in module.parameters() if p.requires_grad)
+
+
+class HeadsTraining(nn.Module):
+    """Medusa-1's trainable module: the heads, whose ``forward`` is the whole training loss of a batch (one forward
+    per step through the data-parallel wrapper, so gradients are synchronised). The artefact keeps the heads."""
+
+    def __init__(self, heads: MedusaHeads) -> None:
         super().__init__()
-        self.target = adapted_target
         self.heads = heads
 
     @property
     def num_heads(self) -> int:
         return self.heads.num_heads
 
-    @property
-    def target_adapter(self) -> nn.Module:
-        return self.target
-
     def head_logits(self, hidden: torch.Tensor, k: int, lm_head: nn.Module | None = None) -> torch.Tensor:
         return self.heads.head_logits(hidden, k, lm_head)
+
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module, decay: float) -> torch.Tensor:
+        total = heads_loss(self.heads, hidden, labels, lm_head, decay)
+        return total if total.grad_fn is not None else total + _all_trainable_zero(self)
 
     def artefact_config(self) -> dict:
         return self.heads.artefact_config()
@@ -137,6 +165,40 @@ class AdaptedTargetHeads(nn.Module):
     def artefact_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The heads' entries of the whole module's state dict, named as :class:`MedusaHeads` names them."""
         return {k.removeprefix("heads."): v for k, v in state_dict.items() if k.startswith("heads.")}
+
+
+class AdaptedTargetHeads(HeadsTraining):
+    """Medusa-2's trainable module: a peft LoRA model of (a copy of) the target and the heads over it; ``forward``
+    is the batch's whole loss (module docstring). The artefact keeps the heads' tensors and the adapter
+    (:attr:`target_adapter`)."""
+
+    def __init__(self, adapted_target: nn.Module, heads: MedusaHeads) -> None:
+        super().__init__(heads)
+        self.target = adapted_target
+
+    @property
+    def target_adapter(self) -> nn.Module:
+        return self.target
+
+    def adapted(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, grad: bool):
+        """The adapted target's ``(hidden [B, T, H] final-normed, logits [B, T, V])``."""
+        with contextlib.nullcontext() if grad else torch.no_grad():
+            out = self.target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        return out.hidden_states[-1], out.logits
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module,
+                decay: float, original_logits: torch.Tensor | None = None, weights: tuple[float, float, float] = (1, 1, 1),
+                joint: bool = True) -> torch.Tensor:
+        """``joint``: ``w_lm CE + w_kl KL(original || adapted) + w_heads heads loss`` (``weights``, with
+        ``original_logits`` ``[B, T, V]`` from the frozen original); warm-up (not ``joint``): the heads' loss over
+        the adapted target's hidden states, the adapter untouched."""
+        hidden, logits = self.adapted(input_ids, attention_mask, grad=joint)
+        heads = heads_loss(self.heads, hidden, labels, lm_head, decay)
+        if not joint:
+            return heads + _all_trainable_zero(self)
+        ce, kl, _ = target_terms(labels, logits, original_logits)
+        lm_weight, kl_weight, heads_weight = weights
+        return lm_weight * ce + kl_weight * kl + heads_weight * heads
 
 
 def lora_adapted(target: nn.Module, config: MedusaConfig) -> nn.Module:
@@ -162,7 +224,7 @@ def build_heads(models: dict, config: MedusaConfig) -> nn.Module:
     heads = MedusaHeads(hidden=target.config.hidden_size, vocab=lm_head_rows(target), heads=config.heads,
                         layers=config.head_layers, shared_lm_head=config.shared_lm_head)
     heads.init_lm_heads(target.get_output_embeddings())
-    return AdaptedTargetHeads(lora_adapted(target, config), heads) if config.joint else heads
+    return AdaptedTargetHeads(lora_adapted(target, config), heads) if config.joint else HeadsTraining(heads)
 
 
 def head_targets(labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,65 +270,21 @@ class MedusaTrainer(FrozenTargetTrainer):
         """Medusa-2: whether this step trains the heads alone (the first ``heads_warmup_ratio`` of the steps)."""
         return self.state.global_step < int(self.method_config.heads_warmup_ratio * max(1, self.state.max_steps))
 
-    def _adapted_forward(self, model, inputs: dict[str, torch.Tensor], grad: bool):
-        """The adapted target's forward: ``(hidden [B, T, H] final-normed, logits [B, T, V])``."""
-        adapted = self.accelerator.unwrap_model(model).target
-        with contextlib.nullcontext() if grad else torch.no_grad():
-            out = adapted(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                          output_hidden_states=True)
-        return out.hidden_states[-1], out.logits
-
-    def _heads_loss(self, model, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """``sum_k lambda_k * sum_t CE(head_k(h_t), x_{t+k+2})`` (Medusa eq. 2)."""
-        total = hidden.new_zeros((), dtype=torch.float32)
-        for k in range(self.accelerator.unwrap_model(model).num_heads):
-            positions, tokens = head_targets(labels, k)
-            if not bool(positions.any()):
-                continue
-            logits = self._head_logits(model, hidden, k, positions)  # [N, V]
-            total = total + self.method_config.loss_decay ** k * F.cross_entropy(logits, tokens[positions], reduction="sum")
-        return total
-
-    def _target_terms(self, inputs: dict[str, torch.Tensor], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                              torch.Tensor]:
-        """Medusa-2's target terms over the response positions: summed CE to ``x_{t+1}``, summed
-        ``KL(original || adapted)``, and how often the two argmaxes agree."""
-        mask = inputs["labels"][:, 1:] != -100  # [B, T-1]: position t predicts a labelled x_{t+1}
-        adapted = logits[:, :-1][mask].float()  # [N, V]
+    def _original_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:  # [B, T, V], the frozen original
         with torch.no_grad():
-            original = self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
-            original = original[:, :-1][mask].float()  # [N, V]
-        ce = F.cross_entropy(adapted, inputs["labels"][:, 1:][mask], reduction="sum")
-        agree = (adapted.argmax(-1) == original.argmax(-1)).sum().float()
-        return ce, kl_rows(original, adapted).sum(), agree
-
-    def _head_logits(self, model, hidden: torch.Tensor, k: int, positions: torch.Tensor) -> torch.Tensor:  # [N, V]
-        heads = self.accelerator.unwrap_model(model)
-        picked = hidden[:, : positions.shape[1]][positions]  # [N, H]
-        return heads.head_logits(picked, k, self.teacher_module.get_output_embeddings()).float()
+            return self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
 
     def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
-        """Medusa-1: sum over heads of lambda_k * the summed cross-entropy of head k; Medusa-2 after the warm-up:
-        the combined loss (module docstring)."""
+        """Medusa-1: sum over heads of lambda_k * the summed cross-entropy of head k; Medusa-2: the heads' loss in the
+        warm-up, then the combined loss (module docstring). Always one forward of the trained module."""
         cfg = self.method_config
+        lm_head = self.teacher_module.get_output_embeddings()
         if not cfg.joint:
-            total = self._heads_loss(model, self._target_hidden(inputs), inputs["labels"])
-        elif self.warming_up() or not model.training:
-            hidden, logits = self._adapted_forward(model, inputs, grad=False)
-            total = self._heads_loss(model, hidden, inputs["labels"])
-            if not model.training:  # held-out: the whole combined loss
-                ce, kl, _ = self._target_terms(inputs, logits)
-                total = cfg.lm_weight * ce + cfg.kl_weight * kl + cfg.heads_weight * total
-            else:  # warm-up: the adapter gets zero gradients (so data-parallel ranks all reduce the same parameters)
-                adapter = self.accelerator.unwrap_model(model).target
-                total = total + sum(p.sum() * 0.0 for p in adapter.parameters() if p.requires_grad)
-        else:
-            hidden, logits = self._adapted_forward(model, inputs, grad=True)
-            ce, kl, _ = self._target_terms(inputs, logits)
-            heads = self._heads_loss(model, hidden, inputs["labels"])
-            total = cfg.lm_weight * ce + cfg.kl_weight * kl + cfg.heads_weight * heads
-        if total.grad_fn is None and model.training:  # no head had a target in this batch: a zero that still reaches every parameter
-            total = total + sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad)
+            return model(self._target_hidden(inputs), inputs["labels"], lm_head, cfg.loss_decay), None
+        joint = not self.warming_up() or not model.training  # held-out: always the whole combined loss
+        original = self._original_logits(inputs) if joint else None
+        total = model(inputs["input_ids"], inputs["attention_mask"], inputs["labels"], lm_head, cfg.loss_decay,
+                      original, (cfg.lm_weight, cfg.kl_weight, cfg.heads_weight), joint)
         return total, None
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
@@ -278,19 +296,22 @@ class MedusaTrainer(FrozenTargetTrainer):
             total, _ = self.loss_sum(model, inputs)
             loss = total / self.count_loss_tokens(inputs).clamp(min=1).to(total.device)
             logits = None
+            module = self.accelerator.unwrap_model(model)
+            lm_head = self.teacher_module.get_output_embeddings()
             if self.method_config.joint:
-                hidden, logits = self._adapted_forward(model, inputs, grad=False)
+                hidden, logits = module.adapted(inputs["input_ids"], inputs["attention_mask"], grad=False)
             else:
                 hidden = self._target_hidden(inputs)
             rows = []
-            for k in range(self.accelerator.unwrap_model(model).num_heads):
+            for k in range(module.num_heads):
                 positions, tokens = head_targets(inputs["labels"], k)
                 counts = torch.zeros(RANKS, device=hidden.device)
                 if bool(positions.any()):
-                    counts = rank_of_true(self._head_logits(model, hidden, k, positions), tokens[positions])
+                    picked = hidden[:, : positions.shape[1]][positions]
+                    counts = rank_of_true(module.head_logits(picked, k, lm_head).float(), tokens[positions])
                 rows.append(torch.cat([counts, positions.sum().float()[None].to(counts.device)]))
             if logits is not None:  # one more row: the adapted target against the original
-                _, kl, agree = self._target_terms(inputs, logits)
+                _, kl, agree = target_terms(inputs["labels"], logits, self._original_logits(inputs))
                 n = (inputs["labels"][:, 1:] != -100).sum().float().to(hidden.device)
                 rows.append(torch.cat([torch.stack([kl.to(hidden.device), agree.to(hidden.device)]),
                                        hidden.new_zeros(RANKS - 2, dtype=torch.float32), n[None]]))
@@ -332,5 +353,5 @@ class MedusaTrainer(FrozenTargetTrainer):
         return self.optimizer
 
 
-__all__ = ["AdaptedTargetHeads", "MedusaConfig", "MedusaTrainer", "build_heads", "head_targets", "kl_rows",
-           "lora_adapted", "rank_of_true"]
+__all__ = ["AdaptedTargetHeads", "HeadsTraining", "MedusaConfig", "MedusaTrainer", "build_heads", "head_targets",
+           "heads_loss", "kl_rows", "lora_adapted", "rank_of_true", "target_terms"]
