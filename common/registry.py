@@ -118,7 +118,7 @@ def _builtin() -> dict[str, MethodSpec]:
                        eval_defaults={"draft_length": 4, "draft_length_mode": "fixed"}),
             MethodSpec(name="draft-verify", summary="the target drafts with searched attention/MLP sublayers skipped "
                        "(Draft & Verify, Zhang et al. 2023)", proposer=f"{inference}:skip_layer_proposer",
-                       artefact_kind="none", eval_defaults={"draft_length": 8}),
+                       artefact_kind="none", eval_method=True, eval_defaults={"draft_length": 8}),
             MethodSpec(name="distillspec", summary="a draft model distilled into its target (Zhou et al. 2023)",
                        proposer=f"{inference}:draft_model_proposer", artefact_kind="draft_model",
                        models=("target", "draft"), config="draftsmith.trainers.distillspec:DistillSpecConfig",

@@ -109,15 +109,30 @@ def early_exit_proposer(ctx: ProposerContext):
     return EarlyExitProposer(int(exit_layer), policy)
 
 
+def _layer_list(value) -> list[int]:
+    """Layer numbers from a list or a comma-separated string ("1,3,5")."""
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        try:
+            return [int(x) for x in value.split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError(f"layer list {value!r}: give comma-separated layer numbers, e.g. 1,3,5") from None
+    return [int(x) for x in value]
+
+
 def skip_layer_proposer(ctx: ProposerContext):
     """Draft & Verify's self-speculation from a searched artefact: the target minus its skip set drafts, stopping
     adaptively (``recipes/layer_skip_search.py``)."""
     from draftsmith.inference.draft_length import DraftLengthPolicy
     from draftsmith.inference.proposers.self_spec import AdaptiveThreshold, SkipLayerProposer
 
-    attention, mlp = ctx.option("skip_attention", None), ctx.option("skip_mlp", None)
+    attention, mlp = _layer_list(ctx.option("skip_attention", None)), _layer_list(ctx.option("skip_mlp", None))
     if not attention and not mlp:
-        raise ConfigError("draft-verify runs a searched skip set: pass --artefact DIR (from recipes/layer_skip_search.py)")
+        if ctx.manifest is not None:  # the search found no skip set faster than plain decoding on this target
+            return None
+        raise ConfigError("draft-verify needs a skip set: pass --artefact DIR (from recipes/layer_skip_search.py), or "
+                          "--skip-attention/--skip-mlp with layer numbers")
     length = int(ctx.option("draft_length", 8))
     threshold = ctx.option("threshold", None)
     return SkipLayerProposer(skip_attention=attention or (), skip_mlp=mlp or (),

@@ -31,7 +31,7 @@ PROPOSER_OPTIONS = {"draft_length": "draft_length", "draft_length_mode": "draft_
                     "pld_threshold": "pld_threshold", "draft_vocab": "draft_vocab", "tree": "tree",
                     "tree_nodes": "tree_nodes", "acceptance": "acceptance", "typical_epsilon": "typical_epsilon",
                     "typical_delta": "typical_delta", "tree_depth": "tree_depth", "tree_top_k": "tree_top_k",
-                    "exit_layer": "exit_layer"}
+                    "exit_layer": "exit_layer", "skip_attention": "skip_attention", "skip_mlp": "skip_mlp"}
 
 
 def add_parser(sub) -> None:
@@ -83,6 +83,9 @@ def add_parser(sub) -> None:
     g.add_argument("--tree", metavar="auto|chain|FILE", default=None,
                    help="head drafters: medusa's static token tree: auto (grown from the heads' measured "
                         "accuracies; default), chain (the top-1 of each head) or a JSON file of choice paths; eagle: chain or dynamic (EAGLE-2)")
+    g.add_argument("--skip-attention", metavar="L,L", default=None,
+                   help="draft-verify: the layers whose attention the draft skips (e.g. 1,3,5)")
+    g.add_argument("--skip-mlp", metavar="L,L", default=None, help="draft-verify: the layers whose MLP the draft skips")
     g.add_argument("--exit-layer", metavar="E", type=int, default=None,
                    help="early-exit: draft with the target's first E layers (LayerSkip self-speculation)")
     g.add_argument("--tree-nodes", metavar="N", type=int, default=None,

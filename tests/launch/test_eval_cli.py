@@ -86,6 +86,14 @@ def test_early_exit_method_on_any_target(tiny_pair, qfile, tmp_path, capsys):
     assert "--exit-layer" in _one_line_error(capsys)
 
 
+def test_draft_verify_with_a_skip_set_on_the_command_line(tiny_pair, qfile, tmp_path):
+    out = tmp_path / "dv.json"
+    assert _eval(tiny_pair, "--method", "draft-verify", "--skip-attention", "1", "--skip-mlp", "1", "--questions", qfile,
+                 "--limit", "1", "--out", out) == 0
+    rep = json.loads(out.read_text())
+    assert rep["skip_set"] == {"attention": ".x", "mlp": ".x"} and rep["summary"]["greedy_identical"] == 1.0
+
+
 def test_sampling_run(tiny_pair, qfile, tmp_path):
     out = tmp_path / "s.json"
     args = ("--draft", tiny_pair["draft"], "--questions", qfile, "--temperature", "0.7", "--top-p", "0.9", "--out", out)

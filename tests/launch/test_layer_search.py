@@ -42,3 +42,16 @@ def test_search_writes_an_artefact_the_evaluator_runs(tiny_pair, tmp_path, capsy
     if skip["skip_attention"] or skip["skip_mlp"]:
         assert rep["method"] == "draft-verify" and len(rep["skip_set"]["attention"]) == 2
     assert rep["summary"]["greedy_identical"] == 1.0
+
+
+def test_an_empty_searched_set_decodes_plainly(tmp_path):
+    """When no skip set beats plain decoding on the calibration prompts, the artefact says so and runs as AR."""
+    from draftsmith.common.models import target_identity
+    from draftsmith.data.tiny_models import random_model
+    from draftsmith.inference.artefact import load_artefact, write_artefact
+
+    target = random_model("llama", seed=0, layers=2)
+    write_artefact(tmp_path / "a", "none", method="draft-verify", target=target_identity(target, None),
+                   proposer={"skip_attention": [], "skip_mlp": [], "draft_length": 4})
+    proposer, manifest = load_artefact(tmp_path / "a", target, None)
+    assert proposer is None and manifest["method"] == "draft-verify"
