@@ -160,28 +160,43 @@ def prompt_lookup_proposer(ctx: ProposerContext):
 def medusa_tree(ctx: ProposerContext, heads: int):
     """The static tree of a Medusa artefact: ``--tree chain`` (top-1 of each head), a JSON file of choice paths,
     or ``auto`` (default): grown greedily from the heads' top-k accuracies the trainer measured on held-out data
-    (the manifest's ``training.head_accuracy``), else the default tree for that many heads."""
+    (the manifest's ``training.head_accuracy``; else a typical profile), ``tree_nodes`` nodes — or, with
+    ``--tree-nodes auto``, the count with the best predicted speedup on the target's measured verification cost."""
     import json
 
     import torch
 
-    from draftsmith.inference.trees import chain_choices, default_choices, greedy_choices, tree_from_choices
+    from draftsmith.inference.trees import chain_choices, default_accuracy, greedy_choices, tree_from_choices
 
     tree = str(ctx.option("tree", "auto"))
-    nodes = int(ctx.option("tree_nodes", 32))
+    nodes = ctx.option("tree_nodes", 32)
     if tree == "chain":
         return tree_from_choices(chain_choices(heads))
     if tree == "auto":
         accuracy = ((ctx.manifest or {}).get("training") or {}).get("head_accuracy")
-        if accuracy:
-            return tree_from_choices(greedy_choices(torch.tensor(accuracy)[:heads], nodes))
-        return tree_from_choices(default_choices(heads, nodes))
+        accuracy = torch.tensor(accuracy)[:heads] if accuracy else default_accuracy(heads)
+        if str(nodes) == "auto":  # the size whose predicted speedup is best on this target's measured cost
+            nodes = medusa_tree_size(ctx.target_model, accuracy)["nodes"]
+        if not str(nodes).isdigit() or int(nodes) < 1:
+            raise ConfigError(f"--tree-nodes {nodes}: give a number of nodes >= 1, or auto")
+        return tree_from_choices(greedy_choices(accuracy, int(nodes)))
     path = Path(tree)
     try:
         choices = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise ConfigError(f"--tree {tree}: not chain, auto or a readable JSON file of choice paths ({err})") from None
     return tree_from_choices(choices)
+
+
+def medusa_tree_size(target_model, accuracy, max_nodes: int = 64) -> dict:
+    """:func:`~draftsmith.inference.trees.tree_size_for_cost` on the target's verification cost, measured now."""
+    from draftsmith.inference.adapter import ModelAdapter
+    from draftsmith.inference.cost import CostModel, measure_verify_curve
+    from draftsmith.inference.trees import tree_size_for_cost
+
+    sizes = sorted({1, 2, 3, 5, 9, 17, 33, max_nodes + 1})
+    curve = CostModel(measure_verify_curve(ModelAdapter(target_model), sizes=sizes, repeats=5))
+    return tree_size_for_cost(accuracy, curve.relative_verify, max_nodes)
 
 
 def medusa_proposer(ctx: ProposerContext):
@@ -215,9 +230,12 @@ def eagle_proposer(ctx: ProposerContext):
     if tree not in TREES:
         raise ConfigError(f"--tree {tree}: EAGLE drafts a chain or EAGLE-2's dynamic tree (--tree chain|dynamic)")
     target = ctx.target_model
+    total = str(ctx.option("tree_nodes", 32))
+    if not total.isdigit() or int(total) < 1:
+        raise ConfigError(f"--tree-nodes {total}: EAGLE's dynamic tree keeps a number of tokens (e.g. 32)")
     head = load_eagle_head(ctx.artefact_dir, target)
     head.to(target.device)
     return EagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(),
                          length=int(ctx.option("draft_length", 5)), tree=tree, depth=int(ctx.option("tree_depth", 5)),
-                         top_k=int(ctx.option("tree_top_k", 8)), total_tokens=int(ctx.option("tree_nodes", 32)))
+                         top_k=int(ctx.option("tree_top_k", 8)), total_tokens=int(total))
 

@@ -141,6 +141,33 @@ def greedy_choices(accuracy: torch.Tensor, nodes: int) -> list[Path]:
     return chosen
 
 
+def tree_size_for_cost(accuracy: torch.Tensor, relative_verify, max_nodes: int = 64) -> dict:
+    """The node count whose greedy tree (:func:`greedy_choices` on ``accuracy``) has the best predicted speedup on a
+    measured verification cost: ``relative_verify(n)`` = V(n) / V(1), the cost of one target forward over ``n``
+    tokens against a plain decoding step (:meth:`draftsmith.inference.cost.CostModel.relative_verify`)::
+
+        tau(N)     = 1 + sum of the N chosen paths' values (each the chance the whole path is accepted)
+        speedup(N) = tau(N) / relative_verify(N + 1)
+
+    (the heads' own cost is left out: one small matmul per head against a target forward). Returns ``{"nodes",
+    "predicted_tau", "predicted_speedup", "table": [[N, tau, speedup], ...]}``."""
+    heads, k = accuracy.shape
+    acc = accuracy.double().tolist()
+    frontier = [(-acc[0][r], (r,)) for r in range(k)]
+    heapq.heapify(frontier)
+    tau, table = 1.0, []
+    while frontier and len(table) < max_nodes:
+        neg, path = heapq.heappop(frontier)
+        tau += -neg
+        n = len(table) + 1
+        table.append([n, round(tau, 5), round(tau / relative_verify(n + 1), 5)])
+        if len(path) < heads:
+            for r in range(k):
+                heapq.heappush(frontier, (neg * acc[len(path)][r], (*path, r)))
+    best = max(table, key=lambda row: row[2])
+    return {"nodes": best[0], "predicted_tau": best[1], "predicted_speedup": best[2], "table": table}
+
+
 def default_accuracy(heads: int, k: int = 10) -> torch.Tensor:  # [heads, k]
     """A typical per-head top-k accuracy profile (head 1 top-1 0.6, decaying by 0.75 per head and by rank as a
     geometric tail): what :func:`default_choices` plans for before a drafter's own accuracies are measured."""
@@ -179,5 +206,5 @@ def rerank(scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, to
     return torch.tensor(kept, dtype=torch.long), torch.tensor(new_parents, dtype=torch.long)
 
 
-__all__ = ["rerank", "StaticTree", "tree_from_choices", "chain_choices", "greedy_choices", "default_accuracy",
+__all__ = ["rerank", "tree_size_for_cost", "StaticTree", "tree_from_choices", "chain_choices", "greedy_choices", "default_accuracy",
            "default_choices"]

@@ -109,3 +109,23 @@ def test_one_forward_over_the_tree_equals_each_path_alone():
             seq = torch.cat([prefix, draft.tokens[nodes]])[None]
             plain = adapter.forward(seq).logits[0, past:]  # [1 + len(nodes), V]
             assert torch.allclose(tree_logits[[0, *[1 + i for i in nodes]]], plain, atol=1e-5)
+
+
+def test_tree_size_for_cost_trades_tau_against_the_measured_verification_cost():
+    from draftsmith.inference.trees import greedy_choices, tree_size_for_cost
+
+    accuracy = torch.tensor([[0.6, 0.2, 0.1], [0.5, 0.2, 0.1], [0.4, 0.1, 0.05]])
+    flat = tree_size_for_cost(accuracy, lambda n: 1.0, max_nodes=12)  # verification free: the biggest tree wins
+    assert flat["nodes"] == 12
+    values = []
+    for path in greedy_choices(accuracy, 12):
+        v = 1.0
+        for depth, rank in enumerate(path):
+            v *= float(accuracy[depth, rank])
+        values.append(v)
+    assert flat["predicted_tau"] == pytest.approx(1 + sum(values), abs=1e-4)
+    steep = tree_size_for_cost(accuracy, lambda n: 1.0 + 0.3 * (n - 1), max_nodes=12)  # every token costs 30%
+    assert steep["nodes"] < 4
+    row = steep["table"][steep["nodes"] - 1]
+    assert row[2] == pytest.approx(row[1] / (1.0 + 0.3 * steep["nodes"]), abs=1e-4)
+    assert steep["predicted_speedup"] == max(r[2] for r in steep["table"])

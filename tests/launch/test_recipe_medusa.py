@@ -37,6 +37,8 @@ def test_recipe_trains_heads_writes_the_artefact_and_decodes_identically(tiny_pa
     target = random_model("llama", seed=0, layers=2)  # the pair's target (same seed)
     tok = None
     adapter = ModelAdapter(target)
+    sized, _ = load_artefact(artefact, target, tok, tree="auto", tree_nodes="auto")  # sized on the measured cost
+    assert 1 <= len(sized.tree) <= 64
     for tree in ("auto", "chain"):
         proposer, _ = load_artefact(artefact, target, tok, tree=tree)
         assert len(proposer.tree) == (8 if tree == "auto" else 3)
