@@ -3,7 +3,7 @@
 On calibration sequences (prompts with the target's own greedy answers) one forward gives every layer's hidden
 state; each layer's *exit* (the model's final norm and LM head on it) is compared with the full model's next
 token: ``a_E`` = the top-1 agreement of exit ``E`` over the answer positions. Costs are measured on the target
-itself: ``c(E)`` = seconds of one token through layers ``0 .. E-1`` plus the norm and LM head (a draft step), and
+itself, drafts and verifications in the same timing rounds: ``c(E)`` = seconds of one token through layers ``0 .. E-1`` plus the norm and LM head (a draft step), and
 ``V(n)`` = seconds of a full forward over ``n`` tokens. With the draft's cache reused, a step that drafts ``k``
 tokens runs ``k`` draft steps and the remaining ``L - E`` layers over ``k + 1`` tokens, so::
 
@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.inference.cost import _seconds, measure_verify_curve
+from draftsmith.inference.cost import _seconds
 
 
 @dataclass(frozen=True)
@@ -58,27 +58,37 @@ def exit_agreement(target, sequences: Sequence[Sequence[int]], answer_starts: Se
 
 
 @torch.inference_mode()
-def exit_costs(target, prefix_tokens: int = 128, repeats: int = 7) -> dict[int, float]:
-    """Seconds of one token through layers ``0 .. E-1`` plus the norm and LM head, for every ``E = 1 .. L``, after a
-    cached prefix (timed round-robin, the fastest of ``repeats`` kept, as the verification curve)."""
-    adapter = target if isinstance(target, ModelAdapter) else ModelAdapter(target)
-    prefix_tokens = max(1, min(prefix_tokens, adapter.max_positions - 2))
-    ids = torch.randint(0, adapter.vocab_size, (1, prefix_tokens + 1), generator=torch.Generator().manual_seed(0))
-    ids = ids.to(adapter.device)
-    cache = adapter.new_cache(capacity=prefix_tokens + 8)
-    adapter.forward(ids[:, :prefix_tokens], cache, compute_logits=False)
-    best = {e: float("inf") for e in range(1, adapter.num_layers + 1)}
+def exit_costs(target, prefix_tokens: int = 128, repeats: int = 7,
+               verify_sizes: Sequence[int] = ()) -> tuple[dict[int, float], dict[int, float]]:
+    """``(exit seconds, verify seconds)``: one token through layers ``0 .. E-1`` plus the norm and LM head for every
+    ``E = 1 .. L``, and a full forward over ``n`` tokens for every ``n`` in ``verify_sizes`` (and 1), all after the
+    same cached prefix and timed in the same round-robin rounds (the fastest of ``repeats`` kept), so a burst of
+    load from other processes hits drafts and verifications alike."""
+    from draftsmith.inference.cost import monotone
 
-    def step(e: int) -> None:
-        adapter.forward(ids[:, prefix_tokens:], cache, exit_layer=e)
+    adapter = target if isinstance(target, ModelAdapter) else ModelAdapter(target)
+    sizes = sorted({1, *[int(n) for n in verify_sizes]})
+    prefix_tokens = max(1, min(prefix_tokens, adapter.max_positions - max(sizes) - 1))
+    ids = torch.randint(0, adapter.vocab_size, (1, prefix_tokens + max(sizes)),
+                        generator=torch.Generator().manual_seed(0)).to(adapter.device)
+    cache = adapter.new_cache(capacity=prefix_tokens + max(sizes) + 8)
+    adapter.forward(ids[:, :prefix_tokens], cache, compute_logits=False)
+    jobs = {("exit", e): {"exit_layer": e, "n": 1} for e in range(1, adapter.num_layers + 1)}
+    jobs |= {("verify", n): {"exit_layer": None, "n": n} for n in sizes}
+    best = {key: float("inf") for key in jobs}
+
+    def step(job: dict) -> None:
+        adapter.forward(ids[:, prefix_tokens: prefix_tokens + job["n"]], cache, exit_layer=job["exit_layer"])
         cache.crop(prefix_tokens)
 
     for r in range(2 + repeats):
-        for e in best:
-            seconds = _seconds(lambda e=e: step(e), adapter.device)
+        for key, job in jobs.items():
+            seconds = _seconds(lambda j=job: step(j), adapter.device)
             if r >= 2:
-                best[e] = min(best[e], seconds)
-    return best
+                best[key] = min(best[key], seconds)
+    exits = {e: s for (kind, e), s in best.items() if kind == "exit"}
+    verify = monotone({n: s for (kind, n), s in best.items() if kind == "verify"})
+    return exits, verify
 
 
 def predict(agreement: Sequence[float], costs: dict[int, float], verify: dict[int, float], num_layers: int,
@@ -104,8 +114,7 @@ def choose_exit(target, sequences: Sequence[Sequence[int]], answer_starts: Seque
     "verify_seconds", "table"}``, JSON-ready."""
     adapter = target if isinstance(target, ModelAdapter) else ModelAdapter(target)
     agreement = exit_agreement(adapter, sequences, answer_starts)
-    costs = exit_costs(adapter)
-    verify = measure_verify_curve(adapter, sizes=sorted({1, *[k + 1 for k in lengths]}))
+    costs, verify = exit_costs(adapter, verify_sizes=[k + 1 for k in lengths])
     ranked = predict(agreement, costs, verify, adapter.num_layers, lengths)
     return {"chosen": asdict(ranked[0]), "runner_up": asdict(ranked[1]) if len(ranked) > 1 else None,
             "agreement": [round(a, 5) for a in agreement], "exit_seconds": {str(e): s for e, s in costs.items()},

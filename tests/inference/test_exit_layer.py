@@ -22,9 +22,10 @@ def test_agreement_is_each_exits_argmax_against_the_full_models():
     assert agreement[0] == pytest.approx(float((exit1 == final).float().mean()))
 
 
-def test_costs_cover_every_exit():
-    costs = exit_costs(random_model("llama", seed=0, layers=3), prefix_tokens=8, repeats=2)
+def test_costs_cover_every_exit_and_the_verification_sizes():
+    costs, verify = exit_costs(random_model("llama", seed=0, layers=3), prefix_tokens=8, repeats=2, verify_sizes=[3, 5])
     assert sorted(costs) == [1, 2, 3] and all(s > 0 for s in costs.values())
+    assert sorted(verify) == [1, 3, 5] and verify[1] <= verify[3] <= verify[5]
 
 
 def test_prediction_follows_the_formula():
