@@ -141,8 +141,9 @@ def evaluate(
                                 "top1_agreement": by_depth[0] if sampling.greedy else None}
     if original is not None:
         report["adapted_target"] = {
-            "verified_against": "the target with the artefact's LoRA adapter merged; AR of that adapted target is the "
-                                "reference for speedup and losslessness",
+            "verified_against": "the artefact's adapted target (its LoRA adapter merged into a copy of the target, or "
+                                "its own fine-tuned model); AR of that adapted target is the reference for speedup and "
+                                "losslessness",
             **adapter_drift([(r.ar, r.original) for r in runs if r.original is not None]),
         }
     if writer is not None:

@@ -373,7 +373,7 @@ def summary_table(report: dict) -> str:
     rows.append(("lossless", lossless_status(report)))
     adapted = report.get("adapted_target")
     if adapted:
-        rows.append(("verified against", "the adapted target (the artefact's LoRA adapter)"))
+        rows.append(("verified against", "the artefact's adapted target"))
         rows.append(("AR answers identical to the original target's",
                      f"{fmt(adapted.get('answers_identical_to_original'))} (shared prefix "
                      f"{fmt(adapted.get('mean_shared_prefix_fraction'))})"))
