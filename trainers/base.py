@@ -49,6 +49,11 @@ BATCH_COLUMNS = ("input_ids", "labels", "attention_mask")
 ANSWER_MODES = ("target", "fixed")
 
 
+def help_text(text: str) -> dict:
+    """Dataclass field metadata for a method config: the ``--flag`` help the recipe parser shows."""
+    return {"help": text}
+
+
 @dataclass
 class TargetAnswers:
     """Where a head method trains its answers from (the fields every head method's config shares)."""

@@ -47,12 +47,9 @@ from draftsmith.common.errors import ConfigError
 from draftsmith.data.feature_cache import features_of
 from draftsmith.inference.eagle import Eagle3Head, EagleHead, GrowingCache, aux_layers, draft_vocab
 from draftsmith.trainers.base import FrozenTargetTrainer, TargetAnswers
+from draftsmith.trainers.base import help_text as _help
 
 VARIANTS = ("eagle1", "eagle3")
-
-
-def _help(text: str) -> dict:
-    return {"help": text}
 
 
 @dataclass

@@ -40,14 +40,11 @@ from torch import nn
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.trainers.base import FrozenTargetTrainer, TargetAnswers
+from draftsmith.trainers.base import help_text as _help
 
 DROPOUT_SHAPES = ("exp", "linear", "uniform")
 DROPOUT_TIMES = ("constant", "increasing")
 CURRICULA = ("rotational", "gradual", "all")
-
-
-def _help(text: str) -> dict:
-    return {"help": text}
 
 
 @dataclass

@@ -42,13 +42,10 @@ from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import lm_head_rows
 from draftsmith.inference.heads import MedusaHeads
 from draftsmith.trainers.base import FrozenTargetTrainer, TargetAnswers
+from draftsmith.trainers.base import help_text as _help
 
 VARIANTS = ("medusa1", "medusa2")
 RANKS = 10  # candidate ranks whose accuracy is measured (the tree's top-k)
-
-
-def _help(text: str) -> dict:
-    return {"help": text}
 
 
 @dataclass
