@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from draftsmith.common.errors import ConfigError, UnsupportedModelError
-from draftsmith.inference.kv_cache import KVCache
+from draftsmith.inference.kv_cache import KVCache, KVPrefix, PrefixedCache
 from draftsmith.kernels.tree_attention import TREE_KWARG, tree_attention_backend
 
 LLAMA_LIKE = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "gemma", "phi3", "olmo", "olmo2")
@@ -81,12 +81,12 @@ def tree_depths(parents: Sequence[int] | torch.Tensor) -> torch.Tensor:
 
 
 def additive_mask(
-    visible: torch.Tensor,  # [T, L] bool: query t may attend to key l
+    visible: torch.Tensor,  # [T, L] or [B, T, L] bool: query t may attend to key l
     dtype: torch.dtype,
-) -> torch.Tensor:  # [1, 1, T, L]
+) -> torch.Tensor:  # [1, 1, T, L] or [B, 1, T, L]
     mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[None, None]
+    return mask[None, None] if visible.dim() == 2 else mask[:, None]
 
 
 def visibility(
@@ -214,11 +214,15 @@ class ModelAdapter:
         position_ids: torch.Tensor,
         window: int | None,
         dtype: torch.dtype,
-    ) -> torch.Tensor | None:
+        prefix: KVPrefix | None = None,
+    ) -> torch.Tensor | None:  # [1 or B, 1, T, (P +) past + T]
         t = new_visible.shape[0]
-        if t == 1 and window is None:
+        if t == 1 and window is None and prefix is None:
             return None  # a single query sees the whole cache
-        vis = visibility(past, new_visible, position_ids[0], window)
+        vis = visibility(past, new_visible, position_ids[0], window)  # [T, past + T]
+        if prefix is not None:  # the prefix's columns come first, as PrefixedCache returns its keys
+            seen = prefix.visible.to(vis.device)  # [B or 1, T, P]
+            vis = torch.cat([seen, vis[None].expand(seen.shape[0], -1, -1)], dim=2)
         return additive_mask(vis, dtype)
 
     # -- forwards ----------------------------------------------------------------------------
@@ -235,11 +239,14 @@ class ModelAdapter:
         skip_attention: Iterable[int] = (),
         skip_mlp: Iterable[int] = (),
         output_hidden_states: Iterable[int] = (),
+        kv_prefix: KVPrefix | None = None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Run decoder layers ``start .. end-1`` except those in ``skip``; in the layers listed in
         ``skip_attention`` / ``skip_mlp`` only the other sublayer runs (both listed = skipped).
         Returns the hidden state after the last layer run (no final norm) and the requested
-        hidden states (indices as in transformers; a skipped layer passes its input through)."""
+        hidden states (indices as in transformers; a skipped layer passes its input through).
+        ``kv_prefix`` puts keys/values before the cache in every layer, seen only by the queries its
+        ``visible`` names (BiTA's prompt; :class:`~draftsmith.inference.kv_cache.KVPrefix`)."""
         end = self.num_layers if end is None else end
         if not 0 <= start <= end <= self.num_layers:
             raise ValueError(f"layer range {start}..{end} is outside 0..{self.num_layers}")
@@ -253,7 +260,8 @@ class ModelAdapter:
         # a model loaded with a registered tree attention (draftsmith.kernels.tree_attention) gets the tree of a
         # tree step as an attention keyword in the layers without a sliding window, where every prefix key is
         # visible and the one [1, 1, T, L] mask holds for every batch row: its kernel replaces the 4-D mask there
-        kernel_tree = tree is not None and self._tree_attention()
+        kernel_tree = tree is not None and kv_prefix is None and self._tree_attention()
+        layer_cache = PrefixedCache(cache, kv_prefix) if kv_prefix is not None else cache
         if tree is None:
             tree = torch.ones(t, t, dtype=torch.bool, device=hidden.device).tril()
         else:
@@ -268,15 +276,15 @@ class ModelAdapter:
                 past = cache.get_seq_length(i) if cache is not None else 0
                 key = (past, self._windows[i])
                 if key not in masks:
-                    masks[key] = self._layer_mask(past, tree, position_ids, self._windows[i], hidden.dtype)
+                    masks[key] = self._layer_mask(past, tree, position_ids, self._windows[i], hidden.dtype, kv_prefix)
                 layer_tree = tree if kernel_tree and self._windows[i] is None else None
                 if i in partial:
                     hidden = self._run_sublayers(
-                        i, hidden, masks[key], position_ids, cache, rope, attn=i not in no_attn, mlp=i not in no_mlp,
-                        tree=layer_tree,
+                        i, hidden, masks[key], position_ids, layer_cache, rope, attn=i not in no_attn,
+                        mlp=i not in no_mlp, tree=layer_tree,
                     )
                 else:
-                    hidden = self._run_layer(i, hidden, masks[key], position_ids, cache, rope, layer_tree)
+                    hidden = self._run_layer(i, hidden, masks[key], position_ids, layer_cache, rope, layer_tree)
             if i + 1 in want:
                 states[i + 1] = hidden
         return hidden, states
@@ -332,6 +340,7 @@ class ModelAdapter:
         exit_layer: int | None = None,  # stop after this many layers (early exit), then norm + head
         output_hidden_states: Iterable[int] = (),
         compute_logits: bool | slice = True,
+        kv_prefix: KVPrefix | None = None,
     ) -> AdapterOutput:
         """Embed, run the layers (minus ``skip_layers``, up to ``exit_layer``), norm, LM head.
 
@@ -370,6 +379,7 @@ class ModelAdapter:
             skip_mlp=skip_mlp,
             output_hidden_states=output_hidden_states,
             compute_logits=compute_logits,
+            kv_prefix=kv_prefix,
         )
 
     def _cached_length(self, cache: KVCache | None, end: int | None, no_attention: frozenset[int]) -> int:
@@ -394,6 +404,7 @@ class ModelAdapter:
         skip_mlp: Iterable[int] = (),
         output_hidden_states: Iterable[int] = (),
         compute_logits: bool | slice = True,
+        kv_prefix: KVPrefix | None = None,
     ) -> AdapterOutput:
         """Layers ``start .. end-1`` from given hidden states, then norm and LM head.
 
@@ -414,6 +425,7 @@ class ModelAdapter:
             skip_attention=skip_attention,
             skip_mlp=skip_mlp,
             output_hidden_states=output_hidden_states,
+            kv_prefix=kv_prefix,
         )
         last = self.norm(hidden)
         logits = None

@@ -24,11 +24,11 @@ import torch
 
 from draftsmith.common.errors import ProposerError
 from draftsmith.inference.adapter import AdapterOutput, ModelAdapter
-from draftsmith.inference.kv_cache import KVCache
+from draftsmith.inference.kv_cache import KVCache, KVPrefix
 from draftsmith.inference.proposers.base import Proposer, StepFeedback, TargetView
 from draftsmith.inference.sampling import SamplingParams, process_logits
 from draftsmith.inference.timing import sync_device
-from draftsmith.inference.verify import Draft, Verdict, verify_greedy, verify_sampling
+from draftsmith.inference.verify import Draft, ExtraInputs, Verdict, verify_greedy, verify_sampling
 
 Verifier = Callable[[torch.Tensor, Draft, "torch.Generator | None"], Verdict]
 
@@ -159,11 +159,25 @@ def verify_forward(
     extra = draft.extra_inputs
     if extra is None:
         return target.forward(ids[None], cache, position_ids=pos, tree=mask, output_hidden_states=want)
+    prefix = extra_prefix(extra, 1 + len(draft))
     if extra.input_ids is not None:
         ids = torch.cat([ids, extra.input_ids.to(device)])  # [1 + n + m]
-        return target.forward(ids[None], cache, position_ids=pos, tree=mask, output_hidden_states=want)
+        return target.forward(ids[None], cache, position_ids=pos, tree=mask, output_hidden_states=want,
+                              kv_prefix=prefix)
     embeds = torch.cat([target.embed_tokens(ids), extra.inputs_embeds.to(device, target.dtype)])  # [1 + n + m, H]
-    return target.forward(inputs_embeds=embeds[None], cache=cache, position_ids=pos, tree=mask, output_hidden_states=want)
+    return target.forward(inputs_embeds=embeds[None], cache=cache, position_ids=pos, tree=mask,
+                          output_hidden_states=want, kv_prefix=prefix)
+
+
+def extra_prefix(extra: ExtraInputs, tree_rows: int) -> KVPrefix | None:
+    """The extras' own keys/values as a :class:`KVPrefix` that only the extras' rows see (``tree_rows`` rows of
+    the pending token and the draft come first and never see it)."""
+    if extra.prefix is None:
+        return None
+    keys, values = extra.prefix
+    rows = torch.zeros(1, tree_rows + len(extra), int(keys[0].shape[2]), dtype=torch.bool, device=keys[0].device)
+    rows[:, tree_rows:] = True  # [1, 1 + n + m, P]
+    return KVPrefix(keys, values, rows)
 
 
 def accept(

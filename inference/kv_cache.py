@@ -103,3 +103,46 @@ class KVCache:
             for buf in (self._keys[i], self._values[i]):
                 buf[:, :, start : start + k] = buf.index_select(2, idx)
             self._lengths[i] = start + k
+
+
+class KVPrefix:
+    """Keys and values that sit before the cache in every layer and only some queries see (BiTA's deep prompt:
+    the mask tokens attend to it, the sequence never does, so the target's own outputs stay exact).
+
+    ``keys[i]`` / ``values[i]``: ``[B or 1, H_kv, P, D]`` for layer ``i``, used as they are (no rotary applied,
+    as P-tuning v2's prefix keys). ``visible``: ``[B or 1, T, P]`` bool, which of a forward's ``T`` queries see
+    which prefix entry. The adapter prepends the prefix to each layer's keys and its ``visible`` columns to the
+    attention mask (:meth:`~draftsmith.inference.adapter.ModelAdapter.forward_layers`)."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], visible: torch.Tensor) -> None:
+        if len(keys) != len(values):
+            raise ValueError(f"a KV prefix needs as many key as value tensors, got {len(keys)} and {len(values)}")
+        lengths = {int(k.shape[2]) for k in keys} | {int(v.shape[2]) for v in values}
+        if len(lengths) != 1 or visible.dim() != 3 or int(visible.shape[2]) not in lengths:
+            raise ValueError(f"a KV prefix needs one length P in every layer and visible [B, T, P]; got lengths "
+                             f"{sorted(lengths)} and visible {tuple(visible.shape)}")
+        self.keys, self.values, self.visible = keys, values, visible.to(torch.bool)
+
+    @property
+    def length(self) -> int:
+        return int(self.visible.shape[2])
+
+
+class PrefixedCache:
+    """What the attention modules see as their cache when a forward has a :class:`KVPrefix`: updates go to the
+    real ``cache`` (or nowhere, ``cache=None``), and the keys/values returned start with the prefix."""
+
+    def __init__(self, cache: KVCache | None, prefix: KVPrefix) -> None:
+        self.cache, self.prefix = cache, prefix
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               cache_kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # two [B, H_kv, P + L + T, D]
+        if self.cache is not None:
+            key_states, value_states = self.cache.update(key_states, value_states, layer_idx, cache_kwargs)
+        b = key_states.shape[0]
+        pk = self.prefix.keys[layer_idx].to(key_states.dtype).expand(b, -1, -1, -1)
+        pv = self.prefix.values[layer_idx].to(value_states.dtype).expand(b, -1, -1, -1)
+        return torch.cat([pk, key_states], dim=2), torch.cat([pv, value_states], dim=2)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.cache.get_seq_length(layer_idx) if self.cache is not None else 0

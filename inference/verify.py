@@ -65,13 +65,16 @@ class ExtraInputs:
     the step. Give ``input_ids`` or ``inputs_embeds`` (token embeddings, e.g. trained mask-token
     embeddings; GPT-2 position embeddings are added by the adapter), not both. ``visible`` and
     ``depths`` are structure, read on the host (keep them on the CPU); the inputs may live on the
-    target's device."""
+    target's device. ``prefix``: per-layer keys and values (each ``[1, H_kv, P, D]``) that the extras
+    see and the tree rows never do (BiTA's deep prompt; see
+    :class:`~draftsmith.inference.kv_cache.KVPrefix`)."""
 
     visible: torch.Tensor  # [m, 1 + n + m] bool
     depths: torch.Tensor  # [m] long, position offsets from the pending token
     input_ids: torch.Tensor | None = None  # [m] long
     inputs_embeds: torch.Tensor | None = None  # [m, H]
     hidden_layers: tuple[int, ...] = ()  # transformers-style indices, -1 = after the final norm
+    prefix: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # (keys, values) per layer, extras only
 
     def __len__(self) -> int:
         return int(self.depths.numel())
