@@ -137,6 +137,12 @@ def _builtin() -> dict[str, MethodSpec]:
                        trainable="draftsmith.trainers.eagle:build_eagle_head",
                        eval_defaults={"tree": "dynamic", "tree_depth": 5, "tree_top_k": 8, "tree_nodes": 32,
                                       "draft_length": 5}),
+            MethodSpec(name="bita", summary="prompt and mask tokens tuned on the frozen target, which drafts and verifies "
+                       "in one forward (BiTA, Lin et al. 2024); without an artefact: untrained embeddings",
+                       proposer=f"{inference}:bita_proposer", artefact_kind="embeddings",
+                       config="draftsmith.trainers.bita:BitaConfig", trainer="draftsmith.trainers.bita:BitaTrainer",
+                       trainable="draftsmith.trainers.bita:build_bita", eval_method=True,
+                       eval_defaults={"tree": "chain", "tree_top_k": 5}),
         )
     }
 

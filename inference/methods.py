@@ -239,3 +239,25 @@ def eagle_proposer(ctx: ProposerContext):
                          length=int(ctx.option("draft_length", 5)), tree=tree, depth=int(ctx.option("tree_depth", 5)),
                          top_k=int(ctx.option("tree_top_k", 8)), total_tokens=int(total))
 
+
+
+def bita_proposer(ctx: ProposerContext):
+    """BiTA's mask tokens from an ``embeddings`` artefact; without one (``--method bita``), embeddings started from the
+    target's vocabulary and never trained: the "before training" reference. Drafts a chain of the masks' top-1
+    tokens (default) or the upper-triangle tree (``--tree triangle``, ``--tree-top-k``)."""
+    from draftsmith.inference.adapter import ModelAdapter
+    from draftsmith.inference.bita import BitaEmbeddings, load_bita_artefact
+    from draftsmith.inference.proposers.bita import TREES, BitaProposer
+
+    tree = str(ctx.option("tree", "chain"))
+    if tree not in TREES:
+        raise ConfigError(f"--tree {tree}: BiTA drafts a chain or the upper-triangle tree (--tree chain|triangle)")
+    target = ctx.target_model
+    if ctx.artefact_dir is not None:
+        embeddings = load_bita_artefact(ctx.artefact_dir)
+        embeddings.check_target(target)
+    else:
+        embeddings = BitaEmbeddings.for_target(target, prompt_tokens=16, mask_tokens=3)
+        embeddings.init_from_target(ModelAdapter(target), seed=int(ctx.option("seed", 0) or 0))
+    embeddings.to(target.device)
+    return BitaProposer(embeddings, tree=tree, top_k=int(ctx.option("tree_top_k", 5)))
