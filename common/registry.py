@@ -143,6 +143,9 @@ def _builtin() -> dict[str, MethodSpec]:
                        config="draftsmith.trainers.bita:BitaConfig", trainer="draftsmith.trainers.bita:BitaTrainer",
                        trainable="draftsmith.trainers.bita:build_bita", eval_method=True,
                        eval_defaults={"tree": "chain", "tree_top_k": 5}),
+            MethodSpec(name="jacobi", summary="Jacobi decoding: the target refines a guess of the next block in the "
+                       "forward that verifies it (Santilli et al. 2023)", proposer=f"{inference}:jacobi_proposer",
+                       eval_method=True, eval_defaults={"draft_length": 16}),
         )
     }
 

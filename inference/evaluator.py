@@ -105,6 +105,8 @@ def evaluate(
         hf = hf_runners(target_model, variants, max_new_tokens, config.eos_token_ids, hf_pad_id(tokenizer))
     torch.manual_seed(seed)
     warm_up(target, tokenizer, questions, warmup, config, proposer, seed, max_prompt, list(hf.values()))
+    if hasattr(inner, "reset_stats"):  # a proposer's own counts cover the measured questions only
+        inner.reset_stats()
     curve = measure_verify_curve(target, prefix_tokens=min(max_prompt, 128)) if inner is not None else None
     writer = _tensorboard(tensorboard_dir)
     tol = near_tie_tolerance(target.dtype)
@@ -134,6 +136,10 @@ def evaluate(
         report["skip_set"] = {
             "attention": "".join("x" if i in (skip_attention or ()) else "." for i in range(target.num_layers)),
             "mlp": "".join("x" if i in (skip_mlp or ()) else "." for i in range(target.num_layers))}
+    section = getattr(inner, "report_section", None)
+    if section is not None:  # a proposer's own figures (Jacobi's fast-forwarded and stationary tokens)
+        key, value = section()
+        report[key] = value
     exit_layer = getattr(inner, "exit_layer", None)
     if exit_layer is not None:  # self-speculation from the first E layers: how often layer E's top-1 is the model's
         by_depth = report["summary"].get("acceptance_by_depth") or [None]

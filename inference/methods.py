@@ -261,3 +261,12 @@ def bita_proposer(ctx: ProposerContext):
         embeddings.init_from_target(ModelAdapter(target), seed=int(ctx.option("seed", 0) or 0))
     embeddings.to(target.device)
     return BitaProposer(embeddings, tree=tree, top_k=int(ctx.option("tree_top_k", 5)))
+
+
+def jacobi_proposer(ctx: ProposerContext):
+    """Jacobi decoding: each step's draft is the current guess of the next ``draft_length`` tokens (CLLM's block,
+    16 by default), refined by the same forward that verifies it. Any target (``--method jacobi``: the reference
+    before consistency training) or a CLLM artefact's fine-tuned model."""
+    from draftsmith.inference.proposers.jacobi import JacobiProposer
+
+    return JacobiProposer(block=int(ctx.option("draft_length", 16)), seed=int(ctx.option("seed", 0) or 0))

@@ -72,7 +72,9 @@ class StepFeedback:
 @runtime_checkable
 class Proposer(Protocol):
     """Required members. Optional ones the loop uses when present: ``bind(target: TargetView)``
-    (self-drafting, see :class:`TargetView`) and ``prefill_hidden`` (when ``hidden_layers``)."""
+    (self-drafting, see :class:`TargetView`) and ``prefill_hidden`` (when ``hidden_layers``). The evaluator
+    uses ``reset_stats()`` (after the warm-up) and ``report_section() -> (key, dict)`` (added to the report
+    under ``key``) when a proposer keeps figures of its own."""
 
     name: str
     lossless: bool  # False for rules that change the output distribution (must be reported)
