@@ -146,6 +146,11 @@ def _builtin() -> dict[str, MethodSpec]:
             MethodSpec(name="jacobi", summary="Jacobi decoding: the target refines a guess of the next block in the "
                        "forward that verifies it (Santilli et al. 2023)", proposer=f"{inference}:jacobi_proposer",
                        eval_method=True, eval_defaults={"draft_length": 16}),
+            MethodSpec(name="cllm", summary="consistency training on the target's Jacobi trajectories so Jacobi decoding "
+                       "converges in few steps (CLLM, Kou et al. 2024)", proposer=f"{inference}:jacobi_proposer",
+                       artefact_kind="adapted_target", config="draftsmith.trainers.cllm:CllmConfig",
+                       trainer="draftsmith.trainers.cllm:CllmTrainer",
+                       trainable="draftsmith.trainers.cllm:build_cllm_model", eval_defaults={"draft_length": 16}),
         )
     }
 

@@ -75,6 +75,31 @@ class TargetAnswers:
             raise ConfigError("max_new_tokens and prompt_tokens must be >= 1")
 
 
+FINETUNE_MODES = ("full", "lora")
+
+
+def tunable_copy(target, finetune: str, lora_r: int, lora_alpha: float):
+    """A copy of ``target`` to fine-tune (the original stays the frozen reference): every weight trainable
+    (``full``), or a peft LoRA model over all its linear layers (``lora``)."""
+    from draftsmith.common.errors import ConfigError
+
+    if finetune not in FINETUNE_MODES or int(lora_r) < 1:
+        raise ConfigError(f"finetune={finetune!r} must be full or lora (with lora_r >= 1)")
+    model = copy.deepcopy(target)
+    if finetune == "full":
+        return model.requires_grad_(True)
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=int(lora_r), lora_alpha=float(lora_alpha), target_modules="all-linear", bias="none",
+                      task_type="CAUSAL_LM")
+    return get_peft_model(model.requires_grad_(False), lora)
+
+
+def merged_model(model):
+    """The model a fine-tuning run produced: a LoRA model's adapter merged into a copy of its base, or the model."""
+    return copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
+
+
 class FrozenTargetTrainer(transformers.Trainer):
     """Trains ``model`` against the frozen ``teacher_model`` (the target); see the module docstring.
 

@@ -28,7 +28,6 @@ towards the first: ``C = 1`` once ``t / T >= f * (L - l) / L`` (all enabled from
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -39,7 +38,7 @@ from torch import nn
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.trainers.base import FrozenTargetTrainer, TargetAnswers
+from draftsmith.trainers.base import FrozenTargetTrainer, TargetAnswers, merged_model, tunable_copy
 from draftsmith.trainers.base import help_text as _help
 
 DROPOUT_SHAPES = ("exp", "linear", "uniform")
@@ -157,21 +156,14 @@ class LayerSkipTraining(nn.Module):
         return sum(scales[layer] * ce for layer, ce in losses.items())
 
     def artefact_model(self) -> nn.Module:
-        return copy.deepcopy(self.model).merge_and_unload() if hasattr(self.model, "merge_and_unload") else self.model
+        return merged_model(self.model)
 
 
 def build_layerskip_model(models: dict, config: LayerSkipConfig) -> LayerSkipTraining:
     """The trainable module around a copy of the target (the original stays the frozen reference): all of it
     trained, or a peft LoRA model of it (``finetune=lora``)."""
-    model = copy.deepcopy(models["target"])
-    ModelAdapter(model)  # refuse unsupported layouts now, with a one-line error
-    if config.finetune == "full":
-        return LayerSkipTraining(model.requires_grad_(True))
-    from peft import LoraConfig, get_peft_model
-
-    lora = LoraConfig(r=int(config.lora_r), lora_alpha=float(config.lora_alpha), target_modules="all-linear",
-                      bias="none", task_type="CAUSAL_LM")
-    return LayerSkipTraining(get_peft_model(model.requires_grad_(False), lora))
+    ModelAdapter(models["target"])  # refuse unsupported layouts now, with a one-line error
+    return LayerSkipTraining(tunable_copy(models["target"], config.finetune, config.lora_r, config.lora_alpha))
 
 
 def base_model(module: nn.Module) -> nn.Module:

@@ -1,0 +1,262 @@
+"""CLLM (Kou et al. 2024): consistency training on the target's own Jacobi trajectories, so that Jacobi decoding
+reaches its fixed point in few steps.
+
+The data are Jacobi trajectories the frozen original target produces (:mod:`draftsmith.data.jacobi`): per
+``block``-token block, the states ``y^(0) .. y^*`` from a random guess to the fixed point (the greedy block), with
+the context ``x`` before it. A copy of the target trains (all of it, or a peft LoRA adapter merged into the
+artefact). For a block and an intermediate state ``y^(j)`` drawn at random, with ``q_theta(. | y, x)_i`` the model's
+distribution at block position ``i`` given ``x`` and the first ``i`` tokens of ``y``:
+
+- global consistency (CLLM eq. 4, ``consistency=global``, the default): every state maps straight to the fixed
+  point's prediction::
+
+      L_GC = sum_i KL( sg[q_theta(. | y^*, x)_i] || q_theta(. | y^(j), x)_i )
+
+- local consistency (CLLM eq. 5, ``consistency=local``): each state to the next one's::
+
+      L_LC = sum_i KL( sg[q_theta(. | y^(j+1), x)_i] || q_theta(. | y^(j), x)_i )
+
+- the AR loss (CLLM eq. 6) on the fixed points keeps the model's own distribution (the greedy answer)::
+
+      L_AR = sum_i CE( q_theta(. | y^*, x)_i, y^*_i )
+
+  ``L = L_consistency + ar_weight * L_AR`` (``ar_weight`` 10, the reference implementation's).
+
+``sg`` is stop-gradient; positions whose context already equals the fixed point's (``y^(j)_<i = y^*_<i``) add
+nothing to the consistency term and are left out of it, as in the reference code. Sums run over the block positions
+up to the first end-of-sequence token and are normalised by the base trainer over those positions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftsmith.common.errors import ConfigError
+from draftsmith.data.collate import IGNORE_INDEX
+from draftsmith.trainers.base import FINETUNE_MODES, FrozenTargetTrainer, merged_model, tunable_copy
+from draftsmith.trainers.base import help_text as _help
+
+CONSISTENCY = ("global", "local")
+ITEM_KEYS = ("prefix", "state", "next", "fixed")  # a trajectory item's fields
+
+
+@dataclass
+class CllmConfig:
+    """CLLM settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
+
+    block: int = field(default=16, metadata=_help("Jacobi block size n (CLLM: 16); also the evaluation's block."))
+    max_new_tokens: int = field(default=64, metadata=_help("Answer tokens collected per prompt (whole blocks, to the "
+                                                           "first end-of-sequence)."))
+    prompt_tokens: int = field(default=32, metadata=_help("For plain-text rows, how many leading tokens form the "
+                                                          "prompt the target continues."))
+    consistency: str = field(default="global", metadata=_help("global = every state to the fixed point (eq. 4); local "
+                                                              "= each state to the next (eq. 5)."))
+    ar_weight: float = field(default=10.0, metadata=_help("Weight of the AR loss on the fixed points (reference: 10)."))
+    finetune: str = field(default="full", metadata=_help("full = every weight of the target's copy trains; lora = a "
+                                                         "peft LoRA adapter (merged into the artefact)."))
+    lora_r: int = field(default=32, metadata=_help("finetune=lora: the LoRA rank (reference: 32)."))
+    lora_alpha: float = field(default=16.0, metadata=_help("finetune=lora: LoRA alpha (reference: 16)."))
+    trajectory_dir: str | None = field(default=None, metadata=_help("Where the Jacobi trajectories are collected "
+                                                                    "(resumable; default: <output_dir>/trajectories)."))
+
+    def __post_init__(self) -> None:
+        if int(self.block) < 1 or int(self.max_new_tokens) < 1 or int(self.prompt_tokens) < 1:
+            raise ConfigError("block, max_new_tokens and prompt_tokens must be >= 1")
+        if self.consistency not in CONSISTENCY:
+            raise ConfigError(f"consistency={self.consistency!r} is unknown: choose one of {', '.join(CONSISTENCY)}")
+        if float(self.ar_weight) < 0:
+            raise ConfigError(f"ar_weight={self.ar_weight} must be >= 0")
+        if self.finetune not in FINETUNE_MODES or int(self.lora_r) < 1:
+            raise ConfigError(f"finetune={self.finetune!r} must be full or lora (with lora_r >= 1)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def proposer_settings(self) -> dict[str, Any]:
+        return {"draft_length": int(self.block)}
+
+
+# --------------------------------------------------------------------------------------------------- the data
+
+
+def row_prompt(input_ids: list[int], labels: list[int], prompt_tokens: int) -> list[int]:
+    """A training row's prompt: the tokens before its first label, or its first ``prompt_tokens`` (plain text)."""
+    start = next((i for i, lab in enumerate(labels) if lab != IGNORE_INDEX), len(labels))
+    if start == 0:
+        start = min(prompt_tokens, len(input_ids) - 1)
+    return list(input_ids[: max(1, start)])
+
+
+def prompt_key(prompt: list[int]) -> str:
+    return hashlib.sha256(json.dumps(prompt).encode()).hexdigest()[:16]
+
+
+class TrajectoryDataset(torch.utils.data.Dataset):
+    """One item per block: the context, a state drawn at random from its trajectory (never the fixed point, unless
+    the guess was the fixed point already), the state after it and the fixed point."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        row = self.rows[index]
+        states = row["states"]
+        j = random.randrange(len(states) - 1) if len(states) > 1 else 0
+        return {"prefix": row["prefix"], "state": states[j], "next": states[min(j + 1, len(states) - 1)],
+                "fixed": row["fixed_point"]}
+
+
+@dataclass
+class TrajectoryCollator:
+    """Right-pads ``prefix + state``, ``prefix + next`` and ``prefix + fixed`` (same length per row) into
+    ``input_state``, ``input_next``, ``input_ids`` (the fixed point) ``[B, T]``; ``labels`` hold the fixed block
+    (to its first end-of-sequence token), ``consistency_mask`` the block positions whose state context differs from
+    the fixed point's."""
+
+    pad_token_id: int
+    eos_ids: tuple[int, ...] = ()
+
+    def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
+        length = max(len(it["prefix"]) + len(it["fixed"]) for it in items)
+        out = {k: torch.full((len(items), length), v, dtype=torch.long) for k, v in
+               (("input_ids", self.pad_token_id), ("input_state", self.pad_token_id), ("input_next", self.pad_token_id),
+                ("labels", IGNORE_INDEX), ("attention_mask", 0), ("consistency_mask", 0))}
+        for b, it in enumerate(items):
+            p, fixed = len(it["prefix"]), list(it["fixed"])
+            n = len(fixed)
+            stop = next((i + 1 for i, t in enumerate(fixed) if t in self.eos_ids), n)  # block positions trained
+            for key, block in (("input_ids", fixed), ("input_state", it["state"]), ("input_next", it["next"])):
+                out[key][b, : p + n] = torch.tensor(list(it["prefix"]) + list(block))
+            out["attention_mask"][b, : p + n] = 1
+            out["labels"][b, p: p + stop] = torch.tensor(fixed[:stop])
+            differs = [list(it["state"][:i]) != fixed[:i] for i in range(stop)]
+            out["consistency_mask"][b, p: p + stop] = torch.tensor(differs, dtype=torch.long)
+        return out
+
+
+# -------------------------------------------------------------------------------------------------- the model
+
+
+def block_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``sum KL(softmax(teacher) || softmax(student))`` over the positions ``t`` whose *next* token is masked in
+    (``mask`` ``[B, T]`` on token positions; logits ``[B, T, V]`` at ``t`` predict ``t + 1``)."""
+    rows = mask[:, 1:].bool()  # [B, T-1]
+    teacher = F.log_softmax(teacher_logits[:, :-1][rows].float(), -1)  # [N, V]
+    student = F.log_softmax(student_logits[:, :-1][rows].float(), -1)
+    return (teacher.exp() * (teacher - student)).sum()
+
+
+def ar_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Summed CE of ``logits`` ``[B, T, V]`` at ``t`` against ``labels[t + 1]``."""
+    rows = labels[:, 1:] != IGNORE_INDEX
+    return F.cross_entropy(logits[:, :-1][rows].float(), labels[:, 1:][rows], reduction="sum")
+
+
+class ConsistencyTraining(nn.Module):
+    """The trainable module: the target's copy (or its LoRA model), whose ``forward`` is a batch's whole CLLM loss
+    (one forward per step through the data-parallel wrapper). The artefact is the fine-tuned model, a LoRA adapter
+    merged in (:meth:`artefact_model`)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:  # [B, T, V]
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def forward(self, input_ids: torch.Tensor, input_state: torch.Tensor, input_next: torch.Tensor,
+                attention_mask: torch.Tensor, labels: torch.Tensor, consistency_mask: torch.Tensor,
+                consistency: str = "global", ar_weight: float = 10.0) -> torch.Tensor:
+        """``L_consistency + ar_weight * L_AR`` (module docstring), summed."""
+        fixed = self.logits(input_ids, attention_mask)  # with gradient: the AR term
+        if consistency == "global":
+            teacher = fixed.detach()
+        else:
+            with torch.no_grad():
+                teacher = self.logits(input_next, attention_mask)
+        student = self.logits(input_state, attention_mask)
+        return block_kl(teacher, student, consistency_mask) + float(ar_weight) * ar_loss(fixed, labels)
+
+    def artefact_model(self) -> nn.Module:
+        return merged_model(self.model)
+
+
+def build_cllm_model(models: dict, config: CllmConfig) -> ConsistencyTraining:
+    """A copy of the target (the original collects the trajectories and stays the reference), fully trainable or
+    under a LoRA adapter."""
+    return ConsistencyTraining(tunable_copy(models["target"], config.finetune, config.lora_r, config.lora_alpha))
+
+
+class CllmTrainer(FrozenTargetTrainer):
+    """Consistency training of ``model`` (a :class:`ConsistencyTraining`) on the frozen target's Jacobi
+    trajectories (module docstring)."""
+
+    config_class = CllmConfig
+
+    @classmethod
+    def prepare_datasets(cls, models: dict, config: CllmConfig, train, heldout, tokenizer, training_args):
+        """The Jacobi trajectories of the train and held-out prompts, collected once by the frozen target into
+        ``trajectory_dir`` (resumable; the main process collects, the others wait and read), as the datasets."""
+        from draftsmith.common.models import target_identity
+        from draftsmith.data.generation import eos_token_ids, pad_token_id
+        from draftsmith.data.jacobi import collect_trajectories, read_trajectories
+
+        target = models["target"]
+        eos = eos_token_ids(tokenizer, target.config)
+        root = Path(config.trajectory_dir) if config.trajectory_dir else Path(training_args.output_dir) / "trajectories"
+        identity = target_identity(target, tokenizer)
+        out = []
+        with training_args.main_process_first(desc="collecting Jacobi trajectories"):
+            for name, dataset in (("train", train), ("heldout", heldout)):
+                prompts = [row_prompt(list(r["input_ids"]), list(r["labels"]), config.prompt_tokens) for r in dataset]
+                unique = {prompt_key(p): p for p in prompts}
+                path = root / f"{name}.jsonl"
+                if training_args.process_index == 0:
+                    collect_trajectories(target, list(unique.values()), list(unique), path, target=identity,
+                                         block=config.block, max_new_tokens=config.max_new_tokens,
+                                         seed=training_args.seed, eos_ids=eos,
+                                         progress=not training_args.disable_tqdm)
+                out.append(TrajectoryDataset(read_trajectories(path)))
+        return out[0], out[1], TrajectoryCollator(pad_token_id(tokenizer, target.config), tuple(eos))
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._signature_columns = list(self._signature_columns) + list(ITEM_KEYS)  # what the collator reads
+
+    def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+        cfg = self.method_config
+        return model(inputs["input_ids"], inputs["input_state"], inputs["input_next"], inputs["attention_mask"],
+                     inputs["labels"], inputs["consistency_mask"], cfg.consistency, cfg.ar_weight), None
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """Held-out loss and how often the model, from an intermediate state, already predicts the fixed point's
+        token at the block positions whose context is still wrong (``state_top1``: a one-update jump)."""
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad():
+            total, _ = self.loss_sum(model, inputs)
+            loss = total / self.count_loss_tokens(inputs).clamp(min=1).to(total.device)
+            module = self.accelerator.unwrap_model(model)
+            logits = module.logits(inputs["input_state"], inputs["attention_mask"])  # [B, T, V]
+            rows = inputs["consistency_mask"][:, 1:].bool()  # [B, T-1]
+            hit = (logits[:, :-1].argmax(-1) == inputs["labels"][:, 1:]) & rows
+            self.add_eval_sums(torch.stack([hit.sum().float(), rows.sum().float()]))
+        return loss.detach(), None, None
+
+    def eval_metrics(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
+        return {f"{prefix}_state_top1": float(sums[0] / sums[1].clamp(min=1)), f"{prefix}_state_positions": float(sums[1])}
+
+
+__all__ = ["CllmConfig", "CllmTrainer", "ConsistencyTraining", "TrajectoryCollator", "TrajectoryDataset",
+           "ar_loss", "block_kl", "build_cllm_model", "prompt_key", "row_prompt"]
