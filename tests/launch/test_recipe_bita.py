@@ -55,9 +55,9 @@ def test_recipe_trains_embeddings_only_and_decodes_identically(tiny_pair, tmp_pa
 
 
 def test_training_lowers_the_mask_loss(tiny_pair, tmp_path):
-    """A few dozen steps at the paper's learning rate lower the held-out mask loss from the untrained start."""
+    """A few dozen steps at the paper's learning rate lower the mask loss from the untrained start."""
     torch.set_num_threads(1)
-    result = run_recipe("bita", [
+    run_recipe("bita", [
         "--config", str(ROOT / "recipes" / "configs" / "bita_test.yaml"), "max_steps=30", "eval_steps=30",
         "save_steps=30", "data_mode=fixed", "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]),
         "--output_dir", str(tmp_path / "b")])
