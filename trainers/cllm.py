@@ -251,11 +251,21 @@ class CllmTrainer(FrozenTargetTrainer):
             logits = module.logits(inputs["input_state"], inputs["attention_mask"])  # [B, T, V]
             rows = inputs["consistency_mask"][:, 1:].bool()  # [B, T-1]
             hit = (logits[:, :-1].argmax(-1) == inputs["labels"][:, 1:]) & rows
-            self.add_eval_sums(torch.stack([hit.sum().float(), rows.sum().float()]))
+            tuned = ar_loss(module.logits(inputs["input_ids"], inputs["attention_mask"]), inputs["labels"])
+            original = ar_loss(self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits,
+                               inputs["labels"])
+            n = (inputs["labels"][:, 1:] != IGNORE_INDEX).sum().float()
+            self.add_eval_sums(torch.stack([hit.sum().float(), rows.sum().float(), tuned.float(), original.float(),
+                                            n.to(tuned.device)]))
         return loss.detach(), None, None
 
     def eval_metrics(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
-        return {f"{prefix}_state_top1": float(sums[0] / sums[1].clamp(min=1)), f"{prefix}_state_positions": float(sums[1])}
+        """``state_top1`` (above), and the AR loss per fixed-point token of the trained model and of the original
+        target (``ar_loss``, ``original_ar_loss``): how far consistency training moved the model's own
+        distribution."""
+        n = sums[4].clamp(min=1)
+        return {f"{prefix}_state_top1": float(sums[0] / sums[1].clamp(min=1)), f"{prefix}_state_positions": float(sums[1]),
+                f"{prefix}_ar_loss": float(sums[2] / n), f"{prefix}_original_ar_loss": float(sums[3] / n)}
 
 
 __all__ = ["CllmConfig", "CllmTrainer", "ConsistencyTraining", "TrajectoryCollator", "TrajectoryDataset",

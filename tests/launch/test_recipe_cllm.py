@@ -33,7 +33,8 @@ def test_recipe_collects_trains_and_decodes_identically(tiny_pair, tmp_path, fin
     assert manifest["proposer"]["draft_length"] == 4
     meta = json.loads((out / "trajectories" / "train.jsonl.meta.json").read_text())
     assert meta["progress"]["complete"] and meta["settings"]["block"] == 4
-    assert "state_top1" in " ".join(manifest["metrics"])
+    metrics = " ".join(manifest["metrics"])
+    assert "state_top1" in metrics and "original_ar_loss" in metrics
     original = random_model("llama", seed=0, layers=2)  # the pair's target (same seed)
     tuned = adapted_target(result.artefact, manifest, original)
     assert any(not torch.equal(a, b) for a, b in zip(tuned.state_dict().values(), original.state_dict().values()))
