@@ -38,11 +38,10 @@ import torch
 from draftsmith.common import __version__
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.io import atomic_write_json, atomic_write_text, environment, read_json
-from draftsmith.data.self_distill import append_rows, meta_path, recover_rows, weights_sample_sha256
+from draftsmith.data.self_distill import append_rows, check_resume, meta_path, recover_rows, weights_sample_sha256
 
 META_FORMAT = "draftsmith-jacobi/1"
 SETTINGS = ("block", "max_new_tokens", "seed")
-TARGET_KEYS = ("config_sha256", "tokenizer_sha256", "vocab_size", "weights_sample_sha256")
 FIX = "delete the file (and its .meta.json) to start over, or pass another output path"
 
 
@@ -120,22 +119,6 @@ def complete_rows(out: Path) -> list[dict]:
     return kept
 
 
-def _check_resume(meta: Mapping | None, settings: Mapping, target: Mapping, out: Path, has_rows: bool) -> None:
-    if meta is None:
-        if has_rows:
-            raise ConfigError(f"{out} holds trajectories but no readable {meta_path(out).name}; {FIX}")
-        return
-    if meta.get("format") != META_FORMAT:
-        raise ConfigError(f"{meta_path(out)} is not a Jacobi trajectory meta file ({META_FORMAT}); {FIX}")
-    old = meta.get("settings", {})
-    changed = [f"{k} {old.get(k)!r} -> {settings[k]!r}" for k in SETTINGS if old.get(k) != settings[k]]
-    if changed:
-        raise ConfigError(f"{out} was collected with other settings ({', '.join(changed)}); rerun with the same "
-                          f"settings to resume, or {FIX}")
-    if any(meta.get("target", {}).get(k) != target.get(k) for k in TARGET_KEYS):
-        raise ConfigError(f"{out} was collected from another target; pass that target to resume, or {FIX}")
-
-
 def collect_trajectories(model, prompts: Sequence[Sequence[int]], ids: Sequence[str], out_path: str | os.PathLike, *,
                          target: Mapping, block: int = 16, max_new_tokens: int = 256, seed: int = 0,
                          eos_ids: Sequence[int] = (), progress: bool = True) -> dict:
@@ -154,7 +137,7 @@ def collect_trajectories(model, prompts: Sequence[Sequence[int]], ids: Sequence[
     out.parent.mkdir(parents=True, exist_ok=True)
     done = complete_rows(out) if out.exists() else []
     old_meta = read_json(meta_file) if done else None
-    _check_resume(old_meta, settings, identity, out, bool(done))
+    check_resume(old_meta, settings, identity, out, bool(done), fmt=META_FORMAT, keys=SETTINGS, fix=FIX)
     done_ids = {r["id"] for r in done}
     pending = [i for i, pid in enumerate(ids) if pid not in done_ids]
     model = model.eval()

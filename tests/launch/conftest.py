@@ -29,3 +29,33 @@ def write_pair(root: Path) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory) -> dict[str, Path]:
     return write_pair(tmp_path_factory.mktemp("tiny_pair"))
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def launcher(tiny_pair):
+    """``launcher(tool, method, port, *extra)``: ``recipes/<method>.py`` on the tiny pair with its ``<method>_test``
+    config under ``accelerate launch`` (2 CPU processes) or ``deepspeed`` (ZeRO-2, 2 processes, gloo); returns the
+    finished process and the output directory."""
+    import os
+    import subprocess
+    import sys
+
+    def run(tool: str, method: str, port: int, out: Path, *extra: str, timeout: int = 1200):
+        bin_dir = Path(sys.executable).parent
+        script = [str(ROOT / "recipes" / f"{method}.py"), "--config", str(ROOT / "recipes" / "configs" / f"{method}_test.yaml"),
+                  "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out),
+                  *extra]
+        if tool == "accelerate":
+            cmd = [str(bin_dir / "accelerate"), "launch", "--config_file",
+                   str(ROOT / "launch" / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", str(port),
+                   *script]
+        else:
+            cmd = [str(bin_dir / "deepspeed"), "--num_gpus", "2", "--master_port", str(port), *script, "--deepspeed",
+                   str(ROOT / "launch" / "configs" / "deepspeed" / "zero2.json")]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+    return run

@@ -75,41 +75,20 @@ def test_every_shipped_bita_config_parses(path, tmp_path):
     assert recipe.config == str(path) and targs.max_steps > 0 and bita.mask_tokens >= 1
 
 
-def _launch(cmd: list[str], timeout: int):
-    import os
-    import subprocess
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def test_accelerate_two_cpu_processes(tiny_pair, tmp_path):
+def test_accelerate_two_cpu_processes(launcher, tmp_path):
     """recipes/bita.py under `accelerate launch` with 2 CPU processes (DDP): one artefact, world size 2, and the
     replicas end identical (the trainer checks)."""
-    import sys
-
-    out = tmp_path / "acc"
-    cfg = ROOT / "launch" / "configs" / "accelerate" / "cpu_2proc.yaml"
-    proc = _launch([str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file", str(cfg),
-                    "--main_process_port", "29551", str(ROOT / "recipes" / "bita.py"), "--config",
-                    str(ROOT / "recipes" / "configs" / "bita_test.yaml"), "--target", str(tiny_pair["target"]),
-                    "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out)], 600)
+    proc = launcher("accelerate", "bita", 29551, tmp_path / "acc", timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    manifest = json.loads((out / "artefact" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "acc" / "artefact" / "manifest.json").read_text())
     assert manifest["method"] == "bita" and manifest["training"]["world_size"] == 2
 
 
 @pytest.mark.slow
-def test_deepspeed_zero2_two_cpu_processes(tiny_pair, tmp_path):
-    import sys
-
-    out = tmp_path / "ds"
-    proc = _launch([str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port", "29553",
-                    str(ROOT / "recipes" / "bita.py"), "--config", str(ROOT / "recipes" / "configs" / "bita_test.yaml"),
-                    "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir",
-                    str(out), "--deepspeed", str(ROOT / "launch" / "configs" / "deepspeed" / "zero2.json")], 1200)
+def test_deepspeed_zero2_two_cpu_processes(launcher, tmp_path):
+    proc = launcher("deepspeed", "bita", 29553, tmp_path / "ds")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    manifest = json.loads((out / "artefact" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "ds" / "artefact" / "manifest.json").read_text())
     assert manifest["training"]["world_size"] == 2 and manifest["kind"] == "embeddings"
 
 

@@ -4,9 +4,6 @@ the target trained, the adapted-target artefact, and Jacobi decoding token-ident
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -60,30 +57,18 @@ def test_every_shipped_cllm_config_parses(path, tmp_path):
     assert recipe.config == str(path) and targs.max_steps > 0 and cllm.block >= 1
 
 
-def test_accelerate_two_cpu_processes(tiny_pair, tmp_path):
-    out = tmp_path / "acc"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
-    cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
-           str(ROOT / "launch" / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "29561",
-           str(ROOT / "recipes" / "cllm.py"), "--config", str(ROOT / "recipes" / "configs" / "cllm_test.yaml"),
-           "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+def test_accelerate_two_cpu_processes(launcher, tmp_path):
+    proc = launcher("accelerate", "cllm", 29561, tmp_path / "acc", timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    manifest = json.loads((out / "artefact" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "acc" / "artefact" / "manifest.json").read_text())
     assert manifest["method"] == "cllm" and manifest["training"]["world_size"] == 2
 
 
 @pytest.mark.slow
-def test_deepspeed_zero2_two_cpu_processes(tiny_pair, tmp_path):
-    out = tmp_path / "ds"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
-    cmd = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port", "29563",
-           str(ROOT / "recipes" / "cllm.py"), "--config", str(ROOT / "recipes" / "configs" / "cllm_test.yaml"),
-           "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out),
-           "--deepspeed", str(ROOT / "launch" / "configs" / "deepspeed" / "zero2.json")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+def test_deepspeed_zero2_two_cpu_processes(launcher, tmp_path):
+    proc = launcher("deepspeed", "cllm", 29563, tmp_path / "ds")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    manifest = json.loads((out / "artefact" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "ds" / "artefact" / "manifest.json").read_text())
     assert manifest["training"]["world_size"] == 2 and manifest["kind"] == "adapted_target"
 
 
