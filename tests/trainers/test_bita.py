@@ -1,0 +1,47 @@
+"""BiTA training: the masks' training-time logits are exactly what decoding computes for the same context, the
+insertion points, and the loss."""
+
+import torch
+
+from draftsmith.data.tiny_models import random_model
+from draftsmith.inference.adapter import ModelAdapter
+from draftsmith.inference.bita import BitaEmbeddings, decode_extras_layout
+from draftsmith.inference.generate import verify_forward
+from draftsmith.inference.verify import Draft, ExtraInputs
+from draftsmith.trainers.bita import BitaTraining, chain_tau, insertion_points, sequence_kv
+
+
+def test_training_masks_see_what_decoding_masks_see(family):
+    """Group after token t in training == group 0 of a decoding step whose pending token is x_t."""
+    model = random_model(family, seed=0, layers=2, hidden=32)
+    adapter = ModelAdapter(model)
+    emb = BitaEmbeddings.for_target(model, prompt_tokens=3, mask_tokens=2)
+    emb.init_from_target(adapter, seed=1)
+    module = BitaTraining(emb)
+    seq = torch.randint(3, 100, (1, 9), generator=torch.Generator().manual_seed(0))
+    labels = seq.clone()
+    points = torch.tensor([[3, 6]])
+    with torch.no_grad():
+        keys, values = sequence_kv(adapter, seq)
+        logits, targets = module.mask_logits(adapter, points, labels, keys, values)  # [1, 4, V]
+        assert targets.tolist() == [[seq[0, 5].item(), seq[0, 6].item(), seq[0, 8].item(), -100]]
+        for g, t in enumerate((3, 6)):
+            cache = adapter.new_cache(16)
+            adapter.forward(seq[:, :t], cache, compute_logits=False)  # x_0 .. x_{t-1}; x_t pending
+            visible, depths = decode_extras_layout([], 2)
+            prefix = emb.prefix_kv(adapter)
+            draft = Draft.chain([], extra_inputs=ExtraInputs(visible, depths, inputs_embeds=emb.mask_inputs(1),
+                                                              prefix=prefix))
+            out = verify_forward(adapter, cache, t, seq[0, t:t + 1], draft)
+            assert (out.logits[0, 1:] - logits[0, 2 * g: 2 * g + 2]).abs().max() <= 1e-4
+
+
+def test_insertion_points_lie_in_the_answer():
+    labels = torch.tensor([[-100, -100, -100, 5, 6, 7, 8, -100], [-100] * 8])
+    points = insertion_points(labels, groups=10, generator=torch.Generator().manual_seed(0))
+    # x_{t+2} labelled: t in 1..4 for the first row; nothing for the second
+    assert points[0].tolist() == [1, 2, 3, 4] + [-1] * 6 and points[1].tolist() == [-1] * 10
+
+
+def test_chain_tau():
+    assert chain_tau([1.0, 1.0]) == 3.0 and chain_tau([0.5, 0.5]) == 1.75 and chain_tau([]) == 1.0
