@@ -21,8 +21,9 @@ Resuming: a prompt's rows are appended (and fsynced) together once its last bloc
 kill cut short (the file is rewritten atomically without them) and collects the rest, so no trajectory is lost or
 duplicated; a run with other settings or another target is refused.
 
-Within a block the ``n`` positions run in one batched forward over the cached context (transformers' own
-``DynamicCache``, cropped after each update); prompts run one after another.
+Batched: ``batch_size`` prompts (sorted by length, left-padded) run together, each Jacobi update one forward of
+``[batch, n]`` over the cached contexts (transformers' own ``DynamicCache``, cropped after each update); a batch's
+rows are appended together, so a kill loses at most the batch in flight.
 """
 
 from __future__ import annotations
@@ -52,59 +53,88 @@ def initial_guess(context: Sequence[int], n: int, seed: int) -> list[int]:
     return ctx[torch.randint(0, ctx.numel(), (n,), generator=gen)].tolist()
 
 
-def _forward(model, ids: list[int], cache) -> torch.Tensor:  # [T, V] logits, the tokens appended to the cache
-    device = next(model.parameters()).device
-    return model(input_ids=torch.tensor(ids, dtype=torch.long, device=device)[None], past_key_values=cache,
-                 use_cache=True).logits[0]
-
-
-@torch.no_grad()
-def jacobi_states(model, cache, past: int, last_token: int, guess: list[int]) -> list[list[int]]:
-    """Greedy Jacobi iteration of one block: the states from ``guess`` to the fixed point.
-
-    ``cache`` (a transformers ``DynamicCache``) holds the ``past`` context tokens before ``last_token`` (the
-    context's last token, not yet cached); each update runs ``[last_token, y_0 .. y_{n-2}]`` over it (row ``i``
-    predicts ``y_i``) and removes those ``n`` entries again."""
-    state, states = list(guess), [list(guess)]
-    for _ in range(len(guess) + 1):  # update k fixes y_<k: n + 1 updates always reach the fixed point
-        new = _forward(model, [last_token] + state[:-1], cache).argmax(-1).tolist()  # [n]
-        cache.crop(-len(state))  # transformers 5: a negative count removes that many entries
-        if cache.get_seq_length() != past:
-            raise RuntimeError(f"the Jacobi cache holds {cache.get_seq_length()} entries after an update, not {past}")
-        if new == state:
-            break
-        state = new
-        states.append(state)
-    return states
-
-
-@torch.no_grad()
 def prompt_trajectory(model, row_id: str, prompt: Sequence[int], *, block: int, max_new_tokens: int,
                       eos_ids: Sequence[int], seed: int) -> list[dict]:
     """Every block's trajectory for one prompt (module docstring), as output rows."""
+    return batch_trajectories(model, [row_id], [prompt], block=block, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+                              seed=seed)[0]
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(list(p))
+        mask[i, width - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+@torch.no_grad()
+def batch_trajectories(model, row_ids: Sequence[str], prompts: Sequence[Sequence[int]], *, block: int,
+                       max_new_tokens: int, eos_ids: Sequence[int], seed: int, pad_id: int = 0) -> list[list[dict]]:
+    """The trajectories of several prompts at once (module docstring): left-padded into one batch, every Jacobi
+    update of a block one forward of ``[B, n]`` over the cached contexts (transformers' ``DynamicCache``, the
+    update's entries removed again); each row is recorded until it converges, and a row whose fixed point holds an
+    end-of-sequence token stops there (it rides along, unrecorded, while the others go on). Returns each prompt's
+    rows."""
     from transformers import DynamicCache
 
     from draftsmith.data.self_distill import row_seed
 
-    prefix = [int(t) for t in prompt]
+    device = next(model.parameters()).device
+    n, b_size = int(block), len(prompts)
+    prefixes = [[int(t) for t in p] for p in prompts]
+    ids, seen = _left_pad(prefixes, pad_id, device)  # [B, L]; seen: which columns are real tokens
+    positions = (seen.cumsum(-1) - 1).clamp(min=0)  # [B, L]
     cache = DynamicCache()
-    if len(prefix) > 1:
-        _forward(model, prefix[:-1], cache)
-    rows: list[dict] = []
+    if ids.shape[1] > 1:
+        model(input_ids=ids[:, :-1], attention_mask=seen[:, :-1], position_ids=positions[:, :-1], past_key_values=cache,
+              use_cache=True)
+    last, last_pos = ids[:, -1], positions[:, -1]  # [B] the context's last token (not cached) and its position
+    ones = torch.ones(b_size, n, dtype=torch.long, device=device)
+    steps = torch.arange(n, device=device)
+
+    def run(block_ids: torch.Tensor) -> torch.Tensor:  # [B, n] -> [B, n, V]; appends n entries to the cache
+        inputs = torch.cat([last[:, None], block_ids[:, :-1]], dim=1)  # [B, n]
+        return model(input_ids=inputs, attention_mask=torch.cat([seen, ones[:, :-1]], dim=1),
+                     position_ids=last_pos[:, None] + steps, past_key_values=cache, use_cache=True).logits
+
+    rows: list[list[dict]] = [[] for _ in range(b_size)]
+    active = [True] * b_size
     b = 0
-    while len(prefix) - len(prompt) < max_new_tokens:
-        states = jacobi_states(model, cache, len(prefix) - 1, prefix[-1],
-                               initial_guess(prefix, block, row_seed(seed, f"{row_id}:{b}")))
-        fixed = states[-1]
-        eos = any(t in eos_ids for t in fixed)
-        rows.append({"id": row_id, "block": b, "prompt_length": len(prompt), "prefix": list(prefix),
-                     "states": states, "fixed_point": fixed, "eos": eos, "last": False})
-        _forward(model, [prefix[-1]] + fixed[:-1], cache)  # the cache now holds the new context but its last token
-        prefix.extend(fixed)
+    while any(active) and b * n < max_new_tokens:
+        guesses = [initial_guess(prefixes[i], n, row_seed(seed, f"{row_ids[i]}:{b}")) for i in range(b_size)]
+        state = torch.tensor(guesses, dtype=torch.long, device=device)  # [B, n]
+        states = [[g] for g in guesses]
+        done = [False] * b_size
+        for _ in range(n + 1):  # update k fixes y_<k: n + 1 updates always reach the fixed point
+            new = run(state).argmax(-1)  # [B, n]
+            cache.crop(-n)  # transformers >= 4.56: a negative count removes that many entries
+            for i in range(b_size):
+                if not done[i]:
+                    if torch.equal(new[i], state[i]):
+                        done[i] = True
+                    else:
+                        states[i].append(new[i].tolist())
+            state = new
+            if all(done):
+                break
+        for i in range(b_size):
+            if active[i]:
+                fixed = states[i][-1]
+                eos = any(t in eos_ids for t in fixed)
+                rows[i].append({"id": row_ids[i], "block": b, "prompt_length": len(prompts[i]),
+                                "prefix": list(prefixes[i]), "states": states[i], "fixed_point": fixed, "eos": eos,
+                                "last": False})
+                prefixes[i].extend(fixed)
+                active[i] = not eos
+        run(state)  # the fixed blocks into the cache: it now holds every context but its new last token
+        seen = torch.cat([seen, ones], dim=1)
+        last, last_pos = state[:, -1], last_pos + n
         b += 1
-        if eos:
-            break
-    rows[-1]["last"] = True
+    for r in rows:
+        r[-1]["last"] = True
     return rows
 
 
@@ -121,14 +151,16 @@ def complete_rows(out: Path) -> list[dict]:
 
 def collect_trajectories(model, prompts: Sequence[Sequence[int]], ids: Sequence[str], out_path: str | os.PathLike, *,
                          target: Mapping, block: int = 16, max_new_tokens: int = 256, seed: int = 0,
-                         eos_ids: Sequence[int] = (), progress: bool = True) -> dict:
+                         eos_ids: Sequence[int] = (), batch_size: int = 8, pad_id: int = 0,
+                         progress: bool = True) -> dict:
     """Collect (or resume) the trajectories of ``prompts`` (token ids; ``ids`` name them) into ``out_path``;
     ``target`` is the model's identity (:func:`~draftsmith.common.models.target_identity`). Returns the stats the
     meta also records."""
     from tqdm.auto import tqdm
 
-    if block < 1 or max_new_tokens < 1:
-        raise ConfigError(f"Jacobi trajectories need block >= 1 and max_new_tokens >= 1, got {block} and {max_new_tokens}")
+    if block < 1 or max_new_tokens < 1 or batch_size < 1:
+        raise ConfigError(f"Jacobi trajectories need block, max_new_tokens and batch_size >= 1, got {block}, "
+                          f"{max_new_tokens} and {batch_size}")
     if len(set(ids)) != len(ids):
         raise ConfigError("trajectory prompt ids must be unique")
     out, meta_file = Path(out_path), meta_path(out_path)
@@ -155,19 +187,22 @@ def collect_trajectories(model, prompts: Sequence[Sequence[int]], ids: Sequence[
 
     out.touch()
     write_meta()
+    order = sorted(pending, key=lambda i: len(prompts[i]))  # similar lengths together: less padding
     bar = tqdm(total=len(pending), desc="jacobi trajectories", unit="prompt", disable=not progress)
     try:
-        for i in pending:
-            start = time.perf_counter()
-            rows = prompt_trajectory(model, ids[i], prompts[i], block=block, max_new_tokens=max_new_tokens,
-                                     eos_ids=eos_ids, seed=seed)
+        for start in range(0, len(order), batch_size):
+            batch = order[start:start + batch_size]
+            began = time.perf_counter()
+            per_prompt = batch_trajectories(model, [ids[i] for i in batch], [prompts[i] for i in batch], block=block,
+                                            max_new_tokens=max_new_tokens, eos_ids=eos_ids, seed=seed, pad_id=pad_id)
+            rows = [r for prompt_rows in per_prompt for r in prompt_rows]
             append_rows(out, rows)
-            totals["prompts"] += 1
+            totals["prompts"] += len(batch)
             totals["blocks"] += len(rows)
             totals["updates"] += sum(len(r["states"]) - 1 for r in rows)
-            totals["seconds"] += time.perf_counter() - start
+            totals["seconds"] += time.perf_counter() - began
             write_meta()
-            bar.update(1)
+            bar.update(len(batch))
     finally:
         bar.close()
     return write_meta()
@@ -178,5 +213,5 @@ def read_trajectories(out_path: str | os.PathLike) -> list[dict]:
     return complete_rows(Path(out_path))
 
 
-__all__ = ["collect_trajectories", "complete_rows", "initial_guess", "jacobi_states", "prompt_trajectory",
+__all__ = ["batch_trajectories", "collect_trajectories", "complete_rows", "initial_guess", "prompt_trajectory",
            "read_trajectories"]

@@ -65,12 +65,14 @@ class CllmConfig:
                                                          "peft LoRA adapter (merged into the artefact)."))
     lora_r: int = field(default=32, metadata=_help("finetune=lora: the LoRA rank (reference: 32)."))
     lora_alpha: float = field(default=16.0, metadata=_help("finetune=lora: LoRA alpha (reference: 16)."))
+    trajectory_batch_size: int = field(default=8, metadata=_help("Prompts whose Jacobi trajectories are collected "
+                                                                  "together (one left-padded batch)."))
     trajectory_dir: str | None = field(default=None, metadata=_help("Where the Jacobi trajectories are collected "
                                                                     "(resumable; default: <output_dir>/trajectories)."))
 
     def __post_init__(self) -> None:
-        if int(self.block) < 1 or int(self.max_new_tokens) < 1 or int(self.prompt_tokens) < 1:
-            raise ConfigError("block, max_new_tokens and prompt_tokens must be >= 1")
+        if min(int(self.block), int(self.max_new_tokens), int(self.prompt_tokens), int(self.trajectory_batch_size)) < 1:
+            raise ConfigError("block, max_new_tokens, prompt_tokens and trajectory_batch_size must be >= 1")
         if self.consistency not in CONSISTENCY:
             raise ConfigError(f"consistency={self.consistency!r} is unknown: choose one of {', '.join(CONSISTENCY)}")
         if float(self.ar_weight) < 0:
@@ -227,6 +229,8 @@ class CllmTrainer(FrozenTargetTrainer):
                     collect_trajectories(target, list(unique.values()), list(unique), path, target=identity,
                                          block=config.block, max_new_tokens=config.max_new_tokens,
                                          seed=training_args.seed, eos_ids=eos,
+                                         batch_size=int(config.trajectory_batch_size),
+                                         pad_id=pad_token_id(tokenizer, target.config),
                                          progress=not training_args.disable_tqdm)
                 out.append(TrajectoryDataset(read_trajectories(path)))
         return out[0], out[1], TrajectoryCollator(pad_token_id(tokenizer, target.config), tuple(eos))

@@ -56,28 +56,45 @@ def test_a_killed_collection_resumes_without_loss_or_duplicates(model, tmp_path,
     full = tmp_path / "full.jsonl"
     collect_trajectories(model, prompts, ids, full, target=IDENTITY, block=4, max_new_tokens=8, progress=False)
     calls = {"n": 0}
-    original = jacobi.prompt_trajectory
+    original = jacobi.batch_trajectories
 
-    def dies_on_the_third(*args, **kwargs):
+    def dies_on_the_second_batch(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == 2:
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(jacobi, "prompt_trajectory", dies_on_the_third)
+    monkeypatch.setattr(jacobi, "batch_trajectories", dies_on_the_second_batch)
     with pytest.raises(KeyboardInterrupt):
-        collect_trajectories(model, prompts, ids, out, target=IDENTITY, block=4, max_new_tokens=8, progress=False)
-    monkeypatch.setattr(jacobi, "prompt_trajectory", original)
-    # a torn write of a prompt's rows: its first row on disk, not its last
-    first_of_next = original(model, "q2", prompts[2], block=4, max_new_tokens=8, eos_ids=(), seed=0)[0]
+        collect_trajectories(model, prompts, ids, out, target=IDENTITY, block=4, max_new_tokens=8, batch_size=2,
+                             progress=False)
+    monkeypatch.setattr(jacobi, "batch_trajectories", original)
+    assert len({r["id"] for r in read_trajectories(out)}) == 2  # the first batch survived
+    # a torn write of a prompt's rows: one of its rows on disk, not its last, then half a line
+    done = {r["id"] for r in read_trajectories(out)}
+    other = next(i for i in ids if i not in done)
+    first_of_next = prompt_trajectory(model, other, prompts[ids.index(other)], block=4, max_new_tokens=8, eos_ids=(),
+                                      seed=0)[0]
     with open(out, "a") as fh:
         fh.write(json.dumps(first_of_next) + "\n" + '{"id": "q3", "blo')
-    stats = collect_trajectories(model, prompts, ids, out, target=IDENTITY, block=4, max_new_tokens=8, progress=False)
+    stats = collect_trajectories(model, prompts, ids, out, target=IDENTITY, block=4, max_new_tokens=8, batch_size=2,
+                                 progress=False)
     assert stats["complete"] and stats["prompts"] == 5
     key = lambda r: (r["id"], r["block"])  # noqa: E731
     assert sorted(map(key, read_trajectories(out))) == sorted(map(key, read_trajectories(full)))
     assert sorted(json.dumps(r, sort_keys=True) for r in read_trajectories(out)) == \
         sorted(json.dumps(r, sort_keys=True) for r in read_trajectories(full))
+
+
+def test_a_batch_gives_each_prompt_its_own_trajectory(model):
+    """Left-padded batches of prompts of different lengths give the rows each prompt gets alone."""
+    prompts = _prompts(3)
+    together = jacobi.batch_trajectories(model, ["a", "b", "c"], prompts, block=4, max_new_tokens=12, eos_ids=(),
+                                         seed=0)
+    for rid, prompt, rows in zip("abc", prompts, together):
+        alone = prompt_trajectory(model, rid, prompt, block=4, max_new_tokens=12, eos_ids=(), seed=0)
+        assert [r["fixed_point"] for r in rows] == [r["fixed_point"] for r in alone]
+        assert [r["states"] for r in rows] == [r["states"] for r in alone]
 
 
 def test_other_settings_are_refused(model, tmp_path):
