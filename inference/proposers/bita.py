@@ -58,16 +58,13 @@ class BitaProposer:
         self.tree, self.top_k = tree, int(top_k)
         self.masks = embeddings.mask_tokens
         self._prefix: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
-        self._prefix_of: int | None = None
         self._candidates: torch.Tensor | None = None  # [M, K] next draft's candidates, best first
 
     def bind(self, view: TargetView) -> None:
-        """The prompt's keys/values for this target, computed once (plain prompts run through the target)."""
-        if self._prefix is None or self._prefix_of != id(view.adapter):
-            with torch.no_grad():
-                keys, values = self.embeddings.prefix_kv(view.adapter)
-            self._prefix = ([k.to(view.adapter.dtype) for k in keys], [v.to(view.adapter.dtype) for v in values])
-            self._prefix_of = id(view.adapter)
+        """The prompt's keys/values for the target of this sequence (plain prompts run through it: P tokens)."""
+        with torch.no_grad():
+            keys, values = self.embeddings.prefix_kv(view.adapter)
+        self._prefix = ([k.to(view.adapter.dtype) for k in keys], [v.to(view.adapter.dtype) for v in values])
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self._candidates = None  # the first step drafts nothing: its masks give the second step's draft
