@@ -86,6 +86,28 @@ def test_early_exit_method_on_any_target(tiny_pair, qfile, tmp_path, capsys):
     assert "--exit-layer" in _one_line_error(capsys)
 
 
+def test_jacobi_method_reports_its_counts(tiny_pair, qfile, tmp_path, capsys):
+    """--method jacobi: Jacobi decoding of the target as it is, token-identical, with CLLM's fast-forwarded and
+    stationary tokens in the report; sampling is refused in one line."""
+    out = tmp_path / "j.json"
+    assert _eval(tiny_pair, "--method", "jacobi", "--draft-length", "4", "--questions", qfile, "--out", out) == 0
+    rep = json.loads(out.read_text())
+    assert rep["summary"]["greedy_identical"] == 1.0 and rep["jacobi"]["block"] == 4
+    j = rep["jacobi"]
+    assert j["committed"] == j["steps"] + j["accepted"] and j["fast_forwarded"] + j["stationary"] == j["accepted"]
+    assert _eval(tiny_pair, "--method", "jacobi", "--temperature", "1.0", "--questions", qfile) == 2
+    assert "greedy" in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize("tree", ["chain", "triangle"])
+def test_bita_method_with_untrained_embeddings(tiny_pair, qfile, tmp_path, tree):
+    out = tmp_path / "b.json"
+    assert _eval(tiny_pair, "--method", "bita", "--tree", tree, "--tree-top-k", "3", "--questions", qfile,
+                 "--out", out) == 0
+    rep = json.loads(out.read_text())
+    assert rep["method"] == "bita" and rep["summary"]["greedy_identical"] == 1.0
+
+
 def test_draft_verify_with_a_skip_set_on_the_command_line(tiny_pair, qfile, tmp_path):
     out = tmp_path / "dv.json"
     assert _eval(tiny_pair, "--method", "draft-verify", "--skip-attention", "1", "--skip-mlp", "1", "--questions", qfile,
