@@ -3,10 +3,13 @@
     draftsmith data generate --target PATH --prompts corpus --out runs/sd/answers.jsonl --limit 2000
     draftsmith data generate --target PATH --prompts broad --out broad.jsonl --temperature 0.7 --top-p 0.9
     draftsmith data generate --target PATH --prompts data.jsonl --out answers.jsonl --sequential   # one at a time
+    draftsmith data jacobi --target PATH --prompts corpus --out runs/traj/train.jsonl --block 16 --limit 500
 
 ``generate`` answers every prompt with the target (self-distillation, :mod:`draftsmith.data.self_distill`):
 left-padded batches with a KV cache, greedy or sampled, into chat rows (jsonl) with ``<out>.meta.json`` beside
-them. Killed, the same command continues where it stopped.
+them. ``jacobi`` collects the target's greedy Jacobi trajectories (CLLM's training data,
+:mod:`draftsmith.data.jacobi`): per block, every state from a guess drawn from the context to the fixed point.
+Killed, either command continues where it stopped.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ PROMPT_SOURCES = "a .jsonl/.json/.parquet chat dataset (messages, ShareGPT or Al
 def add_parser(sub) -> None:
     p = sub.add_parser("data", help="make training data with the target (self-distillation)",
                        description=__doc__.split("\n\n")[0])
-    actions = p.add_subparsers(dest="data_command", required=True, metavar="{generate}")
+    actions = p.add_subparsers(dest="data_command", required=True, metavar="{generate,jacobi}")
     g = actions.add_parser("generate", help="answer a prompt set with the target into chat rows (resumable)",
                            description="Regenerate the answers of a prompt set with the target: batched, greedy or "
                                        "sampled, resumable (rerun the same command after a kill).")
@@ -49,6 +52,25 @@ def add_parser(sub) -> None:
     g.add_argument("--overwrite", action="store_true", help="start the output again instead of resuming it")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.set_defaults(run=run)
+    j = actions.add_parser("jacobi", help="collect the target's Jacobi trajectories (CLLM's data; resumable)",
+                           description="Run greedy Jacobi decoding of --block-token blocks with the target on a prompt "
+                                       "set and record every state of every block to its fixed point: batched, "
+                                       "resumable (rerun the same command after a kill).")
+    j.add_argument("--target", metavar="PATH_OR_NAME", required=True, help="target model directory, hub id or name")
+    j.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer directory (default: the target's)")
+    j.add_argument("--prompts", metavar="FILE|SET", required=True, help=PROMPT_SOURCES)
+    j.add_argument("--out", metavar="FILE", required=True, help="output .jsonl; FILE.meta.json goes beside it")
+    j.add_argument("--limit", metavar="N", type=int, default=None, help="the first N prompts only")
+    j.add_argument("--block", metavar="N", type=int, default=16, help="Jacobi block size (default 16, CLLM's)")
+    j.add_argument("--max-new-tokens", metavar="N", type=int, default=256, help="answer tokens per prompt (whole "
+                                                                                "blocks, to the first end-of-sequence)")
+    j.add_argument("--batch-size", metavar="B", type=int, default=8, help="prompts per batch (default 8)")
+    j.add_argument("--seed", metavar="S", type=int, default=0, help="seed of the initial guesses")
+    j.add_argument("--dtype", default="float32", choices=DTYPES, help="weights dtype (default float32)")
+    j.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    j.add_argument("--threads", metavar="N", default=None, help="torch CPU threads (default: torch's)")
+    j.add_argument("--no-progress", action="store_true", help="no progress bar")
+    j.set_defaults(run=run)
 
 
 # ---------------------------------------------------------------------------------------------------- prompts
@@ -111,20 +133,43 @@ def run(args: argparse.Namespace) -> int:
     threads = contextlib.nullcontext() if args.threads is None else torch_threads(
         parse_threads(args.threads, "--threads", "pass --threads N with N >= 1, or leave it out"))
     with threads:
-        return run_generate(args)
+        return run_jacobi(args) if args.data_command == "jacobi" else run_generate(args)
+
+
+def _target(args: argparse.Namespace):
+    """The target model (on ``--device``, in ``--dtype``) and its tokenizer."""
+    from draftsmith.common.models import load_model, load_tokenizer, resolve_model_path, tokenizer_dir_for
+    from draftsmith.launch.eval_cli import resolve_device
+
+    target_path = resolve_model_path(args.target)
+    model = load_model(target_path, args.dtype, resolve_device(args.device), what="target").eval()
+    return model, load_tokenizer(args.tokenizer or tokenizer_dir_for(target_path) or target_path)  # a hub id: its own
+
+
+def run_jacobi(args: argparse.Namespace) -> int:
+    from draftsmith.common.models import target_identity
+    from draftsmith.data.chat import build_prompt_ids
+    from draftsmith.data.generation import eos_token_ids, pad_token_id
+    from draftsmith.data.jacobi import collect_trajectories
+
+    ids, prompts, _ = load_prompts(args.prompts, args.limit)
+    model, tokenizer = _target(args)
+    token_ids = [build_prompt_ids(tokenizer, p) for p in prompts]
+    stats = collect_trajectories(model, token_ids, ids, args.out, target=target_identity(model, tokenizer, str(args.target)),
+                                 block=args.block, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                                 eos_ids=eos_token_ids(tokenizer, model.config), batch_size=args.batch_size,
+                                 pad_id=pad_token_id(tokenizer, model.config), progress=not args.no_progress)
+    print(f"{args.out}: {stats['prompts']} prompts, {stats['blocks']} blocks, {stats['updates_per_block']:.2f} Jacobi "
+          f"updates per block, {stats['seconds']:.1f} s")
+    return 0
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from draftsmith.common.models import load_model, load_tokenizer, resolve_model_path, tokenizer_dir_for
     from draftsmith.data.self_distill import generate_answers
-    from draftsmith.launch.eval_cli import resolve_device
 
     batch_size = 1 if args.sequential else args.batch_size
     ids, prompts, source = load_prompts(args.prompts, args.limit)
-    device = resolve_device(args.device)
-    target_path = resolve_model_path(args.target)
-    model = load_model(target_path, args.dtype, device, what="target").eval()
-    tokenizer = load_tokenizer(args.tokenizer or tokenizer_dir_for(target_path) or target_path)  # a hub id: its own
+    model, tokenizer = _target(args)
     stats = generate_answers(model, tokenizer, prompts, args.out, ids=ids, source=source, batch_size=batch_size,
                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                              seed=args.seed, target_name=str(args.target), overwrite=args.overwrite,

@@ -103,3 +103,22 @@ def test_benchmark_script_reports_both_speeds(tiny_pair, tmp_path):
     assert {"sequential", "batched", "speedup", "identical_rows"} <= result.keys()
     assert result["batched"]["tokens_per_s"] > 0 and result["identical_rows"] == 1.0
     assert json.loads((tmp_path / "bench.json").read_text())["speedup"] == pytest.approx(result["speedup"])
+
+
+def test_jacobi_trajectories_from_the_command_line(tiny_pair, tmp_path, capsys):
+    """`draftsmith data jacobi`: every prompt's blocks, ending at the target's greedy answer; a rerun adds nothing;
+    other settings on the same file are a one-line error."""
+    from draftsmith.data.jacobi import read_trajectories
+
+    out = tmp_path / "traj.jsonl"
+    args = ["data", "jacobi", "--target", str(tiny_pair["target"]), "--prompts", str(tiny_pair["dataset"]), "--out",
+            str(out), "--limit", "5", "--block", "4", "--max-new-tokens", "8", "--batch-size", "2", "--threads", "1",
+            "--no-progress"]
+    assert main(args) == 0
+    rows = read_trajectories(out)
+    assert len({r["id"] for r in rows}) == 5 and all(r["states"][-1] == r["fixed_point"] for r in rows)
+    assert "5 prompts" in capsys.readouterr().out
+    before = out.read_bytes()
+    assert main(args) == 0 and out.read_bytes() == before
+    assert main([*args[:-5], "--block", "8", "--threads", "1", "--no-progress"]) == 2
+    assert "other settings" in _one_line_error(capsys)
