@@ -28,6 +28,23 @@ PROMPT_SOURCES = "a .jsonl/.json/.parquet chat dataset (messages, ShareGPT or Al
                  "(the user turns of the shipped corpus' train split)"
 
 
+def _target_and_prompts(a) -> None:
+    """The options every ``draftsmith data`` command shares: the target, the prompts and the output file."""
+    a.add_argument("--target", metavar="PATH_OR_NAME", required=True, help="target model directory, hub id or name")
+    a.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer directory (default: the target's)")
+    a.add_argument("--prompts", metavar="FILE|SET", required=True, help=PROMPT_SOURCES)
+    a.add_argument("--out", metavar="FILE", required=True, help="output .jsonl; FILE.meta.json goes beside it")
+    a.add_argument("--limit", metavar="N", type=int, default=None, help="the first N prompts only")
+
+
+def _machine(a) -> None:
+    a.add_argument("--dtype", default="float32", choices=DTYPES, help="weights dtype (default float32)")
+    a.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    a.add_argument("--threads", metavar="N", default=None, help="torch CPU threads (default: torch's)")
+    a.add_argument("--no-progress", action="store_true", help="no progress bar")
+    a.set_defaults(run=run)
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("data", help="make training data with the target (self-distillation)",
                        description=__doc__.split("\n\n")[0])
@@ -35,42 +52,26 @@ def add_parser(sub) -> None:
     g = actions.add_parser("generate", help="answer a prompt set with the target into chat rows (resumable)",
                            description="Regenerate the answers of a prompt set with the target: batched, greedy or "
                                        "sampled, resumable (rerun the same command after a kill).")
-    g.add_argument("--target", metavar="PATH_OR_NAME", required=True, help="target model directory, hub id or name")
-    g.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer directory (default: the target's)")
-    g.add_argument("--prompts", metavar="FILE|SET", required=True, help=PROMPT_SOURCES)
-    g.add_argument("--out", metavar="FILE", required=True, help="output .jsonl; FILE.meta.json goes beside it")
-    g.add_argument("--limit", metavar="N", type=int, default=None, help="the first N prompts only")
+    _target_and_prompts(g)
     g.add_argument("--batch-size", metavar="B", type=int, default=16, help="sequences per forward (default 16)")
     g.add_argument("--sequential", action="store_true", help="one sequence at a time (--batch-size 1), for comparison")
     g.add_argument("--max-new-tokens", metavar="N", type=int, default=256, help="longest answer in tokens")
     g.add_argument("--temperature", metavar="T", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", metavar="P", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     g.add_argument("--seed", metavar="S", type=int, default=0, help="sampling seed (each row draws from its own)")
-    g.add_argument("--dtype", default="float32", choices=DTYPES, help="weights dtype (default float32)")
-    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
-    g.add_argument("--threads", metavar="N", default=None, help="torch CPU threads (default: torch's)")
     g.add_argument("--overwrite", action="store_true", help="start the output again instead of resuming it")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
-    g.set_defaults(run=run)
+    _machine(g)
     j = actions.add_parser("jacobi", help="collect the target's Jacobi trajectories (CLLM's data; resumable)",
                            description="Run greedy Jacobi decoding of --block-token blocks with the target on a prompt "
                                        "set and record every state of every block to its fixed point: batched, "
                                        "resumable (rerun the same command after a kill).")
-    j.add_argument("--target", metavar="PATH_OR_NAME", required=True, help="target model directory, hub id or name")
-    j.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer directory (default: the target's)")
-    j.add_argument("--prompts", metavar="FILE|SET", required=True, help=PROMPT_SOURCES)
-    j.add_argument("--out", metavar="FILE", required=True, help="output .jsonl; FILE.meta.json goes beside it")
-    j.add_argument("--limit", metavar="N", type=int, default=None, help="the first N prompts only")
+    _target_and_prompts(j)
     j.add_argument("--block", metavar="N", type=int, default=16, help="Jacobi block size (default 16, CLLM's)")
     j.add_argument("--max-new-tokens", metavar="N", type=int, default=256, help="answer tokens per prompt (whole "
                                                                                 "blocks, to the first end-of-sequence)")
     j.add_argument("--batch-size", metavar="B", type=int, default=8, help="prompts per batch (default 8)")
     j.add_argument("--seed", metavar="S", type=int, default=0, help="seed of the initial guesses")
-    j.add_argument("--dtype", default="float32", choices=DTYPES, help="weights dtype (default float32)")
-    j.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
-    j.add_argument("--threads", metavar="N", default=None, help="torch CPU threads (default: torch's)")
-    j.add_argument("--no-progress", action="store_true", help="no progress bar")
-    j.set_defaults(run=run)
+    _machine(j)
 
 
 # ---------------------------------------------------------------------------------------------------- prompts
