@@ -57,9 +57,10 @@ class CostModel:
         """V(n) / V(1): how much one forward over ``n`` tokens costs against a plain decoding step."""
         return self.verify(n) / self.verify(1)
 
-    def step_seconds(self, k: int) -> float:
-        """A speculative step that drafts ``k`` tokens (k = 0: a plain decoding step)."""
-        return self.verify(1 + k) + k * self.draft_seconds + self.overhead_seconds
+    def step_seconds(self, k: int, extra: int = 0) -> float:
+        """A speculative step that drafts ``k`` tokens (k = 0: a plain decoding step) and puts ``extra`` inputs of its
+        own into the verification forward (BiTA's mask tokens)."""
+        return self.verify(1 + k + extra) + k * self.draft_seconds + self.overhead_seconds
 
     def to_dict(self) -> dict:
         return asdict(self) | {"verify_seconds": {str(k): v for k, v in self.verify_seconds.items()}}
@@ -80,13 +81,18 @@ def expected_accepted(acceptance_by_depth: Sequence[float | None], k: int) -> fl
 
 
 def predicted_speedup(cost: CostModel, draft_lengths: Sequence[int],
-                      acceptance_by_depth: Sequence[float | None]) -> tuple[float, float]:
+                      acceptance_by_depth: Sequence[float | None],
+                      extra_rows: Sequence[int] | None = None) -> tuple[float, float]:
     """(predicted tau, predicted speedup over plain decoding) of steps drafting ``draft_lengths`` tokens each
-    (see the module docstring)."""
+    (see the module docstring); ``extra_rows`` (per step, in any order, as many as the steps) adds the inputs a
+    proposer puts into the verification forward besides its draft (BiTA's mask tokens) to those forwards' size."""
     if not draft_lengths:
         return 1.0, 1.0
     taus = [expected_accepted(acceptance_by_depth, k) for k in draft_lengths]
     seconds = [cost.step_seconds(k) for k in draft_lengths]
+    if extra_rows and any(extra_rows):
+        mean_extra = sum(extra_rows) / len(extra_rows)  # the steps' forwards, each widened by the mean extras
+        seconds = [cost.step_seconds(k) - cost.verify(1 + k) + cost.verify(1 + k + mean_extra) for k in draft_lengths]
     tau = sum(taus) / len(taus)
     return tau, tau / (sum(seconds) / len(seconds)) * cost.step_seconds(0)
 

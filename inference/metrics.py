@@ -151,7 +151,8 @@ def cost_prediction(runs: Sequence[QuestionRun], curve: dict[int, float]) -> dic
     cost = CostModel({n: step + (s - curve[1]) for n, s in curve.items()},
                      draft_seconds=sum(t.result.draft_time for t in turns) / proposed if proposed else 0.0)
     tau, speedup = modelled_speedup(cost, [k for t in turns for k in t.draft_lengths],
-                                depth_acceptance([s for t in turns for s in t.steps]))
+                                depth_acceptance([s for t in turns for s in t.steps]),
+                                [m for t in turns for m in t.extra_rows])
     return {"predicted_tau": tau, "predicted_speedup": speedup, "cost_model": cost.to_dict()}
 
 

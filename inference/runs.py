@@ -30,6 +30,7 @@ class TurnRun:
     draft_lengths: list[int] = field(default_factory=list)  # per step, 0 when nothing was proposed
     rejections: int = 0  # steps whose draft was not fully accepted
     steps: list[tuple[int, int]] = field(default_factory=list)  # (proposed, accepted) of the steps that drafted
+    extra_rows: list[int] = field(default_factory=list)  # per step: the draft's own inputs in the forward (BiTA's masks)
 
 
 @dataclass
@@ -52,20 +53,25 @@ class StepRecorder:
         self.lossless = getattr(inner, "lossless", True)
         self.hidden_layers = tuple(getattr(inner, "hidden_layers", ()) or ())
         self.steps: list[tuple[int, int]] = []  # (proposed, accepted) of the steps that proposed something
+        self.extra_rows: list[int] = []  # every step: the extra inputs its draft added to the verification forward
+        self._extra = 0
 
     def __getattr__(self, name: str):
         return getattr(self.__dict__["inner"], name)
 
     def reset(self, prompt_ids: torch.Tensor) -> None:  # prompt_ids: [L]
-        self.steps = []
+        self.steps, self.extra_rows = [], []
         self.inner.reset(prompt_ids)
 
     def propose(self, tokens, max_tokens, sampling, generator=None):
-        return self.inner.propose(tokens, max_tokens, sampling, generator)
+        draft = self.inner.propose(tokens, max_tokens, sampling, generator)
+        self._extra = draft.num_extra
+        return draft
 
     def observe(self, feedback) -> None:
         if feedback.num_proposed > 0:
             self.steps.append((feedback.num_proposed, feedback.num_accepted))
+        self.extra_rows.append(self._extra)
         self.inner.observe(feedback)
 
 
@@ -128,6 +134,7 @@ def answer_question(
         if proposer is not None:
             run.draft_lengths, run.rejections = _recorded_steps(proposer.steps, res.steps)
             run.steps = list(proposer.steps)
+            run.extra_rows = list(proposer.extra_rows)
         turns.append(run)
         messages.append({"role": "assistant", "content": text})
     return turns

@@ -181,3 +181,14 @@ def test_embeddings_refuse_another_target():
     emb.check_target(small)
     with pytest.raises(Exception, match="trained for"):
         emb.check_target(other)
+
+
+def test_the_evaluator_counts_the_mask_rows_of_every_step():
+    from draftsmith.inference.runs import StepRecorder
+
+    model = random_model("llama", seed=0, layers=2, hidden=32)
+    recorder = StepRecorder(BitaProposer(_embeddings(model), tree="chain"))
+    res = generate(ModelAdapter(model), _prompt(0), GenerationConfig(max_new_tokens=12), recorder)
+    assert len(recorder.extra_rows) == res.steps
+    assert recorder.extra_rows[0] == 3  # the first step: one group after the pending token
+    assert all(m == 3 * (p + 1) for (p, _), m in zip(recorder.steps, recorder.extra_rows[1:]))

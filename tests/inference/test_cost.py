@@ -67,3 +67,15 @@ def test_monotone_removes_noise_dips():
     from draftsmith.inference.cost import monotone
 
     assert monotone({1: 2.0, 2: 1.5, 4: 3.0, 8: 2.5}) == {1: 1.5, 2: 1.5, 4: 2.5, 8: 2.5}
+
+
+def test_extra_rows_widen_the_verification_forward():
+    """A proposer's own inputs in the forward (BiTA's mask tokens) cost what their rows cost on the curve."""
+    from draftsmith.inference.cost import CostModel, predicted_speedup
+
+    cost = CostModel({1: 1.0, 5: 2.0, 17: 5.0})
+    plain = predicted_speedup(cost, [4, 4], [1.0, 1.0, 1.0, 1.0])
+    widened = predicted_speedup(cost, [4, 4], [1.0, 1.0, 1.0, 1.0], extra_rows=[12, 12])
+    assert plain[0] == widened[0] == 5.0
+    assert plain[1] == 5.0 / 2.0 and widened[1] == 5.0 / 5.0
+    assert cost.step_seconds(4, extra=12) == 5.0

@@ -78,7 +78,7 @@ def test_cost_prediction_adds_the_curves_extra_cost_to_the_runs_ar_step():
 
     def turn(wall, steps, proposed=0, draft_time=0.0, lengths=(), recorded=()):
         result = SimpleNamespace(wall_time=wall, steps=steps, num_proposed=proposed, draft_time=draft_time)
-        return SimpleNamespace(result=result, draft_lengths=list(lengths), steps=list(recorded))
+        return SimpleNamespace(result=result, draft_lengths=list(lengths), steps=list(recorded), extra_rows=[])
 
     # AR: 10 steps in 0.1 s -> 10 ms a step; the curve says 3 tokens cost 2x one; drafts of 2, all accepted
     run = SimpleNamespace(ar=[turn(0.1, 10)], method=[turn(0.05, 2, proposed=4, draft_time=0.004,
