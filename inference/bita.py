@@ -30,6 +30,8 @@ from draftsmith.common.errors import ArtefactError, ConfigError
 from draftsmith.inference.adapter import ModelAdapter
 
 PROMPT_MODES = ("deep", "embeddings")
+PROMPT_TOKENS = 16  # the paper's P: the default of training (BitaConfig) and of ``--method bita`` alike
+MASK_TOKENS = 3  # the paper's M: tokens drafted per step
 MASK_ATTENTION = ("bidirectional", "causal")
 CONFIG_FILE = "embeddings_config.json"
 WEIGHTS_FILE = "embeddings.safetensors"

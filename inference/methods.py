@@ -246,7 +246,7 @@ def bita_proposer(ctx: ProposerContext):
     target's vocabulary and never trained: the "before training" reference. Drafts a chain of the masks' top-1
     tokens (default) or the upper-triangle tree (``--tree triangle``, ``--tree-top-k``)."""
     from draftsmith.inference.adapter import ModelAdapter
-    from draftsmith.inference.bita import BitaEmbeddings, load_bita_artefact
+    from draftsmith.inference.bita import MASK_TOKENS, PROMPT_TOKENS, BitaEmbeddings, load_bita_artefact
     from draftsmith.inference.proposers.bita import TREES, BitaProposer
 
     tree = str(ctx.option("tree", "chain"))
@@ -257,7 +257,7 @@ def bita_proposer(ctx: ProposerContext):
         embeddings = load_bita_artefact(ctx.artefact_dir)
         embeddings.check_target(target)
     else:
-        embeddings = BitaEmbeddings.for_target(target, prompt_tokens=16, mask_tokens=3)
+        embeddings = BitaEmbeddings.for_target(target, prompt_tokens=PROMPT_TOKENS, mask_tokens=MASK_TOKENS)
         embeddings.init_from_target(ModelAdapter(target), seed=int(ctx.option("seed", 0) or 0))
     embeddings.to(target.device)
     return BitaProposer(embeddings, tree=tree, top_k=int(ctx.option("tree_top_k", 5)))

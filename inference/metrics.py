@@ -97,8 +97,9 @@ def compare_with_ar(model, method: list[TurnRun], ar: list[TurnRun], tol: float)
 def adapter_drift(pairs: Sequence[tuple[list[TurnRun], list[TurnRun]]]) -> dict:
     """How far an adapted target's AR answers moved from the original target's, over ``(adapted, original)``
     turn lists of each question: the fraction of questions answered token-identically, and the mean over turns of
-    the tokens the two answers share from the start as a fraction of the original answer's length."""
-    identical, shared = [], []
+    the tokens the two answers share from the start, as a fraction of the original answer's length and in tokens (the
+    mean first differing position; an identical answer counts its whole length)."""
+    identical, shared, first = [], [], []
     for adapted, original in pairs:
         same = True
         for a, o in zip(adapted, original):
@@ -106,9 +107,10 @@ def adapter_drift(pairs: Sequence[tuple[list[TurnRun], list[TurnRun]]]) -> dict:
             pos = first_difference(ai, oi)
             same = same and pos is None
             shared.append(1.0 if pos is None else pos / max(1, len(oi)))
+            first.append(float(len(oi) if pos is None else pos))
         identical.append(1.0 if same else 0.0)
     return {"questions": len(pairs), "answers_identical_to_original": mean_or_none(identical),
-            "mean_shared_prefix_fraction": mean_or_none(shared)}
+            "mean_shared_prefix_fraction": mean_or_none(shared), "mean_first_difference": mean_or_none(first)}
 
 
 # ---------------------------------------------------------------------------------------------- summaries

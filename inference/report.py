@@ -376,6 +376,7 @@ def summary_table(report: dict) -> str:
         rows.append(("verified against", "the artefact's adapted target"))
         rows.append(("AR answers identical to the original target's",
                      f"{fmt(adapted.get('answers_identical_to_original'))} (shared prefix "
-                     f"{fmt(adapted.get('mean_shared_prefix_fraction'))})"))
+                     f"{fmt(adapted.get('mean_shared_prefix_fraction'))}, first difference at token "
+                     f"{fmt(adapted.get('mean_first_difference'), 1)})"))
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{label.ljust(width)}  {value}" for label, value in rows)

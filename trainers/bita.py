@@ -33,7 +33,15 @@ from torch import nn
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.inference.bita import MASK_ATTENTION, PROMPT_MODES, BitaEmbeddings, group_visibility, training_layout
+from draftsmith.inference.bita import (
+    MASK_ATTENTION,
+    MASK_TOKENS,
+    PROMPT_MODES,
+    PROMPT_TOKENS,
+    BitaEmbeddings,
+    group_visibility,
+    training_layout,
+)
 from draftsmith.inference.kv_cache import KVPrefix
 from draftsmith.inference.proposers.bita import TREES
 from draftsmith.trainers.base import FrozenTargetTrainer, TargetAnswers
@@ -46,8 +54,8 @@ POINTS_KEY = "bita_points"  # [B, G] insertion points of a prepared batch (-1 = 
 class BitaConfig(TargetAnswers):
     """BiTA settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
 
-    virtual_tokens: int = field(default=16, metadata=_help("Prompt tokens P (BiTA: 16)."))
-    mask_tokens: int = field(default=3, metadata=_help("Mask tokens M: tokens drafted per step (BiTA: 3)."))
+    virtual_tokens: int = field(default=PROMPT_TOKENS, metadata=_help("Prompt tokens P (BiTA: 16)."))
+    mask_tokens: int = field(default=MASK_TOKENS, metadata=_help("Mask tokens M: tokens drafted per step (BiTA: 3)."))
     prompt_mode: str = field(default="deep", metadata=_help("deep = per-layer prompt keys/values (P-tuning v2, the "
                                                             "paper's); embeddings = plain prompt input embeddings."))
     mask_attention: str = field(default="bidirectional", metadata=_help("How a group's masks see each other: "

@@ -3,8 +3,9 @@ import torch
 
 from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.draft_length import expected_speedup
-from draftsmith.inference.generate import GenerationConfig
+from draftsmith.inference.generate import GenerationConfig, GenerationResult
 from draftsmith.inference.metrics import (
+    adapter_drift,
     compare_with_ar,
     first_difference,
     mean_or_none,
@@ -13,7 +14,7 @@ from draftsmith.inference.metrics import (
     ratio_or_none,
 )
 from draftsmith.inference.questions import Question
-from draftsmith.inference.runs import answer_question
+from draftsmith.inference.runs import TurnRun, answer_question
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,6 +23,19 @@ def test_first_difference():
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def _turn(ids: list[int]) -> TurnRun:
+    return TurnRun([0], GenerationResult(ids, [1] * len(ids), 0, 0, "length", 0.0), "")
+
+
+def test_adapter_drift_counts_identical_answers_and_the_first_differing_token():
+    same = ([_turn([1, 2, 3, 4])], [_turn([1, 2, 3, 4])])
+    moved = ([_turn([1, 2, 9, 9]), _turn([5, 6])], [_turn([1, 2, 3, 4]), _turn([7, 6])])  # turns differ at 2 and 0
+    drift = adapter_drift([same, moved])
+    assert drift["questions"] == 2 and drift["answers_identical_to_original"] == 0.5
+    assert drift["mean_first_difference"] == pytest.approx((4 + 2 + 0) / 3)  # an identical answer counts its length
+    assert drift["mean_shared_prefix_fraction"] == pytest.approx((1.0 + 0.5 + 0.0) / 3)
 
 
 def test_difference_reports_position_and_top2_gap(lm_pair, chat_tokenizer):
