@@ -122,8 +122,9 @@ def _layer_list(value) -> list[int]:
 
 
 def skip_layer_proposer(ctx: ProposerContext):
-    """Draft & Verify's self-speculation from a searched artefact: the target minus its skip set drafts, stopping
-    adaptively (``recipes/layer_skip_search.py``)."""
+    """Draft & Verify's self-speculation from a searched artefact (``recipes/layer_skip_search.py``) or from skip lists
+    on the command line: the target minus its skip set drafts, stopping adaptively by the artefact's threshold rule
+    or, without one, the paper's default rule, which the search's own baselines use too."""
     from draftsmith.inference.draft_length import DraftLengthPolicy
     from draftsmith.inference.proposers.self_spec import AdaptiveThreshold, SkipLayerProposer
 
@@ -137,7 +138,7 @@ def skip_layer_proposer(ctx: ProposerContext):
     threshold = ctx.option("threshold", None)
     return SkipLayerProposer(skip_attention=attention or (), skip_mlp=mlp or (),
                              policy=DraftLengthPolicy(length=length, max_length=max(16, length)),
-                             stop=AdaptiveThreshold(**threshold) if threshold else None)
+                             stop=AdaptiveThreshold(**threshold) if threshold else AdaptiveThreshold())
 
 
 def prompt_lookup_proposer(ctx: ProposerContext):

@@ -231,3 +231,9 @@ class SkipLayerProposer(_SelfDrafting):
         super().observe(feedback)
         if self.stop is not None:
             self.stop.observe(feedback.num_proposed, feedback.num_accepted)
+
+    def report_section(self) -> tuple[str, dict]:
+        """``("draft_stop", {...})``: the rule that ended drafts (the adaptive threshold's settings, or none)."""
+        if self.stop is None:
+            return "draft_stop", {"rule": "none", "draft_length": self.policy.length}
+        return "draft_stop", {"rule": "adaptive", **self.stop.to_dict(), "draft_length": self.policy.length}

@@ -114,6 +114,7 @@ def test_draft_verify_with_a_skip_set_on_the_command_line(tiny_pair, qfile, tmp_
                  "--limit", "1", "--out", out) == 0
     rep = json.loads(out.read_text())
     assert rep["skip_set"] == {"attention": ".x", "mlp": ".x"} and rep["summary"]["greedy_identical"] == 1.0
+    assert rep["draft_stop"]["rule"] == "adaptive"  # the paper's rule, as the search's baselines draft
 
 
 def test_sampling_run(tiny_pair, qfile, tmp_path):
