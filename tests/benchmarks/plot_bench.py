@@ -38,7 +38,9 @@ def plot_study(out: Path, manifest: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    history = json.loads(manifest.read_text())["training"]["search"]["history"]
+    search = json.loads(manifest.read_text())["training"]["search"]
+    history = search["history"]
+    predicted = search.get("settings", {}).get("objective") == "predicted"
     best, running = float("inf"), []
     for value in history:
         best = min(best, value)
@@ -47,7 +49,7 @@ def plot_study(out: Path, manifest: Path) -> None:
     ax.plot([v * 1000 for v in history], "o", alpha=0.6, label="complete trial")
     ax.plot([v * 1000 for v in running], "-", label="best so far")
     ax.set_xlabel("complete trial")
-    ax.set_ylabel("ms per generated token")
+    ax.set_ylabel(("predicted " if predicted else "") + "ms per generated token")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -80,6 +80,8 @@ def test_predicted_objective_from_agreement_and_sublayer_costs(tmp_path):
     assert 0.0 <= a <= 1.0
     costs = sublayer_seconds(adapter, prefix_tokens=8, repeats=2)
     assert costs["full"] > 0 and set(costs) == {"full"} | {f"{k}_{i}" for k in ("attn", "mlp") for i in range(4)}
+    assert len({costs[f"attn_{i}"] for i in range(4)}) == 1 and len({costs[f"mlp_{i}"] for i in range(4)}) == 1
+    assert sum(costs[f"{k}_{i}"] for k in ("attn", "mlp") for i in range(4)) <= costs["full"] * 1.5  # not 2L noises
     flat = {"full": 1.0} | {f"{k}_{i}": 0.1 for k in ("attn", "mlp") for i in range(4)}
     verify = {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}
     got = predicted_seconds_per_token(0.5, SkipSet((1, 2), (1, 2)), flat, verify, 3)
