@@ -11,6 +11,7 @@ from draftsmith.inference.evaluator import evaluate
 from draftsmith.inference.metrics import SUMMARY_FIELDS
 from draftsmith.inference.proposers.draft_model import DraftModelProposer
 from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer
+from draftsmith.inference.proposers.self_spec import AdaptiveThreshold, SkipLayerProposer
 from draftsmith.inference.questions import Question, read_questions
 from draftsmith.inference.sampling import SamplingParams
 
@@ -143,9 +144,10 @@ def test_tensorboard_logging(lm_pair, chat_tokenizer, questions_file, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["draft", "draft-confident", "pld"])
+@pytest.mark.parametrize("method", ["draft", "draft-confident", "pld", "draft-verify"])
 def test_zoo_greedy_identical_on_every_dev_question(method):
-    """Issue 3, done-when: token-identical to AR on every bundled dev question with the tiny zoo."""
+    """Issues 3 and 15, done-when: token-identical to AR on every bundled dev question with the tiny zoo (Draft &
+    Verify: the skip set the first tiny-zoo study chose, both sublayers of layers 1-2, with adaptive draft-exiting)."""
     from draftsmith.data.zoo import load_zoo
     from draftsmith.trainers.zoo import ensure_zoo
 
@@ -156,6 +158,9 @@ def test_zoo_greedy_identical_on_every_dev_question(method):
         "draft-confident": lambda: DraftModelProposer(draft, DraftLengthPolicy(length=4),
                                                         get_method("draft").eval_defaults["confidence_threshold"]),
         "pld": lambda: PromptLookupProposer(),
+        "draft-verify": lambda: SkipLayerProposer(skip_attention=(1, 2), skip_mlp=(1, 2),
+                                                  policy=DraftLengthPolicy(length=8, max_length=16),
+                                                  stop=AdaptiveThreshold()),
     }[method]
     rep = evaluate(target, tokenizer, method, factory, read_questions(), max_new_tokens=64, warmup=1, progress=False)
     assert rep["num_questions"] == 324

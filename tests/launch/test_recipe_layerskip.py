@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from draftsmith.data.tiny_models import random_model
@@ -86,3 +87,23 @@ def test_lora_variant_ships_the_merged_adapted_target(tiny_pair, tmp_path):
     adapted = adapted_target(result.artefact, read_manifest(result.artefact), original)
     assert not any("lora" in n for n, _ in adapted.named_parameters())
     assert any(not torch.equal(p, q) for p, q in zip(adapted.parameters(), original.parameters()))
+
+
+@pytest.mark.slow
+def test_zoo_layerskip_greedy_identical_on_every_dev_question(tmp_path):
+    """Issue 14, done-when: early-exit self-speculation (exit 2 of 4, 4 tokens, the draft's cache reused) token-
+    identical to the adapted model's own AR on every bundled dev question (tiny zoo)."""
+    from draftsmith.data.zoo import load_zoo
+    from draftsmith.inference.evaluator import evaluate
+    from draftsmith.inference.questions import read_questions
+
+    result = run_recipe("layerskip", ["--output_dir", str(tmp_path / "layerskip"), "max_steps=40", "eval_steps=40",
+                                      "save_steps=40", "evaluate=false", "max_train_examples=400", "eval_examples=16"])
+    tokenizer, target, _ = load_zoo("tiny")
+    tuned = adapted_target(result.artefact, result.manifest, target)
+    proposer, _ = load_artefact(result.artefact, target, tokenizer)
+    rep = evaluate(tuned, tokenizer, "layerskip", lambda: proposer, read_questions(), max_new_tokens=64, warmup=1,
+                   progress=False)
+    assert rep["num_questions"] == 324 and rep["early_exit"]["exit_layer"] == 2
+    differing = [(r["question_id"], r["difference"]) for r in rep["questions"] if not r["identical"]]
+    assert rep["summary"]["greedy_identical"] == 1.0, differing[:3]
