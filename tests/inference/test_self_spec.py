@@ -12,7 +12,7 @@ from draftsmith.inference.distribution import check_distribution
 from draftsmith.inference.draft_length import DraftLengthPolicy
 from draftsmith.inference.generate import GenerationConfig, generate
 from draftsmith.inference.proposers.base import TargetView
-from draftsmith.inference.proposers.self_spec import EarlyExitProposer, SkipLayerProposer
+from draftsmith.inference.proposers.self_spec import AdaptiveThreshold, EarlyExitProposer, SkipLayerProposer
 from draftsmith.inference.sampling import SamplingParams
 from draftsmith.inference.verify import Draft
 
@@ -175,8 +175,9 @@ def peaky_target():
 
 @pytest.mark.parametrize(
     "factory",
-    [lambda: EarlyExitProposer(1, DraftLengthPolicy(3)), lambda: SkipLayerProposer(skip_layers=[1], policy=DraftLengthPolicy(3))],
-    ids=["early-exit", "skip-layers"],
+    [lambda: EarlyExitProposer(1, DraftLengthPolicy(3)), lambda: SkipLayerProposer(skip_layers=[1], policy=DraftLengthPolicy(3)),
+     lambda: SkipLayerProposer(skip_attention=[1], skip_mlp=[2], policy=DraftLengthPolicy(3), stop=AdaptiveThreshold())],
+    ids=["early-exit", "skip-layers", "draft-verify-adaptive"],
 )
 def test_sampling_keeps_the_target_distribution(peaky_target, factory):
     res = check_distribution(
