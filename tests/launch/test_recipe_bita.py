@@ -93,19 +93,8 @@ def test_deepspeed_zero2_two_cpu_processes(launcher, tmp_path):
 
 
 @pytest.mark.slow
-def test_zoo_bita_greedy_identical_on_every_dev_question(tmp_path):
+def test_zoo_bita_greedy_identical_on_every_dev_question(zoo_identity):
     """Issue 16, done-when: BiTA decoding token-identical to AR on every bundled dev question (tiny zoo)."""
-    from draftsmith.data.zoo import load_zoo
-    from draftsmith.inference.evaluator import evaluate
-    from draftsmith.inference.questions import read_questions
-
-    result = run_recipe("bita", ["--output_dir", str(tmp_path / "bita"), "max_steps=40", "eval_steps=40",
-                                 "save_steps=40", "evaluate=false", "eval_examples=16"])
-    tokenizer, target, _ = load_zoo("tiny")
+    result = zoo_identity.train("bita")
     for tree in ("chain", "triangle"):
-        proposer, _ = load_artefact(result.artefact, target, tokenizer, tree=tree)
-        rep = evaluate(target, tokenizer, "bita", lambda p=proposer: p, read_questions(), max_new_tokens=64,
-                       warmup=1, progress=False)
-        assert rep["num_questions"] == 324
-        differing = [(r["question_id"], r["difference"]) for r in rep["questions"] if not r["identical"]]
-        assert rep["summary"]["greedy_identical"] == 1.0, (tree, differing[:3])
+        zoo_identity.check(result, "bita", tree=tree)

@@ -73,21 +73,8 @@ def test_deepspeed_zero2_two_cpu_processes(launcher, tmp_path):
 
 
 @pytest.mark.slow
-def test_zoo_cllm_greedy_identical_on_every_dev_question(tmp_path):
+def test_zoo_cllm_greedy_identical_on_every_dev_question(zoo_identity):
     """Issue 17, done-when: Jacobi decoding of the CLLM model token-identical to that model's own AR on every bundled
     dev question (tiny zoo)."""
-    from draftsmith.data.zoo import load_zoo
-    from draftsmith.inference.evaluator import evaluate
-    from draftsmith.inference.questions import read_questions
-
-    result = run_recipe("cllm", ["--output_dir", str(tmp_path / "cllm"), "max_steps=40", "eval_steps=40",
-                                 "save_steps=40", "evaluate=false", "max_train_examples=100", "eval_examples=16"])
-    tokenizer, target, _ = load_zoo("tiny")
-    tuned = adapted_target(result.artefact, result.manifest, target)
-    proposer, _ = load_artefact(result.artefact, target, tokenizer)
-    rep = evaluate(tuned, tokenizer, "cllm", lambda: proposer, read_questions(), max_new_tokens=64, warmup=1,
-                   progress=False)
-    assert rep["num_questions"] == 324
-    differing = [(r["question_id"], r["difference"]) for r in rep["questions"] if not r["identical"]]
-    assert rep["summary"]["greedy_identical"] == 1.0, differing[:3]
+    rep = zoo_identity.check(zoo_identity.train("cllm", "max_train_examples=100"), "cllm")
     assert rep["jacobi"]["block"] == 16

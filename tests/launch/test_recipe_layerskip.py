@@ -90,20 +90,8 @@ def test_lora_variant_ships_the_merged_adapted_target(tiny_pair, tmp_path):
 
 
 @pytest.mark.slow
-def test_zoo_layerskip_greedy_identical_on_every_dev_question(tmp_path):
+def test_zoo_layerskip_greedy_identical_on_every_dev_question(zoo_identity):
     """Issue 14, done-when: early-exit self-speculation (exit 2 of 4, 4 tokens, the draft's cache reused) token-
     identical to the adapted model's own AR on every bundled dev question (tiny zoo)."""
-    from draftsmith.data.zoo import load_zoo
-    from draftsmith.inference.evaluator import evaluate
-    from draftsmith.inference.questions import read_questions
-
-    result = run_recipe("layerskip", ["--output_dir", str(tmp_path / "layerskip"), "max_steps=40", "eval_steps=40",
-                                      "save_steps=40", "evaluate=false", "max_train_examples=400", "eval_examples=16"])
-    tokenizer, target, _ = load_zoo("tiny")
-    tuned = adapted_target(result.artefact, result.manifest, target)
-    proposer, _ = load_artefact(result.artefact, target, tokenizer)
-    rep = evaluate(tuned, tokenizer, "layerskip", lambda: proposer, read_questions(), max_new_tokens=64, warmup=1,
-                   progress=False)
-    assert rep["num_questions"] == 324 and rep["early_exit"]["exit_layer"] == 2
-    differing = [(r["question_id"], r["difference"]) for r in rep["questions"] if not r["identical"]]
-    assert rep["summary"]["greedy_identical"] == 1.0, differing[:3]
+    rep = zoo_identity.check(zoo_identity.train("layerskip", "max_train_examples=400"), "layerskip")
+    assert rep["early_exit"]["exit_layer"] == 2
