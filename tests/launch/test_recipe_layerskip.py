@@ -93,5 +93,5 @@ def test_lora_variant_ships_the_merged_adapted_target(tiny_pair, tmp_path):
 def test_zoo_layerskip_greedy_identical_on_every_dev_question(zoo_identity):
     """Issue 14, done-when: early-exit self-speculation (exit 2 of 4, 4 tokens, the draft's cache reused) token-
     identical to the adapted model's own AR on every bundled dev question (tiny zoo)."""
-    rep = zoo_identity.check(zoo_identity.train("layerskip", "max_train_examples=400"), "layerskip")
+    rep = zoo_identity.check(zoo_identity.train("layerskip", "max_train_examples=400", "exit_layer=2"), "layerskip")
     assert rep["early_exit"]["exit_layer"] == 2
