@@ -57,7 +57,7 @@ class CostModel:
         """V(n) / V(1): how much one forward over ``n`` tokens costs against a plain decoding step."""
         return self.verify(n) / self.verify(1)
 
-    def step_seconds(self, k: int, extra: int = 0) -> float:
+    def step_seconds(self, k: int, extra: float = 0) -> float:
         """A speculative step that drafts ``k`` tokens (k = 0: a plain decoding step) and puts ``extra`` inputs of its
         own into the verification forward (BiTA's mask tokens)."""
         return self.verify(1 + k + extra) + k * self.draft_seconds + self.overhead_seconds
@@ -89,10 +89,8 @@ def predicted_speedup(cost: CostModel, draft_lengths: Sequence[int],
     if not draft_lengths:
         return 1.0, 1.0
     taus = [expected_accepted(acceptance_by_depth, k) for k in draft_lengths]
-    seconds = [cost.step_seconds(k) for k in draft_lengths]
-    if extra_rows and any(extra_rows):
-        mean_extra = sum(extra_rows) / len(extra_rows)  # the steps' forwards, each widened by the mean extras
-        seconds = [cost.step_seconds(k) - cost.verify(1 + k) + cost.verify(1 + k + mean_extra) for k in draft_lengths]
+    mean_extra = sum(extra_rows) / len(extra_rows) if extra_rows else 0.0  # each forward widened by the mean extras
+    seconds = [cost.step_seconds(k, mean_extra) for k in draft_lengths]
     tau = sum(taus) / len(taus)
     return tau, tau / (sum(seconds) / len(seconds)) * cost.step_seconds(0)
 

@@ -138,7 +138,7 @@ def skip_layer_proposer(ctx: ProposerContext):
     threshold = ctx.option("threshold", None)
     return SkipLayerProposer(skip_attention=attention or (), skip_mlp=mlp or (),
                              policy=DraftLengthPolicy(length=length, max_length=max(16, length)),
-                             stop=AdaptiveThreshold(**threshold) if threshold else AdaptiveThreshold())
+                             stop=AdaptiveThreshold(**(threshold or {})))
 
 
 def prompt_lookup_proposer(ctx: ProposerContext):
