@@ -15,6 +15,8 @@ from typing import Any
 from draftsmith.common.errors import ArtefactError, ConfigError
 from draftsmith.common.models import load_model
 
+AUTO_TREE_TOKENS = 64  # the most tokens a cost-sized EAGLE tree (--tree-nodes auto) verifies in one forward
+
 
 @dataclass
 class ProposerContext:
@@ -189,15 +191,22 @@ def medusa_tree(ctx: ProposerContext, heads: int):
     return tree_from_choices(choices)
 
 
-def medusa_tree_size(target_model, accuracy, max_nodes: int = 64) -> dict:
-    """:func:`~draftsmith.inference.trees.tree_size_for_cost` on the target's verification cost, measured now."""
+def tree_verify_cost(target_model, max_nodes: int = 64):
+    """The target's verification cost for trees of up to ``max_nodes`` nodes, measured now (a
+    :class:`~draftsmith.inference.cost.CostModel` over 1 .. ``max_nodes + 1`` tokens, interpolated between powers of
+    two)."""
     from draftsmith.inference.adapter import ModelAdapter
     from draftsmith.inference.cost import CostModel, measure_verify_curve
+
+    sizes = sorted(n for n in {1, 2, 3, 5, 9, 17, 33, max_nodes + 1} if n <= max_nodes + 1)
+    return CostModel(measure_verify_curve(ModelAdapter(target_model), sizes=sizes, repeats=5))
+
+
+def medusa_tree_size(target_model, accuracy, max_nodes: int = 64) -> dict:
+    """:func:`~draftsmith.inference.trees.tree_size_for_cost` on the target's verification cost, measured now."""
     from draftsmith.inference.trees import tree_size_for_cost
 
-    sizes = sorted({1, 2, 3, 5, 9, 17, 33, max_nodes + 1})
-    curve = CostModel(measure_verify_curve(ModelAdapter(target_model), sizes=sizes, repeats=5))
-    return tree_size_for_cost(accuracy, curve.relative_verify, max_nodes)
+    return tree_size_for_cost(accuracy, tree_verify_cost(target_model, max_nodes).relative_verify, max_nodes)
 
 
 def medusa_proposer(ctx: ProposerContext):
@@ -232,13 +241,17 @@ def eagle_proposer(ctx: ProposerContext):
         raise ConfigError(f"--tree {tree}: EAGLE drafts a chain or EAGLE-2's dynamic tree (--tree chain|dynamic)")
     target = ctx.target_model
     total = str(ctx.option("tree_nodes", 32))
-    if not total.isdigit() or int(total) < 1:
-        raise ConfigError(f"--tree-nodes {total}: EAGLE's dynamic tree keeps a number of tokens (e.g. 32)")
+    if total != "auto" and (not total.isdigit() or int(total) < 1):
+        raise ConfigError(f"--tree-nodes {total}: EAGLE's dynamic tree keeps a number of tokens (e.g. 32) or auto")
     head = load_eagle_head(ctx.artefact_dir, target)
     head.to(target.device)
+    cost = None
+    if total == "auto":  # sized per step on the measured verification cost, up to AUTO_TREE_TOKENS
+        total = AUTO_TREE_TOKENS
+        cost = tree_verify_cost(target, total) if tree == "dynamic" else None
     return EagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(),
                          length=int(ctx.option("draft_length", 5)), tree=tree, depth=int(ctx.option("tree_depth", 5)),
-                         top_k=int(ctx.option("tree_top_k", 8)), total_tokens=int(total))
+                         top_k=int(ctx.option("tree_top_k", 8)), total_tokens=int(total), verify_cost=cost)
 
 
 

@@ -168,6 +168,23 @@ def tree_size_for_cost(accuracy: torch.Tensor, relative_verify, max_nodes: int =
     return {"nodes": best[0], "predicted_tau": best[1], "predicted_speedup": best[2], "table": table}
 
 
+def size_for_step(path_probs: torch.Tensor, step_cost: torch.Tensor) -> int:
+    """How many of one step's candidate nodes to verify, given each node's chance of being accepted (``path_probs``
+    ``[c]``; EAGLE-2's cumulative draft probability of the node's path) and the step's cost with ``n`` nodes kept
+    (``step_cost[n - 1]`` for ``n = 1 .. N``: the drafting already done plus a target forward over ``n + 1`` tokens,
+    in any unit). Keeping the ``n`` most probable nodes (a set closed under ancestors, as a child never beats its
+    parent) commits ``1 + sum_{i<=n} p_(i)`` tokens in expectation, so the best ``n`` maximises::
+
+        (1 + sum_{i<=n} p_(i)) / step_cost(n)          (tokens per unit of time of this step)
+
+    Returns ``n`` in ``1 .. min(c, N)``."""
+    p = path_probs.double().sort(descending=True).values[: step_cost.numel()]  # [n]
+    if p.numel() == 0:
+        return 0
+    rate = (1.0 + p.cumsum(0)) / step_cost[: p.numel()].double()  # [n]
+    return int(rate.argmax()) + 1
+
+
 def default_accuracy(heads: int, k: int = 10) -> torch.Tensor:  # [heads, k]
     """A typical per-head top-k accuracy profile (head 1 top-1 0.6, decaying by 0.75 per head and by rank as a
     geometric tail): what :func:`default_choices` plans for before a drafter's own accuracies are measured."""
@@ -206,5 +223,5 @@ def rerank(scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, to
     return torch.tensor(kept, dtype=torch.long), torch.tensor(new_parents, dtype=torch.long)
 
 
-__all__ = ["rerank", "tree_size_for_cost", "StaticTree", "tree_from_choices", "chain_choices", "greedy_choices", "default_accuracy",
+__all__ = ["rerank", "size_for_step", "tree_size_for_cost", "StaticTree", "tree_from_choices", "chain_choices", "greedy_choices", "default_accuracy",
            "default_choices"]

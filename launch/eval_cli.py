@@ -90,7 +90,8 @@ def add_parser(sub) -> None:
                    help="early-exit: draft with the target's first E layers (LayerSkip self-speculation)")
     g.add_argument("--tree-nodes", metavar="N|auto", default=None,
                    help="nodes of the auto tree (medusa; auto = the count with the best predicted speedup on this "
-                        "target's measured verification cost) or the dynamic tree's total tokens (eagle) (default 32)")
+                        "target's measured verification cost) or the dynamic tree's total tokens (eagle; auto = chosen each "
+                        "step from the draft's path probabilities and the measured cost, up to 64) (default 32)")
     g.add_argument("--tree-depth", metavar="D", type=int, default=None,
                    help="eagle --tree dynamic: levels the head expands (default 5)")
     g.add_argument("--tree-top-k", metavar="K", type=int, default=None,

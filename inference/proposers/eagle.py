@@ -16,7 +16,13 @@ more levels, the ``top_k`` nodes of the newest level with the highest cumulative
 product of the head's probabilities along the path, EAGLE-2's confidence estimate of acceptance) are expanded in
 one head forward (each sees the true prefix and its own ancestors in the head cache), each giving ``top_k``
 children; then all candidates are reranked and the best ``total_tokens`` (closed under ancestors) form the tree
-verified in one target forward (:func:`~draftsmith.inference.trees.rerank`). The tree's tokens are deterministic
+verified in one target forward (:func:`~draftsmith.inference.trees.rerank`). With a measured verification cost
+(``verify_cost``, ``--tree-nodes auto``) the number kept is chosen per step instead: the count whose expected
+committed tokens per second of the step is highest (:func:`~draftsmith.inference.trees.size_for_step`), at most
+``total_tokens``. A node's chance of acceptance is its path probability scaled by how the draft's confidence has
+held up so far (accepted nodes over the summed probability of the nodes verified: a head that is under- or
+over-confident is corrected), and the step's drafting time (a running mean of the loop's measurements) is counted.
+The tree's tokens are deterministic
 functions of the head's outputs (one-hot proposals), so the loop's multi-branch verification keeps greedy
 decoding identical and sampling exact.
 """
@@ -28,7 +34,7 @@ import torch
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.proposers.base import StepFeedback
 from draftsmith.inference.sampling import SamplingParams, process_logits
-from draftsmith.inference.trees import rerank
+from draftsmith.inference.trees import rerank, size_for_step
 from draftsmith.inference.verify import Draft
 
 TREES = ("chain", "dynamic")
@@ -37,13 +43,14 @@ TREES = ("chain", "dynamic")
 class EagleProposer:
     """Drafts with an EAGLE head (:class:`~draftsmith.inference.eagle.EagleHead` or
     :class:`~draftsmith.inference.eagle.Eagle3Head`) over the target's embedding (and, for EAGLE-1, its LM head): a
-    chain of up to ``length`` tokens, or EAGLE-2's dynamic tree."""
+    chain of up to ``length`` tokens, or EAGLE-2's dynamic tree of ``total_tokens`` (or, with ``verify_cost``, a
+    :class:`~draftsmith.inference.cost.CostModel` of the target, a per-step count up to ``total_tokens``)."""
 
     name = "eagle"
     lossless = True
 
     def __init__(self, head, embed: torch.nn.Module, lm_head: torch.nn.Module, length: int = 5,
-                 tree: str = "chain", depth: int = 5, top_k: int = 8, total_tokens: int = 32) -> None:
+                 tree: str = "chain", depth: int = 5, top_k: int = 8, total_tokens: int = 32, verify_cost=None) -> None:
         if min(length, depth, top_k, total_tokens) < 1:
             raise ConfigError(f"EAGLE needs draft length, tree depth, top-k and total tokens >= 1, got {length}, "
                               f"{depth}, {top_k}, {total_tokens}")
@@ -55,10 +62,34 @@ class EagleProposer:
         self.tree, self.depth, self.top_k, self.total_tokens = tree, int(depth), int(top_k), int(total_tokens)
         if tree == "dynamic":
             self.name = "eagle (dynamic tree)"
+        self.verify_cost = verify_cost
+        if verify_cost is not None:  # [N] V(n + 1) / V(1) for n = 1 .. total_tokens kept nodes
+            self._relative = torch.tensor([verify_cost.relative_verify(n + 1) for n in range(1, self.total_tokens + 1)],
+                                          dtype=torch.float64)
+        self._draft_seconds: float | None = None  # running mean of one step's drafting time (cost-sized trees)
+        self._verified_mass, self._verified_hits = 0.0, 0  # summed path probability of verified nodes, accepted ones
+        self._pending_mass: float | None = None  # the last tree's, until its verification is observed
+        self.reset_stats()
         self._prompt: torch.Tensor | None = None  # [L] the sequence's prompt (for the prefill)
         self._cache = None
         self._true = 0  # head positions filled from true target features (= committed tokens - 1)
         self._feature: torch.Tensor | None = None  # [H] the head's output at the last true position
+
+    def reset_stats(self) -> None:
+        self.stats = {"trees": 0, "nodes": 0}
+
+    def report_section(self) -> tuple[str, dict]:
+        """``("tree_size", {...})``: how the dynamic tree's size was set (a fixed count, or per step on the measured
+        cost, with the mean kept and the drafting cost in plain steps)."""
+        s = self.stats
+        if self.tree != "dynamic":
+            return "tree_size", {"rule": "chain", "draft_length": self.length}
+        section = {"rule": "cost" if self.verify_cost is not None else "fixed", "total_tokens": self.total_tokens,
+                   "depth": self.depth, "top_k": self.top_k, "mean_nodes": s["nodes"] / max(1, s["trees"])}
+        if self.verify_cost is not None:
+            section["draft_cost_in_steps"] = (self._draft_seconds or 0.0) / self.verify_cost.verify(1)
+            section["confidence_scale"] = (self._verified_hits + 1.0) / (self._verified_mass + 1.0)
+        return "tree_size", section
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self._prompt = prompt_ids
@@ -84,6 +115,12 @@ class EagleProposer:
         self._feature = self._feed(self._prompt[1:].to(rows.device), hidden_states)[-1]
 
     def observe(self, feedback: StepFeedback) -> None:
+        if self._pending_mass is not None:  # a cost-sized tree was verified: calibrate the confidence and the cost
+            self._verified_mass += self._pending_mass
+            self._verified_hits += feedback.num_accepted
+            s = feedback.draft_seconds
+            self._draft_seconds = s if self._draft_seconds is None else 0.9 * self._draft_seconds + 0.1 * s
+            self._pending_mass = None
         if self._feature is None:
             return
         self._cache.crop(self._true)  # drop the draft's own entries
@@ -168,8 +205,22 @@ class EagleProposer:
             scores.append((level_scores[chosen][:, None] + child.values).reshape(-1))
             parents.append(torch.tensor(cands, dtype=torch.long).repeat_interleave(k))
             depths.append(torch.full((len(cands) * k,), level + 1, dtype=torch.long))
-        keep, new_parents = rerank(torch.cat(scores).cpu(), torch.cat(parents), torch.cat(depths), total)
+        all_scores = torch.cat(scores).cpu()  # [c]
+        if self.verify_cost is not None:
+            total = min(total, self._size(all_scores))
+        keep, new_parents = rerank(all_scores, torch.cat(parents), torch.cat(depths), total)
+        if self.verify_cost is not None:
+            self._pending_mass = float(all_scores[keep].double().exp().sum())
+        self.stats["trees"] += 1
+        self.stats["nodes"] += int(keep.numel())
         return Draft(tokens=torch.cat(tokens).cpu()[keep].to(device), parents=new_parents)
+
+    def _size(self, scores: torch.Tensor) -> int:  # scores [c]: cumulative draft log-probabilities
+        """Nodes to keep this step (:func:`~draftsmith.inference.trees.size_for_step`) from the calibrated path
+        probabilities and the drafting cost in plain decoding steps (module docstring)."""
+        scale = (self._verified_hits + 1.0) / (self._verified_mass + 1.0)  # observed ÷ expected accepted nodes
+        draft = (self._draft_seconds or 0.0) / self.verify_cost.verify(1)
+        return size_for_step((scores.double().exp() * scale).clamp(max=1.0), draft + self._relative)
 
 
 __all__ = ["EagleProposer"]

@@ -129,3 +129,21 @@ def test_tree_size_for_cost_trades_tau_against_the_measured_verification_cost():
     row = steep["table"][steep["nodes"] - 1]
     assert row[2] == pytest.approx(row[1] / (1.0 + 0.3 * steep["nodes"]), abs=1e-4)
     assert steep["predicted_speedup"] == max(r[2] for r in steep["table"])
+
+
+def test_size_for_step_keeps_the_count_with_the_most_tokens_per_second():
+    from itertools import accumulate
+
+    from draftsmith.inference.trees import size_for_step
+
+    probs = torch.tensor([0.05, 0.9, 0.3, 0.6, 0.01, 0.2])  # any order: the most probable nodes are kept first
+    assert size_for_step(probs, torch.ones(10)) == 6  # verification free: every node with a chance is worth it
+    assert size_for_step(probs, torch.ones(3)) == 3  # at most as many as the cost is given for
+    for slope in (0.0, 0.05, 0.2, 0.5, 2.0):
+        for draft in (0.0, 0.5, 3.0):
+            cost = draft + 1.0 + slope * torch.arange(1, 7, dtype=torch.float64)  # n kept -> draft + V(n + 1)
+            tau = [1 + t for t in accumulate(sorted(probs.tolist(), reverse=True))]
+            brute = max(range(6), key=lambda n: tau[n] / float(cost[n])) + 1
+            assert size_for_step(probs, cost) == brute
+    assert size_for_step(probs, 1.0 + 2.0 * torch.arange(1, 7)) == 1  # every token costs two steps: the best one
+    assert size_for_step(torch.tensor([]), torch.ones(4)) == 0

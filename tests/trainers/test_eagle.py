@@ -262,3 +262,31 @@ def test_eagle3_drafting_is_token_identical(tree):
         ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=20))
         assert generate(adapter, prompt, GenerationConfig(max_new_tokens=20), proposer).output_ids == ar.output_ids
         assert proposer._cache.get_seq_length(0) == proposer._true
+
+
+@pytest.mark.parametrize("slope", [0.0, 5.0])
+def test_a_cost_sized_dynamic_tree_follows_the_verification_cost_and_stays_identical(slope):
+    """``--tree-nodes auto``: with free verification every step keeps as many nodes as a fixed tree of the cap;
+    when each verified token costs five plain steps, one node; either way the answer is AR's."""
+    from draftsmith.inference.cost import CostModel
+
+    target = random_model("llama", seed=0, layers=2)
+    adapter = ModelAdapter(target)
+    head = _trained_like_head(target)
+    prompt = torch.randint(3, 100, (11,), generator=torch.Generator().manual_seed(0))
+    ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=24))
+    sections = {}
+    for cost in (None, CostModel({n: 1.0 + slope * (n - 1) for n in (1, 2, 4, 8, 16)})):
+        proposer = EagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(), tree="dynamic",
+                                 depth=3, top_k=3, total_tokens=10, verify_cost=cost)
+        sp = generate(adapter, prompt, GenerationConfig(max_new_tokens=24), proposer)
+        assert sp.output_ids == ar.output_ids
+        key, sections[cost is None] = proposer.report_section()
+        assert key == "tree_size"
+    fixed, sized = sections[True], sections[False]
+    assert (fixed["rule"], sized["rule"], sized["total_tokens"]) == ("fixed", "cost", 10)
+    assert sized["draft_cost_in_steps"] > 0
+    if slope == 0.0:  # the same steps, each capped alike by the tokens left to generate
+        assert sized["mean_nodes"] == fixed["mean_nodes"]
+    else:
+        assert sized["mean_nodes"] == 1.0
