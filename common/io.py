@@ -40,6 +40,41 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def recover_jsonl(path: str | os.PathLike) -> list[Any]:
+    """The complete lines of an append-only JSON-lines file, parsed (None for a line that is not JSON), in file
+    order. A torn last line (no newline: the writer was killed mid-write) is cut off the file. [] when there is no
+    file."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with open(path, "r+b") as fh:
+            fh.truncate(end)
+            fh.flush()
+            os.fsync(fh.fileno())
+    out = []
+    for line in data[:end].decode("utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            out.append(None)
+    return out
+
+
+def append_jsonl(path: str | os.PathLike, rows) -> None:
+    """Append ``rows`` (an iterable of JSON-able objects) as JSON lines in one write, flushed and fsynced: a kill
+    loses at most this write, and :func:`recover_jsonl` cuts a torn one off."""
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
 

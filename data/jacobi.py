@@ -38,8 +38,8 @@ import torch
 
 from draftsmith.common import __version__
 from draftsmith.common.errors import ConfigError
-from draftsmith.common.io import atomic_write_json, atomic_write_text, environment, read_json
-from draftsmith.data.self_distill import append_rows, check_resume, meta_path, recover_rows, weights_sample_sha256
+from draftsmith.common.io import append_jsonl, atomic_write_json, atomic_write_text, environment, read_json
+from draftsmith.data.self_distill import check_resume, meta_path, recover_rows, weights_sample_sha256
 
 META_FORMAT = "draftsmith-jacobi/1"
 SETTINGS = ("block", "max_new_tokens", "seed")
@@ -196,7 +196,7 @@ def collect_trajectories(model, prompts: Sequence[Sequence[int]], ids: Sequence[
             per_prompt = batch_trajectories(model, [ids[i] for i in batch], [prompts[i] for i in batch], block=block,
                                             max_new_tokens=max_new_tokens, eos_ids=eos_ids, seed=seed, pad_id=pad_id)
             rows = [r for prompt_rows in per_prompt for r in prompt_rows]
-            append_rows(out, rows)
+            append_jsonl(out, rows)
             totals["prompts"] += len(batch)
             totals["blocks"] += len(rows)
             totals["updates"] += sum(len(r["states"]) - 1 for r in rows)

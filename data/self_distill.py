@@ -39,7 +39,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,15 @@ import torch
 
 from draftsmith.common import __version__
 from draftsmith.common.errors import ConfigError, DataError
-from draftsmith.common.io import atomic_write_json, atomic_write_text, environment, read_json, sha256_json
+from draftsmith.common.io import (
+    append_jsonl,
+    atomic_write_json,
+    atomic_write_text,
+    environment,
+    read_json,
+    recover_jsonl,
+    sha256_json,
+)
 from draftsmith.common.models import target_identity
 from draftsmith.data.chat import EMPTY_TEXT, MISSING_FIELD, NO_ASSISTANT, BadRow, build_prompt_ids, normalize_row
 from draftsmith.data.datasets import LoadReport, read_rows, resolve_format
@@ -206,37 +214,11 @@ def meta_path(out: str | os.PathLike) -> Path:
 def recover_rows(out: str | os.PathLike) -> list[dict]:
     """The complete rows of an output file, in file order. A torn last line (no newline: the run was killed while
     writing it) is cut off the file; any other unreadable line is a :class:`DataError`."""
-    out = Path(out)
-    if not out.exists():
-        return []
-    data = out.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if end < len(data):
-        with open(out, "r+b") as fh:
-            fh.truncate(end)
-            fh.flush()
-            os.fsync(fh.fileno())
-    rows = []
-    for n, line in enumerate(data[:end].decode("utf-8", errors="replace").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
+    rows = recover_jsonl(out)
+    for n, row in enumerate(rows, start=1):
         if not isinstance(row, dict) or not isinstance(row.get("id"), str):
             raise DataError(f"{out} line {n} is not a generated row; {FIX}")
-        rows.append(row)
     return rows
-
-
-def append_rows(out: str | os.PathLike, rows: Iterable[Mapping]) -> None:
-    """Append rows as JSON lines in one write, flushed and fsynced (a kill loses at most this batch)."""
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    with open(out, "a", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def check_resume(meta: Mapping | None, settings: Mapping, target: Mapping, out: Path, has_rows: bool, *,
@@ -415,7 +397,7 @@ def generate_answers(
                                          top_p=top_p, row_seeds=seeds)
             seconds = time.perf_counter() - start
             rows = [answer_row(ids[i], prompts[i], c, tokenizer, eos_ids) for i, c in zip(batch, completions)]
-            append_rows(out, rows)
+            append_jsonl(out, rows)
             tokens = sum(r["num_tokens"] for r in rows)
             for acc in (run, totals):
                 acc["rows"] += len(rows)

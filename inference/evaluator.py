@@ -40,6 +40,7 @@ from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.baselines import HF_PROMPT_LOOKUP_TOKENS, hf_pad_id, hf_runners, hf_variants
 from draftsmith.inference.cost import measure_verify_curve
 from draftsmith.inference.generate import GenerationConfig
+from draftsmith.inference.journal import EvalJournal, question_key
 from draftsmith.inference.metrics import (
     SUMMARY_FIELDS,
     adapter_drift,
@@ -78,6 +79,7 @@ def evaluate(
     command: str | None = None,
     extra: dict | None = None,
     original_model=None,
+    journal: EvalJournal | None = None,
 ) -> dict:
     """Run AR and ``method`` on ``questions`` and return the report (see the module docstring and
     :func:`draftsmith.inference.report.write_report`).
@@ -86,7 +88,9 @@ def evaluate(
     proposer's ``reset`` starts every answer. ``draft_model`` is the draft for transformers'
     assisted generation under ``compare_hf`` (defaults to the proposer's own draft model, if any).
     ``original_model``: when ``target_model`` is an adapted target (an artefact that tuned it), the original, whose
-    AR answers the report compares with the adapted target's (``adapted_target``)."""
+    AR answers the report compares with the adapted target's (``adapted_target``). ``journal``: where finished
+    questions are recorded as they finish, and read back from to resume an interrupted run
+    (:mod:`~draftsmith.inference.journal`)."""
     sampling = sampling or SamplingParams()
     _check_settings(questions, max_new_tokens, warmup)
     target = ModelAdapter(target_model)
@@ -112,13 +116,18 @@ def evaluate(
     tol = near_tie_tolerance(target.dtype)
     original = ModelAdapter(original_model) if original_model is not None else None
     runs: list[QuestionRun] = []
+    done = journal.load() if journal is not None else {}
     bar = _progress(questions, progress, f"eval {method}")
     try:
         for qi, q in enumerate(bar):
-            run = _run_question(target, tokenizer, q, config, proposer, seed + 1000 * qi, max_prompt, hf)
-            if original is not None:
-                run.original = answer_question(original, tokenizer, q, config, None, seed + 1000 * qi, max_prompt)
-            run.difference = compare_with_ar(target_model, run.method, run.ar, tol) if sampling.greedy else None
+            run = done.get(question_key(qi, q))
+            if run is None:
+                run = _run_question(target, tokenizer, q, config, proposer, seed + 1000 * qi, max_prompt, hf)
+                if original is not None:
+                    run.original = answer_question(original, tokenizer, q, config, None, seed + 1000 * qi, max_prompt)
+                run.difference = compare_with_ar(target_model, run.method, run.ar, tol) if sampling.greedy else None
+                if journal is not None:
+                    journal.append(question_key(qi, q), run)
             runs.append(run)
             bar.set_postfix(speedup=f"{_running_speedup(runs):.2f}")
             if writer is not None:
@@ -152,6 +161,9 @@ def evaluate(
                                 "losslessness",
             **adapter_drift([(r.ar, r.original) for r in runs if r.original is not None]),
         }
+    resumed = sum(1 for qi, q in enumerate(questions) if question_key(qi, q) in done)
+    if resumed:  # measured by an earlier, interrupted process (each question's AR and method side by side there)
+        report["resumed_questions"] = resumed
     if writer is not None:
         _log_summary(writer, report, runs)
         writer.close()

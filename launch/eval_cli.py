@@ -121,7 +121,9 @@ def add_parser(sub) -> None:
                         "is cheap, e.g. on a GPU)")
     g = p.add_argument_group("output")
     g.add_argument("--compare", choices=["hf"], default=None, help="also run transformers' assisted generation and prompt lookup")
-    g.add_argument("--out", metavar="FILE", default=None, help=f"report JSON path; .md and .png files go beside it (default {DEFAULT_OUT})")
+    g.add_argument("--out", metavar="FILE", default=None, help=f"report JSON path; .md and .png files go beside it (default {DEFAULT_OUT}); while it runs, "
+                        "finished questions go to REPORT.partial.jsonl, and rerunning the same command after a kill "
+                        "resumes from them")
     g.add_argument("--tensorboard", default=None, metavar="DIR", help="also log to TensorBoard in DIR")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("distribution check")
@@ -294,8 +296,17 @@ def run(args: argparse.Namespace) -> int:
         return run_eval(args, target, tokenizer, info, questions, sampling)
 
 
+def journal_settings(args: argparse.Namespace) -> dict:
+    """What an interrupted evaluation must have been run with to be resumed: every option but where the report goes
+    and how progress shows."""
+    skip = {"run", "out", "no_progress", "tensorboard"}
+    return {k: v if v is None or isinstance(v, bool | int | float | str) else str(v)
+            for k, v in sorted(vars(args).items()) if k not in skip}
+
+
 def run_eval(args, target, tokenizer, info, questions, sampling) -> int:
     from draftsmith.inference.evaluator import evaluate
+    from draftsmith.inference.journal import EvalJournal, journal_path
     from draftsmith.inference.questions import resolve_questions_path
     from draftsmith.inference.report import summary_table, write_report
 
@@ -304,6 +315,10 @@ def run_eval(args, target, tokenizer, info, questions, sampling) -> int:
         m = info["manifest"]
         extra["artefact"] = {k: m.get(k) for k in ("method", "draftsmith_version", "created", "target", "proposer", "metrics",
                                                    "tuning")}
+    out = args.out or DEFAULT_OUT
+    journal = EvalJournal(journal_path(out), journal_settings(args))  # rerunning the command resumes a killed run
+    if journal.path.exists():
+        print(f"resuming from {journal.path}: questions answered there are kept, the rest are run", file=sys.stderr)
     report = evaluate(
         target,
         tokenizer,
@@ -324,8 +339,10 @@ def run_eval(args, target, tokenizer, info, questions, sampling) -> int:
         command=command_line(args),
         extra=extra or None,
         original_model=info.get("original_target"),
+        journal=journal,
     )
-    paths = write_report(report, args.out or DEFAULT_OUT)
+    paths = write_report(report, out)
+    journal.remove()
     print(summary_table(report))
     print(f"report: {paths['json']} (+ {paths['markdown'].name} and plots)")
     return 0

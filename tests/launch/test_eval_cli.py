@@ -228,3 +228,21 @@ def test_unsupported_model_is_one_line(tiny_pair, qfile, tmp_path, capsys):
     assert main(["eval", "--target", str(opt), "--method", "ar", "--questions", str(qfile), "--no-progress",
                  "--max-new-tokens", "4", "--warmup", "0"]) == 2
     assert "is not supported" in _one_line_error(capsys)
+
+
+def test_an_interrupted_eval_resumes_on_the_same_command_and_refuses_another(tiny_pair, qfile, tmp_path, capsys):
+    out = tmp_path / "r" / "report.json"
+    args = ("--method", "pld", "--questions", qfile, "--out", out)
+    assert _eval(tiny_pair, *args, "--limit", "1") == 0
+    assert not (out.parent / "report.partial.jsonl").exists()  # a finished evaluation leaves no journal
+    first = json.loads(out.read_text())["questions"][0]
+    journal = out.parent / "report.partial.jsonl"  # as a run killed after its first question leaves it
+    head = {"format": "draftsmith-eval-journal/1", "settings": {}}
+    journal.write_text(json.dumps(head) + "\n")
+    assert _eval(tiny_pair, *args) == 2
+    assert "other settings" in _one_line_error(capsys) and journal.exists()
+    journal.unlink()
+    assert _eval(tiny_pair, *args) == 0
+    rep = json.loads(out.read_text())
+    assert rep["num_questions"] == 2 and "resumed_questions" not in rep
+    assert rep["questions"][0]["output_ids"] == first["output_ids"]
