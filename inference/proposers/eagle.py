@@ -21,10 +21,9 @@ verified in one target forward (:func:`~draftsmith.inference.trees.rerank`). Wit
 committed tokens per second of the step is highest (:func:`~draftsmith.inference.trees.size_for_step`), at most
 ``total_tokens``. A node's chance of acceptance is its path probability scaled by how the draft's confidence has
 held up so far (accepted nodes over the summed probability of the nodes verified: a head that is under- or
-over-confident is corrected), and the step's drafting time (a running mean of the loop's measurements) is counted.
-The tree's tokens are deterministic
-functions of the head's outputs (one-hot proposals), so the loop's multi-branch verification keeps greedy
-decoding identical and sampling exact.
+over-confident is corrected; both kept across answers), and the step's drafting time (a running mean of the loop's
+measurements) is counted. The tree's tokens are deterministic functions of the head's outputs (one-hot proposals),
+so the loop's multi-branch verification keeps greedy decoding identical and sampling exact.
 """
 
 from __future__ import annotations
