@@ -117,10 +117,12 @@ def evaluate(
     original = ModelAdapter(original_model) if original_model is not None else None
     runs: list[QuestionRun] = []
     done = journal.load() if journal is not None else {}
+    resumed = 0  # questions measured by an earlier, interrupted process (each one's AR and method side by side there)
     bar = _progress(questions, progress, f"eval {method}")
     try:
         for qi, q in enumerate(bar):
             run = done.get(question_key(qi, q))
+            resumed += run is not None
             if run is None:
                 run = _run_question(target, tokenizer, q, config, proposer, seed + 1000 * qi, max_prompt, hf)
                 if original is not None:
@@ -161,8 +163,7 @@ def evaluate(
                                 "losslessness",
             **adapter_drift([(r.ar, r.original) for r in runs if r.original is not None]),
         }
-    resumed = sum(1 for qi, q in enumerate(questions) if question_key(qi, q) in done)
-    if resumed:  # measured by an earlier, interrupted process (each question's AR and method side by side there)
+    if resumed:
         report["resumed_questions"] = resumed
     if writer is not None:
         _log_summary(writer, report, runs)

@@ -43,10 +43,6 @@ def question_key(index: int, question: Question) -> str:
 # ------------------------------------------------------------------------------------------------ (de)serialising
 
 
-def _turn_to_dict(turn: TurnRun) -> dict:
-    return dataclasses.asdict(turn)
-
-
 def _turn_from_dict(d: Mapping) -> TurnRun:
     fields = dict(d)
     fields["result"] = GenerationResult(**fields["result"])
@@ -60,10 +56,7 @@ def _turns(rows) -> list[TurnRun] | None:
 
 def run_to_dict(run: QuestionRun) -> dict:
     """One question's runs as JSON-able data (:func:`run_from_dict` inverts it)."""
-    return {"question": dataclasses.asdict(run.question), "method": [_turn_to_dict(t) for t in run.method],
-            "ar": [_turn_to_dict(t) for t in run.ar], "hf": {k: [list(r) for r in v] for k, v in run.hf.items()},
-            "difference": run.difference,
-            "original": None if run.original is None else [_turn_to_dict(t) for t in run.original]}
+    return dataclasses.asdict(run)  # the question, turns and results as plain data (tuples become JSON lists)
 
 
 def run_from_dict(d: Mapping) -> QuestionRun:
