@@ -84,14 +84,28 @@ def parse_question(row: object, where: str) -> Question:
     )
 
 
-def read_questions(path: str | Path | None = None, limit: int | None = None) -> list[Question]:
-    """Read a Spec-Bench/MT-Bench question file or a bundled set by name (default: the bundled dev prompts),
-    first ``limit`` questions in file order. Any problem is a :class:`DataError` naming the file and line."""
+def first_per_category(questions: list[Question], n: int) -> list[Question]:
+    """The first ``n`` questions of every category, in file order: a stratified subset of a large set."""
+    kept: dict[str, int] = {}
+    out = []
+    for q in questions:
+        if kept.get(q.category, 0) < n:
+            kept[q.category] = kept.get(q.category, 0) + 1
+            out.append(q)
+    return out
+
+
+def read_questions(path: str | Path | None = None, limit: int | None = None,
+                   per_category: int | None = None) -> list[Question]:
+    """Read a Spec-Bench/MT-Bench question file or a bundled set by name (default: the bundled dev prompts):
+    the first ``per_category`` questions of each category (all when None), then the first ``limit`` of those, in
+    file order. Any problem is a :class:`DataError` naming the file and line."""
     path = resolve_questions_path(path)
     if not path.is_file():
         raise DataError(f"questions file {path} does not exist: pass --questions with a Spec-Bench question.jsonl")
-    if limit is not None and limit < 1:
-        raise DataError(f"--limit must be at least 1, got {limit}")
+    for flag, value in (("--limit", limit), ("--per-category", per_category)):
+        if value is not None and value < 1:
+            raise DataError(f"{flag} must be at least 1, got {value}")
     questions: list[Question] = []
     seen: dict[int | str, int] = {}
     for lineno, line in enumerate(_lines(path), start=1):
@@ -109,8 +123,10 @@ def read_questions(path: str | Path | None = None, limit: int | None = None) -> 
             )
         seen[q.question_id] = lineno
         questions.append(q)
-        if limit is not None and len(questions) >= limit:
+        if limit is not None and per_category is None and len(questions) >= limit:
             break
     if not questions:
         raise DataError(f"questions file {path} holds no questions: one JSON object a line, Spec-Bench format")
-    return questions
+    if per_category is not None:
+        questions = first_per_category(questions, per_category)
+    return questions[:limit]

@@ -67,6 +67,8 @@ def add_parser(sub) -> None:
                         "324) or broad (244 in 12 categories: writing, roleplay, reasoning, math, coding, extraction, "
                         "stem, humanities, summarization, qa, rag, translation)")
     g.add_argument("--limit", metavar="N", type=int, default=None, help="use the first N questions")
+    g.add_argument("--per-category", metavar="N", type=int, default=None,
+                   help="use the first N questions of every category (a stratified subset; --limit applies after it)")
     g.add_argument("--max-new-tokens", metavar="N", type=int, default=128, help="new tokens per answer (same for AR and the method)")
     g.add_argument("--temperature", metavar="T", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-p", metavar="P", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
@@ -289,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
 
     with _short_warnings(), threads_context(args.threads):
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-        questions = read_questions(args.questions, limit=args.limit)
+        questions = read_questions(args.questions, limit=args.limit, per_category=args.per_category)
         target, tokenizer, info = setup(args)
         if args.check_distribution:
             return run_distribution_check(args, target, tokenizer, info, questions, sampling)

@@ -1,12 +1,15 @@
 """Draft settings on prompts unlike the dev set: the zoo draft and a distilled draft on the broad dev questions.
 
     python tests/benchmarks/bench_broad.py --distilled runs/distillspec_tiny/artefact --out-dir runs/broad
+    python tests/benchmarks/bench_broad.py --zoo smollm2 --distilled runs/distillspec_smollm2/artefact \
+        --per-category 4 --pld --out-dir runs/broad_smollm2          # the real target, 48 of the 244 questions
 
 For each draft (the zoo's, written as an artefact, and the distilled one) it runs ``draftsmith tune`` (held-out
 calibration prompts from the corpus, never the broad set), then ``draftsmith eval --questions broad`` at the
 chosen settings, at fixed draft lengths 2, 4 and 6 without a confidence stop, and at the old defaults (4 tokens,
 confidence stop 0.4). Every cell is its own process with one torch thread; finished cells are not run again.
-Writes ``broad.json`` and ``broad.md`` (overall and per category: tau, speedup, predicted, measured/predicted).
+With ``--pld`` it also runs prompt lookup against transformers' (``--compare hf``) on the zoo's target. Writes
+``broad.json`` and ``broad.md`` (overall and per category: tau, speedup, predicted, measured/predicted).
 """
 
 from __future__ import annotations
@@ -32,15 +35,15 @@ def draftsmith(*args: str) -> None:
     subprocess.run(cmd, check=True)
 
 
-def zoo_draft_artefact(out: Path) -> Path:
-    """The zoo draft as a ``draft`` artefact (so it can be tuned like a trained one)."""
+def zoo_draft_artefact(out: Path, size: str = "tiny") -> Path:
+    """The ``size`` zoo's draft as a ``draft`` artefact (so it can be tuned like a trained one)."""
     if (out / "manifest.json").is_file():
         return out
     from draftsmith.common.models import load_model, load_tokenizer, target_identity
     from draftsmith.inference.artefact import write_artefact
     from draftsmith.trainers.zoo import ensure_zoo
 
-    zoo = ensure_zoo("tiny")
+    zoo = ensure_zoo(size)
     target, draft = load_model(zoo / "target"), load_model(zoo / "draft")
     tokenizer = load_tokenizer(zoo / "tokenizer")
     write_artefact(out, "draft_model", method="draft", target=target_identity(target, tokenizer, str(zoo / "target")),
@@ -54,7 +57,8 @@ def summary(report: dict) -> dict:
             for name, c in report["categories"].items()}
     return {k: s.get(k) for k in ("tau", "speedup", "predicted_speedup", "measured_over_predicted",
                                   "greedy_identical", "mean_draft_length")} | {
-        "proposer": report.get("proposer"), "categories": cats}
+        "proposer": report.get("proposer"), "categories": cats,
+        "hf_prompt_lookup": {k: report.get("baselines", {}).get("hf_prompt_lookup", {}).get(k) for k in ("tau", "speedup")}}
 
 
 def fmt(x, digits: int = 3) -> str:
@@ -69,6 +73,12 @@ def markdown(results: dict) -> str:
             label = f"{name} (k {p.get('draft_length')}, conf {p.get('confidence_threshold')})"
             lines.append(f"| {draft} | {label} | {fmt(r['tau'])} | {fmt(r['speedup'])} | {fmt(r['predicted_speedup'])} "
                          f"| {fmt(r['measured_over_predicted'])} | {fmt(r['greedy_identical'], 2)} |")
+    for draft, cells in results.items():
+        hf = cells["chosen"]["hf_prompt_lookup"]
+        if hf["speedup"] is not None:
+            ratio = fmt(cells["chosen"]["speedup"] / hf["speedup"], 2)
+            lines.append(f"| transformers' prompt lookup (same run as {draft}) | - | {fmt(hf['tau'])} | {fmt(hf['speedup'])} "
+                         f"| - | draftsmith ÷ transformers {ratio} | - |")
     first = next(iter(results.values()))["chosen"]["categories"]
     lines += ["", "Per category at the chosen settings (tau / speedup):", "",
               "| category | " + " | ".join(results) + " |", "|---|" + "---|" * len(results)]
@@ -85,10 +95,15 @@ def main() -> int:
     p.add_argument("--out-dir", type=Path, default=Path("runs/broad"))
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--per-category", type=int, default=None, help="the first N questions of each category")
     p.add_argument("--tune-prompts", type=int, default=40)
+    p.add_argument("--zoo", default="tiny", help="zoo size whose draft is the undistilled baseline (tiny, smollm2)")
+    p.add_argument("--pld", action="store_true", help="also prompt lookup vs transformers' on the zoo's target")
     args = p.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    drafts = {"zoo draft": zoo_draft_artefact(args.out_dir / "zoo_draft_artefact"), "distilled": args.distilled}
+    subset = [*(["--limit", str(args.limit)] if args.limit else []),
+              *(["--per-category", str(args.per_category)] if args.per_category else [])]
+    drafts = {"zoo draft": zoo_draft_artefact(args.out_dir / "zoo_draft_artefact", args.zoo), "distilled": args.distilled}
     results: dict[str, dict] = {}
     for draft, artefact in drafts.items():
         manifest = json.loads((artefact / "manifest.json").read_text())
@@ -99,11 +114,19 @@ def main() -> int:
         for name, options in SETTINGS.items():
             out = args.out_dir / draft.replace(" ", "_") / name.split(" (")[0].replace(" ", "_") / "report.json"
             if not out.is_file():
-                extra = ["--limit", str(args.limit)] if args.limit else []
                 draftsmith("eval", "--artefact", str(artefact), "--questions", "broad", "--max-new-tokens",
                            str(args.max_new_tokens), "--threads", "1", "--no-progress", "--out", str(out), *options,
-                           *extra)
+                           *subset)
             results[draft][name] = summary(json.loads(out.read_text()))
+    if args.pld:
+        out = args.out_dir / "pld" / "report.json"
+        if not out.is_file():
+            from draftsmith.trainers.zoo import ensure_zoo
+
+            draftsmith("eval", "--target", str(ensure_zoo(args.zoo) / "target"), "--method", "pld", "--compare", "hf",
+                       "--questions", "broad", "--max-new-tokens", str(args.max_new_tokens), "--threads", "1",
+                       "--no-progress", "--out", str(out), *subset)
+        results["prompt lookup"] = {"chosen": summary(json.loads(out.read_text()))}
     (args.out_dir / "broad.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out_dir / "broad.md").write_text(markdown(results))
     print(markdown(results))

@@ -41,6 +41,23 @@ def test_limit_and_blank_lines(tmp_path):
         read_questions(path, limit=0)
 
 
+def test_per_category_keeps_the_first_n_of_each_category_in_file_order(tmp_path):
+    rows = [json.dumps({"question_id": i, "category": c, "turns": [f"q{i}"]})
+            for i, c in enumerate(["a", "a", "b", "a", "c", "b", "b"])]
+    path = _write(tmp_path / "q.jsonl", rows)
+    assert [q.question_id for q in read_questions(path, per_category=2)] == [0, 1, 2, 4, 5]
+    assert [q.question_id for q in read_questions(path, per_category=1)] == [0, 2, 4]
+    assert [q.question_id for q in read_questions(path, per_category=2, limit=3)] == [0, 1, 2]
+    with pytest.raises(DataError, match="--per-category"):
+        read_questions(path, per_category=0)
+
+
+def test_per_category_on_the_broad_set_covers_every_category():
+    qs = read_questions("broad", per_category=4)
+    cats = {q.category for q in qs}
+    assert len(cats) == 12 and len(qs) == 48
+
+
 def test_malformed_line_names_file_and_line(tmp_path):
     path = _write(tmp_path / "q.jsonl", [ROWS[0], '{"question_id": 2, "turns": [', ROWS[1]])
     with pytest.raises(DataError) as err:
