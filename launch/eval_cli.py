@@ -167,6 +167,21 @@ def load_target(target: str | None, tokenizer: str | None, zoo: str):
     return target_dir, model, load_tokenizer(tok_dir)
 
 
+def artefact_target(artefact: str | None, target: str | None) -> str | None:
+    """The target a command loads: ``--target`` when given; else, for ``--artefact``, the target its manifest names
+    when that can be had here (an existing directory or file, or a named real target such as ``smollm2-135m``);
+    else None, the zoo's."""
+    if target is not None or artefact is None:
+        return target
+    from draftsmith.data.zoo import zoo_size_for_target
+    from draftsmith.inference.artefact import read_manifest
+
+    name = (read_manifest(artefact).get("target") or {}).get("name_or_path")
+    if name and (Path(name).exists() or zoo_size_for_target(name) is not None):
+        return str(name)
+    return None
+
+
 def zoo_paths(size: str, home: str | None) -> Path:
     from draftsmith.trainers.zoo import ensure_zoo
 
@@ -217,11 +232,12 @@ def setup(args: argparse.Namespace):
     if args.draft_length is not None and args.draft_length < 1:
         raise ConfigError(f"--draft-length must be at least 1, got {args.draft_length}")
     device = resolve_device(args.device)
-    zoo = zoo_paths(args.zoo, args.home) if args.target is None else None
-    target_dir = zoo / "target" if zoo is not None else Path(args.target)
+    target_name = artefact_target(args.artefact, args.target)
+    zoo = zoo_paths(args.zoo, args.home) if target_name is None else None
+    target_dir = zoo / "target" if zoo is not None else Path(target_name)
     from draftsmith.data.zoo import zoo_size_for_target
 
-    own_zoo = zoo_size_for_target(args.target)  # a named real target drafts with its zoo's draft by default
+    own_zoo = zoo_size_for_target(target_name)  # a named real target drafts with its zoo's draft by default
     if own_zoo is not None and args.draft is None and args.method in (None, "draft"):
         zoo = zoo_paths(own_zoo, args.home)
     attention = None

@@ -110,12 +110,12 @@ def summary_lines(record: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftsmith.launch.eval_cli import load_target, threads_context
+    from draftsmith.launch.eval_cli import artefact_target, load_target, threads_context
 
     if args.prompts < 1 or args.max_new_tokens < 1 or args.max_length < 1:
         raise ConfigError("--prompts, --max-new-tokens and --max-length must be at least 1")
     with threads_context(args.threads):
-        _, target, tokenizer = load_target(args.target, args.tokenizer, args.zoo)
+        _, target, tokenizer = load_target(artefact_target(args.artefact, args.target), args.tokenizer, args.zoo)
         record = tune_artefact(Path(args.artefact), target, tokenizer, calibration_questions(args.prompts, args.seed),
                                max_new_tokens=args.max_new_tokens, max_length=args.max_length,
                                measure_top=args.measure_top, allow_target_mismatch=args.allow_target_mismatch)

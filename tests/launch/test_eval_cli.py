@@ -141,6 +141,29 @@ def test_artefact_method_comes_from_the_manifest(tiny_pair, qfile, tmp_path):
     assert rep["proposer"]["draft_length"] == 3 and rep["summary"]["greedy_identical"] == 1.0
 
 
+def test_artefact_without_target_runs_on_the_target_its_manifest_names(tiny_pair, qfile, tmp_path):
+    from draftsmith.common.models import target_identity
+    from draftsmith.inference.artefact import write_manifest
+    from draftsmith.launch.eval_cli import artefact_target
+
+    art = tmp_path / "artefact"
+    shutil.copytree(tiny_pair["draft"], art / "draft")
+    target = transformers.AutoModelForCausalLM.from_pretrained(tiny_pair["target"])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_pair["target"])
+    write_manifest(art, "distillspec", target_identity(target, tokenizer, str(tiny_pair["target"])), {"draft_length": 2})
+    assert artefact_target(str(art), None) == str(tiny_pair["target"])
+    assert artefact_target(str(art), "other") == "other" and artefact_target(None, None) is None
+    out = tmp_path / "a.json"
+    assert main(["eval", "--artefact", str(art), "--questions", str(qfile), "--max-new-tokens", "4", "--warmup", "0",
+                 "--no-progress", "--threads", "1", "--out", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["target"] == str(tiny_pair["target"]) and rep["summary"]["greedy_identical"] == 1.0
+    gone = tmp_path / "gone"
+    shutil.copytree(tiny_pair["draft"], gone / "draft")
+    write_manifest(gone, "distillspec", target_identity(target, tokenizer, str(tmp_path / "moved")), {"draft_length": 2})
+    assert artefact_target(str(gone), None) is None  # a target no longer there: the zoo's, as before
+
+
 def test_check_distribution(tiny_pair, qfile, tmp_path, capsys):
     out = tmp_path / "dist.json"
     args = ("--draft", tiny_pair["draft"], "--questions", qfile, "--check-distribution", "--samples", "60",
