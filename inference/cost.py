@@ -17,6 +17,7 @@ acceptance and a constant ``V`` this is Theorem 3.8 of Leviathan et al.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -24,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 DEFAULT_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+PADDING_SIZES = tuple(range(1, 17))  # every size a draft of up to 15 tokens verifies, so each can be padded
 
 
 @dataclass
@@ -115,14 +117,59 @@ def monotone(curve: dict[int, float]) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
+def padding_plan(samples: dict[int, list[float]], margin: float = 0.05, wins: float = 0.75) -> dict[int, int]:
+    """``{n: m}``: verification forwards over ``n`` tokens (n >= 2) that are cheaper padded to ``m > n`` rows.
+
+    ``samples[n]``: seconds of a forward over ``n`` rows, one per round of :func:`measure_verify_samples` (round
+    ``r`` of every size measured back to back). A size ``m`` qualifies when it beat ``n`` in at least ``wins`` of
+    the rounds (a paired comparison, so load that comes and goes hits both alike) and its median is more than
+    ``margin`` below ``n``'s; the qualifying size with the lowest median is chosen. Only measured sizes are
+    candidates.
+
+    A CPU's matrix kernels are not monotone in the number of rows: on the 2-core development machine one SmolLM2
+    forward over 3 tokens took longer than over 4 (MKL's small-M GEMM), so a step that verifies 2 draft tokens
+    is faster with a dummy row appended."""
+    sizes = sorted(samples)
+    med = {n: statistics.median(samples[n]) for n in sizes}
+    plan = {}
+    for i, n in enumerate(sizes):
+        if n < 2:
+            continue
+        good = [m for m in sizes[i + 1:] if med[m] < (1 - margin) * med[n]
+                and sum(a < b for a, b in zip(samples[m], samples[n])) >= wins * len(samples[n])]
+        if good:
+            plan[n] = min(good, key=lambda m: (med[m], m))
+    return plan
+
+
+def padded_curve(times: dict[int, float], plan: dict[int, int]) -> dict[int, float]:
+    """What verifying ``n`` tokens costs when the loop pads by ``plan``: ``times[plan.get(n, n)]``."""
+    return {n: times[plan.get(n, n)] for n in sorted(times)}
+
+
 @torch.inference_mode()
 def measure_verify_curve(target, prefix_tokens: int = 128, sizes: Sequence[int] = DEFAULT_SIZES,
                          repeats: int = 9, warmup: int = 2, seed: int = 0) -> dict[int, float]:
+    """:func:`measure_verify_times` made non-decreasing (a larger forward padded down to the cheapest size at or
+    above it, which is what :func:`padding_plan` lets the decode loop do)."""
+    return monotone(measure_verify_times(target, prefix_tokens, sizes, repeats, warmup, seed))
+
+
+def measure_verify_times(target, prefix_tokens: int = 128, sizes: Sequence[int] = DEFAULT_SIZES,
+                         repeats: int = 9, warmup: int = 2, seed: int = 0) -> dict[int, float]:
+    """The fastest of each size's :func:`measure_verify_samples`: timing noise only ever adds time, and a burst
+    of load from other processes hits every size alike (round-robin). Not made monotone: see
+    :func:`padding_plan`."""
+    return {n: min(v) for n, v in measure_verify_samples(target, prefix_tokens, sizes, repeats, warmup, seed).items()}
+
+
+@torch.inference_mode()
+def measure_verify_samples(target, prefix_tokens: int = 128, sizes: Sequence[int] = DEFAULT_SIZES,
+                           repeats: int = 9, warmup: int = 2, seed: int = 0) -> dict[int, list[float]]:
     """Seconds of one target forward over ``n`` new tokens after a cached prefix of ``prefix_tokens``, for every
-    ``n`` in ``sizes`` (``target``: a :class:`~draftsmith.inference.adapter.ModelAdapter`). The sizes are timed
-    round-robin, ``repeats`` rounds, and each keeps its fastest time, so a burst of load from other processes
-    hits every size alike and is filtered out; the curve is then made non-decreasing. Each measurement crops
-    the cache back, so every size sees the same prefix."""
+    ``n`` in ``sizes`` (``target``: a :class:`~draftsmith.inference.adapter.ModelAdapter`), one per round: the
+    sizes are timed round-robin, ``repeats`` rounds after ``warmup``. Each measurement crops the cache back, so
+    every size sees the same prefix."""
     sizes = sorted(set(int(s) for s in sizes) | {1})
     limit = target.max_positions
     prefix_tokens = max(1, min(prefix_tokens, limit - max(sizes) - 1))
@@ -135,10 +182,10 @@ def measure_verify_curve(target, prefix_tokens: int = 128, sizes: Sequence[int] 
         target.forward(ids[:, prefix_tokens: prefix_tokens + n], cache)
         cache.crop(prefix_tokens)
 
-    best = {n: float("inf") for n in sizes}
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
     for r in range(warmup + repeats):
         for n in sizes:
             seconds = _seconds(lambda n=n: step(n), target.device)
             if r >= warmup:
-                best[n] = min(best[n], seconds)
-    return monotone(best)
+                samples[n].append(seconds)
+    return samples

@@ -29,6 +29,7 @@ Metrics (DESIGN.md "Metrics", Spec-Bench's definitions):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -38,7 +39,7 @@ import torch
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.baselines import HF_PROMPT_LOOKUP_TOKENS, hf_pad_id, hf_runners, hf_variants
-from draftsmith.inference.cost import measure_verify_curve
+from draftsmith.inference.cost import PADDING_SIZES, measure_verify_samples, padded_curve, padding_plan
 from draftsmith.inference.generate import GenerationConfig
 from draftsmith.inference.journal import EvalJournal, question_key
 from draftsmith.inference.metrics import (
@@ -80,6 +81,7 @@ def evaluate(
     extra: dict | None = None,
     original_model=None,
     journal: EvalJournal | None = None,
+    verify_padding: bool = True,
 ) -> dict:
     """Run AR and ``method`` on ``questions`` and return the report (see the module docstring and
     :func:`draftsmith.inference.report.write_report`).
@@ -90,7 +92,8 @@ def evaluate(
     ``original_model``: when ``target_model`` is an adapted target (an artefact that tuned it), the original, whose
     AR answers the report compares with the adapted target's (``adapted_target``). ``journal``: where finished
     questions are recorded as they finish, and read back from to resume an interrupted run
-    (:mod:`~draftsmith.inference.journal`)."""
+    (:mod:`~draftsmith.inference.journal`). ``verify_padding``: pad the method's verification forwards to the
+    cheapest measured size at or above theirs (:func:`~draftsmith.inference.cost.padding_plan`); AR never pads."""
     sampling = sampling or SamplingParams()
     _check_settings(questions, max_new_tokens, warmup)
     target = ModelAdapter(target_model)
@@ -111,7 +114,13 @@ def evaluate(
     warm_up(target, tokenizer, questions, warmup, config, proposer, seed, max_prompt, list(hf.values()))
     if hasattr(inner, "reset_stats"):  # a proposer's own counts cover the measured questions only
         inner.reset_stats()
-    curve = measure_verify_curve(target, prefix_tokens=min(max_prompt, 128)) if inner is not None else None
+    curve, plan = None, {}
+    if inner is not None:  # the verification cost by rows; where padding a forward makes it cheaper, the loop pads
+        samples = measure_verify_samples(target, prefix_tokens=min(max_prompt, 128), sizes=PADDING_SIZES)
+        times = {n: min(v) for n, v in samples.items()}
+        plan = padding_plan(samples) if verify_padding else {}
+        curve = padded_curve(times, plan)
+        config = dataclasses.replace(config, verify_padding=tuple(sorted(plan.items())))
     writer = _tensorboard(tensorboard_dir)
     tol = near_tie_tolerance(target.dtype)
     original = ModelAdapter(original_model) if original_model is not None else None
@@ -163,6 +172,9 @@ def evaluate(
                                 "losslessness",
             **adapter_drift([(r.ar, r.original) for r in runs if r.original is not None]),
         }
+    if curve is not None:
+        report["verify_padding"] = {"enabled": verify_padding, "plan": {str(n): m for n, m in sorted(plan.items())},
+                                    "forward_seconds": {str(n): s for n, s in times.items()}}
     if resumed:
         report["resumed_questions"] = resumed
     if writer is not None:

@@ -39,6 +39,9 @@ class GenerationConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     eos_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
+    # (rows, padded rows) pairs: verification forwards over `rows` tokens run over `padded rows` instead, where the
+    # machine's measured forward is cheaper that way (draftsmith.inference.cost.padding_plan); () = never pad
+    verify_padding: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -132,6 +135,37 @@ def check_target_cache(cache: KVCache, past: int, draft: Draft, proposer_name: s
         )
 
 
+def pad_rows(plan: dict[int, int], draft: Draft) -> int:
+    """Dummy rows to append to this step's verification forward under ``plan`` (rows -> padded rows); none for
+    a draft with extra inputs or one that resumes inside the target, whose rows have their own layout."""
+    if not plan or draft.extra_inputs is not None or draft.resume is not None:
+        return 0
+    rows = 1 + len(draft)
+    return max(0, plan.get(rows, rows) - rows)
+
+
+def padded_inputs(
+    ids: torch.Tensor,  # [T]
+    pos: torch.Tensor,  # [1, T]
+    mask: torch.Tensor | None,  # [T, T] bool or None (causal)
+    pad: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # [T + pad], [1, T + pad], [T + pad, T + pad] | None
+    """The verification inputs with ``pad`` dummy rows appended: copies of the last token at the next positions.
+    No real row sees them (they come last under the causal mask; a tree's mask gets columns no real row reads,
+    and each dummy row sees the root and itself), so the real rows' outputs are unchanged; the caller drops the
+    dummy rows' outputs and the cache keeps only the accepted rows."""
+    t = ids.numel()
+    ids = torch.cat([ids, ids[-1:].expand(pad)])
+    pos = torch.cat([pos, pos[:, -1:] + torch.arange(1, pad + 1, device=pos.device)[None]], dim=1)
+    if mask is not None:
+        full = torch.zeros(t + pad, t + pad, dtype=torch.bool, device=mask.device)
+        full[:t, :t] = mask
+        full[t:, 0] = True
+        full[t:, t:] = torch.eye(pad, dtype=torch.bool, device=mask.device)
+        mask = full
+    return ids, pos, mask
+
+
 def verify_forward(
     target: ModelAdapter,
     cache: KVCache,
@@ -139,9 +173,11 @@ def verify_forward(
     pending: torch.Tensor,  # [1]
     draft: Draft,
     hidden_layers: Sequence[int] = (),
+    pad: int = 0,
 ) -> AdapterOutput:
     """One target forward over the pending token, the draft tree and the draft's extra inputs;
-    ``.logits`` is ``[1, 1 + n + m, V]``. A resumed draft starts at its layer from its hidden states."""
+    ``.logits`` is ``[1, 1 + n + m (+ pad), V]``. A resumed draft starts at its layer from its hidden states.
+    ``pad`` dummy rows (:func:`pad_rows`) go after the draft; their outputs mean nothing."""
     device = pending.device
     want = _layer_indices(hidden_layers)
     pos = (past + draft.position_offsets.to(device))[None]  # [1, 1 + n + m]
@@ -158,6 +194,8 @@ def verify_forward(
     ids = torch.cat([pending, draft.tokens.to(device)])  # [1 + n]
     extra = draft.extra_inputs
     if extra is None:
+        if pad:
+            ids, pos, mask = padded_inputs(ids, pos, mask, pad)  # [1 + n + pad]
         return target.forward(ids[None], cache, position_ids=pos, tree=mask, output_hidden_states=want)
     prefix = extra_prefix(extra, 1 + len(draft))
     if extra.input_ids is not None:
@@ -311,6 +349,7 @@ def generate(
     accepted_by_depth: list[int] = []
     n_proposed = n_accepted = 0
     draft_time = verify_time = 0.0
+    padding = dict(config.verify_padding)
     finish = "length"
     while len(output) < max_new:
         room = max_new - len(output)
@@ -324,7 +363,7 @@ def generate(
         sync_device(device)
         t_verify = time.perf_counter()
         want = hidden_layers + (draft.extra_inputs.hidden_layers if draft.extra_inputs is not None else ())
-        out = verify_forward(target, cache, past, tokens[-1:], draft, want)
+        out = verify_forward(target, cache, past, tokens[-1:], draft, want, pad_rows(padding, draft))
         verdict = accept(out.logits[0, : 1 + len(draft)], draft, config.sampling, generator, rule)
         commit_cache(cache, past, verdict)
         sync_device(device)

@@ -59,6 +59,10 @@ def add_parser(sub) -> None:
     g.add_argument("--tree-attention", choices=("mask", "kernel"), default="mask",
                    help="tree steps: mask = the model's own attention under a 4-D mask (default); kernel = the Triton "
                         "tree-attention kernel on CUDA (sdpa elsewhere; draftsmith.kernels.tree_attention)")
+    g.add_argument("--verify-padding", choices=("auto", "off"), default=None,
+                   help="auto (default): pad a verification forward to the cheapest measured size at or above its "
+                        "own where this machine runs that faster (CPU matrix kernels are not monotone in the rows); "
+                        "off: never pad")
     g.add_argument("--threads", metavar="N", type=int, default=None,
                    help="torch CPU threads while evaluating (default: torch's; 1 is best for tiny models on a busy machine)")
     g = p.add_argument_group("questions and decoding")
@@ -358,6 +362,7 @@ def run_eval(args, target, tokenizer, info, questions, sampling) -> int:
         extra=extra or None,
         original_model=info.get("original_target"),
         journal=journal,
+        verify_padding=args.verify_padding != "off",
     )
     paths = write_report(report, out)
     journal.remove()

@@ -79,3 +79,19 @@ def test_extra_rows_widen_the_verification_forward():
     assert plain[0] == widened[0] == 5.0
     assert plain[1] == 5.0 / 2.0 and widened[1] == 5.0 / 5.0
     assert cost.step_seconds(4, extra=12) == 5.0
+
+
+def test_padding_plan_pads_to_a_size_that_wins_its_paired_rounds_and_ignores_small_or_unsteady_gains():
+    from draftsmith.inference.cost import padded_curve, padding_plan
+
+    def rounds(t, jitter=(1.0, 1.02, 0.99, 1.01)):  # four rounds, the same load drift for every size
+        return [t * j for j in jitter]
+
+    times = {1: 1.0, 2: 1.5, 3: 2.0, 4: 1.6, 5: 1.9, 6: 1.7, 8: 2.5}  # 3 and 5 rows are slower than 4 and 6
+    plan = padding_plan({n: rounds(t) for n, t in times.items()})
+    assert plan == {3: 4, 5: 6}
+    assert padded_curve(times, plan) == {1: 1.0, 2: 1.5, 3: 1.6, 4: 1.6, 5: 1.7, 6: 1.7, 8: 2.5}
+    assert padding_plan({1: rounds(1.0), 2: rounds(1.0), 3: rounds(0.98)}) == {}  # 2%: within timing noise
+    assert padding_plan({1: rounds(2.0), 2: rounds(1.0)}) == {}  # one row is never padded: plain decoding as it is
+    # a size that is faster in one lucky round only (a burst of load hit the others) is not a size to pad to
+    assert padding_plan({1: [1.0] * 4, 2: [1.5] * 4, 3: [0.5, 1.6, 1.6, 1.6]}) == {}

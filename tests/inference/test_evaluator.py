@@ -61,6 +61,9 @@ def test_report_shape_and_metric_definitions(lm_pair, chat_tokenizer, questions_
         assert len(r["output_ids"]) == len(r["output_text"]) == len(r["new_tokens"]) == len(r["steps"])
     assert [len(r["output_ids"]) for r in records] == [2, 1, 1]  # multi-turn question answered turn by turn
     assert math.isfinite(s["predicted_speedup"]) and s["predicted_speedup"] > 0
+    pad = rep["verify_padding"]  # the measured forward time of every row count 1..16 and the sizes padded up
+    assert pad["enabled"] is True and list(pad["forward_seconds"]) == [str(n) for n in range(1, 17)]
+    assert all(int(m) > int(n) >= 2 for n, m in pad["plan"].items())
 
 
 @pytest.mark.parametrize("method", ["draft", "pld", "self_draft"])

@@ -218,6 +218,37 @@ def test_tree_draft_greedy_commits_the_matching_branch(pair):
     assert sp.proposed_by_depth[:3] == [sp.accepted_by_depth[0]] * 3
 
 
+PAD_EVERY_SIZE = tuple((n, n + 3) for n in range(2, 20))  # every verification forward gets 3 dummy rows
+
+
+def test_padded_verification_commits_the_same_tokens_in_the_same_steps(pair):
+    target, weak = pair
+    adapter = ModelAdapter(target)
+    padded = GenerationConfig(max_new_tokens=25, verify_padding=PAD_EVERY_SIZE)
+    for seed in range(3):
+        p = _prompt(seed)
+        ar = generate(adapter, p, GenerationConfig(max_new_tokens=25))
+        for make in (lambda: DraftModelProposer(weak, DraftLengthPolicy(length=4)), lambda: _TreeProposer(target)):
+            plain = generate(adapter, p, GenerationConfig(max_new_tokens=25), make())
+            pad = generate(adapter, p, padded, make())
+            assert pad.output_ids == plain.output_ids == ar.output_ids
+            assert pad.accept_lengths == plain.accept_lengths
+            assert pad.accepted_by_depth == plain.accepted_by_depth
+
+
+def test_padded_inputs_hide_the_dummy_rows_from_the_real_ones():
+    from draftsmith.inference.generate import pad_rows, padded_inputs
+
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # root, two children
+    ids, pos, mask = padded_inputs(torch.tensor([5, 6, 7]), torch.tensor([[10, 11, 11]]), tree, 2)
+    assert ids.tolist() == [5, 6, 7, 7, 7] and pos.tolist() == [[10, 11, 11, 12, 13]]
+    assert torch.equal(mask[:3, :3], tree) and not mask[:3, 3:].any()  # no real row sees a dummy one
+    assert mask[3:].tolist() == [[True, False, False, True, False], [True, False, False, False, True]]
+    assert padded_inputs(torch.tensor([5, 6]), torch.tensor([[3, 4]]), None, 1)[2] is None  # causal: dummies last
+    draft = Draft(tokens=torch.tensor([1, 2]), parents=torch.tensor([-1, 0]))
+    assert pad_rows({3: 4}, draft) == 1 and pad_rows({}, draft) == 0 and pad_rows({3: 4}, Draft.empty()) == 0
+
+
 def test_sampling_runs_and_respects_budget(pair):
     target, weak = pair
     adapter = ModelAdapter(target)
