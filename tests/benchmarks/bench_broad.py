@@ -99,11 +99,14 @@ def main() -> int:
     p.add_argument("--tune-prompts", type=int, default=40)
     p.add_argument("--zoo", default="tiny", help="zoo size whose draft is the undistilled baseline (tiny, smollm2)")
     p.add_argument("--pld", action="store_true", help="also prompt lookup vs transformers' on the zoo's target")
+    p.add_argument("--first", choices=("zoo", "distilled"), default="zoo", help="whose cells run first")
     args = p.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     subset = [*(["--limit", str(args.limit)] if args.limit else []),
               *(["--per-category", str(args.per_category)] if args.per_category else [])]
     drafts = {"zoo draft": zoo_draft_artefact(args.out_dir / "zoo_draft_artefact", args.zoo), "distilled": args.distilled}
+    if args.first == "distilled":  # the distilled draft's cells first (a long run shows its figures sooner)
+        drafts = dict(reversed(list(drafts.items())))
     results: dict[str, dict] = {}
     for draft, artefact in drafts.items():
         manifest = json.loads((artefact / "manifest.json").read_text())
