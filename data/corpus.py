@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,3 +200,29 @@ def example_texts(example: dict) -> list[str]:
     if "messages" in example:
         return [m["content"] for m in example["messages"]]
     return [example["text"]]
+
+
+def random_subset(items: list, n: int | None, seed: int) -> list:
+    """``n`` of ``items`` drawn at random (seeded); all of them, in order, when ``n`` is None or not smaller."""
+    if n is None or n >= len(items):
+        return items
+    return random.Random(seed).sample(items, n)
+
+
+def balanced_subset(rows: list[dict], n: int | None, seed: int) -> list[dict]:
+    """``n`` rows with an equal share from every ``source`` (a source smaller than its share gives all it has and
+    the rest is shared among the others), seeded; all rows when ``n`` is None."""
+    if n is None or n >= len(rows):
+        return rows
+    by_source: dict[str, list[dict]] = {}
+    for row in rows:
+        by_source.setdefault(row.get("source", ""), []).append(row)
+    quota, left, picked = {}, n, []
+    for name in sorted(by_source, key=lambda k: len(by_source[k])):  # smallest first: leftovers flow to larger
+        share = left // (len(by_source) - len(quota))
+        quota[name] = min(share, len(by_source[name]))
+        left -= quota[name]
+    for name in sorted(by_source):
+        picked += random_subset(by_source[name], quota[name], seed)
+    random.Random(seed).shuffle(picked)
+    return picked

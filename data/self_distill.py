@@ -124,11 +124,14 @@ def unique_prompts(ids: Sequence[str], prompts: Sequence[list]) -> tuple[list[st
     return out_ids, out_prompts, len(ids) - len(out_ids)
 
 
-def corpus_prompts(split: str = "train") -> list[list[dict[str, str]]]:
-    """The user turns of the shipped corpus' chat examples in ``split`` (plain-text chunks have no prompt)."""
-    from draftsmith.data.corpus import load_corpus
+def corpus_prompts(split: str = "train", limit: int | None = None, seed: int = 0) -> list[list[dict[str, str]]]:
+    """The user turns of the shipped corpus' chat examples in ``split`` (plain-text chunks have no prompt): all of
+    them in file order, or ``limit`` of them with an equal share from every source (the corpus is stored source by
+    source, so its first N would all be code prompts), as the recipes' ``data_mix=balanced`` picks."""
+    from draftsmith.data.corpus import balanced_subset, load_corpus
 
-    return [prompt_turns(ex["messages"]) for ex in load_corpus(split) if "messages" in ex]
+    chats = [ex for ex in load_corpus(split) if "messages" in ex]
+    return [prompt_turns(ex["messages"]) for ex in balanced_subset(chats, limit, seed)]
 
 
 def dataset_prompts(path: str | os.PathLike, max_bad_fraction: float = 0.05) -> tuple[list[list[dict]], LoadReport]:

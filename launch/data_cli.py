@@ -34,7 +34,7 @@ def _target_and_prompts(a) -> None:
     a.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer directory (default: the target's)")
     a.add_argument("--prompts", metavar="FILE|SET", required=True, help=PROMPT_SOURCES)
     a.add_argument("--out", metavar="FILE", required=True, help="output .jsonl; FILE.meta.json goes beside it")
-    a.add_argument("--limit", metavar="N", type=int, default=None, help="the first N prompts only")
+    a.add_argument("--limit", metavar="N", type=int, default=None, help="the first N prompts only (corpus: N with an equal share from every source)")
 
 
 def _machine(a) -> None:
@@ -104,7 +104,7 @@ def load_prompts(spec: str, limit: int | None = None) -> tuple[list[str], list[l
         raise ConfigError(f"--limit must be at least 1, got {limit}")
     path = Path(spec)
     if spec == "corpus" and not path.exists():
-        prompts, source = corpus_prompts("train"), "corpus:train"
+        prompts, source = corpus_prompts("train", limit), "corpus:train"
     elif (spec in QUESTION_SETS and not path.exists()) or (path.is_file() and _is_question_file(path)):
         ids, prompts = _questions(spec, limit)
         return ids, prompts, f"questions:{spec}"

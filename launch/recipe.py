@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import sys
 from dataclasses import asdict, dataclass
@@ -86,42 +85,17 @@ def load_models(paths: dict[str, str], args: RecipeArguments, method_config) -> 
     return models
 
 
-def _subset(items: list, n: int | None, seed: int) -> list:
-    if n is None or n >= len(items):
-        return items
-    return random.Random(seed).sample(items, n)
-
-
-def balanced_subset(rows: list[dict], n: int | None, seed: int) -> list[dict]:
-    """``n`` rows with an equal share from every ``source`` (a source smaller than its share gives all it has and
-    the rest is shared among the others), seeded; all rows when ``n`` is None."""
-    if n is None or n >= len(rows):
-        return rows
-    by_source: dict[str, list[dict]] = {}
-    for row in rows:
-        by_source.setdefault(row.get("source", ""), []).append(row)
-    quota, left, picked = {}, n, []
-    for name in sorted(by_source, key=lambda k: len(by_source[k])):  # smallest first: leftovers flow to larger
-        share = left // (len(by_source) - len(quota))
-        quota[name] = min(share, len(by_source[name]))
-        left -= quota[name]
-    for name in sorted(by_source):
-        picked += _subset(by_source[name], quota[name], seed)
-    random.Random(seed).shuffle(picked)
-    return picked
-
-
 def load_data(args: RecipeArguments, tokenizer, seed: int = 0):
     """``(train, heldout, info)``: tokenized datasets (input_ids, labels, attention_mask) and, for the
     manifest, the data's name, sha256, example counts and load summary."""
     from draftsmith.data.datasets import examples_to_dataset, load_chat_dataset
 
     if args.dataset is None:
-        from draftsmith.data.corpus import corpus_sha256, load_corpus
+        from draftsmith.data.corpus import balanced_subset, corpus_sha256, load_corpus, random_subset
 
-        pick = balanced_subset if args.data_mix == "balanced" else _subset
+        pick = balanced_subset if args.data_mix == "balanced" else random_subset
         train_rows = pick(load_corpus("train"), args.max_train_examples, seed)
-        heldout_rows = _subset(load_corpus("heldout"), args.eval_examples, seed)
+        heldout_rows = random_subset(load_corpus("heldout"), args.eval_examples, seed)
         train, report = examples_to_dataset(train_rows, tokenizer, args.max_length, args.max_bad_fraction,
                                             source="draftsmith corpus (train)")
         heldout, _ = examples_to_dataset(heldout_rows, tokenizer, args.max_length, args.max_bad_fraction,

@@ -76,6 +76,18 @@ def test_corpus_prompts_are_user_turns():
     assert all(len(p) == 1 and p[0]["role"] == "user" and p[0]["content"].strip() for p in prompts)
 
 
+def test_corpus_prompts_with_a_limit_share_it_among_the_sources():
+    from collections import Counter
+
+    from draftsmith.data.corpus import load_corpus
+    from draftsmith.data.self_distill import corpus_prompts, prompt_turns
+
+    source_of = {json.dumps(prompt_turns(ex["messages"])): ex["source"] for ex in load_corpus("train") if "messages" in ex}
+    counts = Counter(source_of[json.dumps(p)] for p in corpus_prompts("train", limit=40))
+    assert len(counts) == 4 and set(counts.values()) == {10}  # not the first 40 rows of the file, all code prompts
+    assert corpus_prompts("train", limit=40) == corpus_prompts("train", limit=40)  # seeded
+
+
 def test_other_settings_on_resume_is_a_one_line_error(tiny_pair, tmp_path, capsys):
     out = tmp_path / "a.jsonl"
     assert _generate(tiny_pair["target"], tiny_pair["dataset"], out, "--limit", 2) == 0

@@ -211,7 +211,7 @@ def test_kill_and_resume(tiny_pair, tmp_path):
 def test_balanced_subset_takes_an_equal_share_of_every_source():
     from collections import Counter
 
-    from draftsmith.launch.recipe import balanced_subset
+    from draftsmith.data.corpus import balanced_subset
 
     rows = [{"source": "big", "i": i} for i in range(100)] + [{"source": "mid", "i": i} for i in range(30)] + \
            [{"source": "small", "i": i} for i in range(5)]
