@@ -28,7 +28,7 @@ test-slow: install
 
 demo: install
 	$(VENV)/bin/draftsmith demo
-	$(PY) recipes/distillspec.py
+	$(PY) recipes/distillspec.py max_steps=300 max_train_examples=4000 output_dir=runs/distillspec_demo
 
 zoo: install
 	$(VENV)/bin/draftsmith zoo build --size tiny
