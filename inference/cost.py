@@ -13,6 +13,10 @@ accepted and depth d proposed)) is::
 
 with ``D`` the cost of one draft token and ``O`` the per-step overhead outside the forwards. For a constant
 acceptance and a constant ``V`` this is Theorem 3.8 of Leviathan et al.
+
+The measured ``V`` need not be monotone: a CPU's matrix kernels can run 4 rows faster than 3. The evaluator pads a
+verification to a cheaper larger size where the measurement says so (:func:`padding_plan`) and prices each step at
+the size the loop actually runs (:func:`padded_curve`).
 """
 
 from __future__ import annotations
