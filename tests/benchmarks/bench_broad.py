@@ -74,8 +74,8 @@ def markdown(results: dict) -> str:
             lines.append(f"| {draft} | {label} | {fmt(r['tau'])} | {fmt(r['speedup'])} | {fmt(r['predicted_speedup'])} "
                          f"| {fmt(r['measured_over_predicted'])} | {fmt(r['greedy_identical'], 2)} |")
     for draft, cells in results.items():
-        hf = cells["chosen"]["hf_prompt_lookup"]
-        if hf["speedup"] is not None:
+        hf = cells["chosen"].get("hf_prompt_lookup") or {}
+        if hf.get("speedup"):
             ratio = fmt(cells["chosen"]["speedup"] / hf["speedup"], 2)
             lines.append(f"| transformers' prompt lookup (same run as {draft}) | - | {fmt(hf['tau'])} | {fmt(hf['speedup'])} "
                          f"| - | draftsmith ÷ transformers {ratio} | - |")

@@ -23,3 +23,6 @@ def test_markdown_tables(broad):
     text = broad.markdown({"zoo draft": {"chosen": cell}, "distilled": {"chosen": cell}})
     assert "| zoo draft | chosen (k 4, conf 0.4) | 2.000 | 1.100 | 1.050 | 1.048 | 1.00 |" in text
     assert "| math | 2.200 / 1.200 | 2.200 / 1.200 |" in text
+    pld = dict(cell, speedup=1.5, proposer={}, hf_prompt_lookup={"tau": 1.8, "speedup": 1.2})
+    text = broad.markdown({"zoo draft": {"chosen": cell}, "prompt lookup": {"chosen": pld}})
+    assert "| transformers' prompt lookup (same run as prompt lookup) | - | 1.800 | 1.200 | - | draftsmith ÷ transformers 1.25 | - |" in text
