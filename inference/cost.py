@@ -164,7 +164,12 @@ def measure_verify_times(target, prefix_tokens: int = 128, sizes: Sequence[int] 
     """The fastest of each size's :func:`measure_verify_samples`: timing noise only ever adds time, and a burst
     of load from other processes hits every size alike (round-robin). Not made monotone: see
     :func:`padding_plan`."""
-    return {n: min(v) for n, v in measure_verify_samples(target, prefix_tokens, sizes, repeats, warmup, seed).items()}
+    return fastest(measure_verify_samples(target, prefix_tokens, sizes, repeats, warmup, seed))
+
+
+def fastest(samples: dict[int, list[float]]) -> dict[int, float]:
+    """Each size's fastest round (timing noise only ever adds time)."""
+    return {n: min(v) for n, v in samples.items()}
 
 
 @torch.inference_mode()
