@@ -151,6 +151,20 @@ def padded_curve(times: dict[int, float], plan: dict[int, int]) -> dict[int, flo
     return {n: times[plan.get(n, n)] for n in sorted(times)}
 
 
+def anchored(curve: dict[int, float], step: float) -> dict[int, float]:
+    """``curve`` (forwards only) moved so that one token costs ``step``, a plain decoding step as the decode loop
+    measured it (forward plus bookkeeping); each larger size adds its forward's measured extra over one token."""
+    return {n: step + (s - curve[1]) for n, s in curve.items()}
+
+
+def loop_curve(samples: dict[int, list[float]], verify_padding: bool = True) -> tuple[dict[int, int], dict[int, float]]:
+    """(padding plan, verification curve) of :func:`measure_verify_samples`' ``samples`` as the decode loop will pay
+    them: each size's fastest round, priced at the size the loop pads it to (none when ``verify_padding`` is off).
+    The evaluator and ``draftsmith tune`` both price steps with it."""
+    plan = padding_plan(samples) if verify_padding else {}
+    return plan, padded_curve(fastest(samples), plan)
+
+
 @torch.inference_mode()
 def measure_verify_curve(target, prefix_tokens: int = 128, sizes: Sequence[int] = DEFAULT_SIZES,
                          repeats: int = 9, warmup: int = 2, seed: int = 0) -> dict[int, float]:

@@ -39,7 +39,7 @@ import torch
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.baselines import HF_PROMPT_LOOKUP_TOKENS, hf_pad_id, hf_runners, hf_variants
-from draftsmith.inference.cost import PADDING_SIZES, fastest, measure_verify_samples, padded_curve, padding_plan
+from draftsmith.inference.cost import PADDING_SIZES, fastest, loop_curve, measure_verify_samples
 from draftsmith.inference.generate import GenerationConfig
 from draftsmith.inference.journal import EvalJournal, question_key
 from draftsmith.inference.metrics import (
@@ -118,8 +118,7 @@ def evaluate(
     if inner is not None:  # the verification cost by rows; where padding a forward makes it cheaper, the loop pads
         samples = measure_verify_samples(target, prefix_tokens=min(max_prompt, 128), sizes=PADDING_SIZES)
         times = fastest(samples)
-        plan = padding_plan(samples) if verify_padding else {}
-        curve = padded_curve(times, plan)
+        plan, curve = loop_curve(samples, verify_padding)
         config = dataclasses.replace(config, verify_padding=tuple(sorted(plan.items())))
     writer = _tensorboard(tensorboard_dir)
     tol = near_tie_tolerance(target.dtype)

@@ -72,14 +72,24 @@ def draft_model_proposer(ctx: ProposerContext):
     length = int(ctx.option("draft_length", 4))
     if length < 1:
         raise ConfigError(f"draft length must be at least 1, got {length}")
-    policy = DraftLengthPolicy(length=length, mode=ctx.option("draft_length_mode", "fixed"), max_length=max(16, length),
-                               relative_verify=_relative_verify(ctx))
+    policy = DraftLengthPolicy(length=length, mode=ctx.option("draft_length_mode", "fixed"),
+                               max_length=_max_length(ctx, length), relative_verify=_relative_verify(ctx))
     vocab = ctx.option("draft_vocab", "auto")
     if vocab not in ("auto", "full"):
         raise ConfigError(f"draft vocabulary must be auto (the draft's config.draft_vocab when it has one) or full, "
                           f"got {vocab!r}")
     return DraftModelProposer(draft, policy, confidence_threshold=float(ctx.option("confidence_threshold", 0.0)),
                               vocab=draft_vocab_of(draft) if vocab == "auto" else None)
+
+
+def _max_length(ctx: ProposerContext, length: int) -> int:
+    """The longest draft an adaptive length policy may grow to: ``draft_max_length`` (what ``draftsmith tune``
+    profiled), default 16."""
+    top = ctx.option("draft_max_length", None)
+    top = 16 if top is None else int(top)
+    if top < length:
+        raise ConfigError(f"draft max length {top} is below the draft length {length}: raise --draft-max-length")
+    return top
 
 
 def _relative_verify(ctx: ProposerContext):
@@ -106,8 +116,8 @@ def early_exit_proposer(ctx: ProposerContext):
     length = int(ctx.option("draft_length", 4))
     if length < 1:
         raise ConfigError(f"draft length must be at least 1, got {length}")
-    policy = DraftLengthPolicy(length=length, mode=ctx.option("draft_length_mode", "fixed"), max_length=max(16, length),
-                               relative_verify=_relative_verify(ctx))
+    policy = DraftLengthPolicy(length=length, mode=ctx.option("draft_length_mode", "fixed"),
+                               max_length=_max_length(ctx, length), relative_verify=_relative_verify(ctx))
     return EarlyExitProposer(int(exit_layer), policy)
 
 

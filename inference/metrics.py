@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from draftsmith.inference.cost import CostModel
+from draftsmith.inference.cost import CostModel, anchored
 from draftsmith.inference.cost import predicted_speedup as modelled_speedup
 from draftsmith.inference.draft_length import expected_tau
 from draftsmith.inference.runs import QuestionRun, TurnRun
@@ -150,7 +150,7 @@ def cost_prediction(runs: Sequence[QuestionRun], curve: dict[int, float]) -> dic
         return {}
     step = ar_wall / ar_steps  # one plain decoding step, as this run measured it (forward + bookkeeping)
     # verifying n tokens costs the plain step plus the forward's measured extra for the n - 1 more tokens
-    cost = CostModel({n: step + (s - curve[1]) for n, s in curve.items()},
+    cost = CostModel(anchored(curve, step),
                      draft_seconds=sum(t.result.draft_time for t in turns) / proposed if proposed else 0.0)
     tau, speedup = modelled_speedup(cost, [k for t in turns for k in t.draft_lengths],
                                 depth_acceptance([s for t in turns for s in t.steps]),

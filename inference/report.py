@@ -153,6 +153,8 @@ def _proposer_info(proposer) -> dict | None:
     if policy is not None:
         info["draft_length"] = policy.length
         info["draft_length_mode"] = policy.mode
+        if policy.mode != "fixed":
+            info["draft_max_length"] = policy.max_length
     for attr in ("num_draft_tokens", "max_ngram", "min_ngram", "adaptive", "threshold", "confidence_threshold"):
         if hasattr(proposer, attr):
             info[attr] = getattr(proposer, attr)
@@ -191,11 +193,16 @@ def _tuning_lines(tuning: dict | None) -> list[str]:
     """The artefact's tuned draft settings: the choice and the runner-up, predicted and measured."""
     if not tuning:
         return []
-    rows = [[name, str(c["draft_length"]), fmt(c["confidence_threshold"], 2), fmt(c["predicted_tau"]),
+    def policy(c: dict) -> str:
+        mode = c.get("draft_length_mode", "fixed")
+        return {"fixed": str(c["draft_length"]), "heuristic": f"heuristic, {c['draft_length']} to {c.get('max_length')}",
+                "leviathan": f"Leviathan's rule, up to {c.get('max_length')}"}.get(mode, mode)
+
+    rows = [[name, policy(c), fmt(c["confidence_threshold"], 2), fmt(c["predicted_tau"]),
              fmt(c["predicted_speedup"]), fmt(c.get("measured_tau")), fmt(c.get("measured_speedup"))]
             for name, c in (("chosen", tuning.get("chosen")), ("runner-up", tuning.get("runner_up"))) if c]
     return ["", "## Draft settings chosen for this artefact (`draftsmith tune`, calibration prompts)", "",
-            *_table(["", "draft length", "confidence stop", "predicted tau", "predicted speedup", "measured tau",
+            *_table(["", "draft length (policy)", "confidence stop", "predicted tau", "predicted speedup", "measured tau",
                      "measured speedup"], rows)]
 
 

@@ -26,6 +26,7 @@ from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 DEFAULT_OUT = "eval/report.json"
 # command-line option -> the proposer setting it overrides (None = not given: the artefact's, else the method's)
 PROPOSER_OPTIONS = {"draft_length": "draft_length", "draft_length_mode": "draft_length_mode",
+                    "draft_max_length": "draft_max_length",
                     "draft_confidence": "confidence_threshold", "pld_tokens": "pld_tokens",
                     "pld_max_ngram": "pld_max_ngram", "pld_min_ngram": "pld_min_ngram", "pld_length": "pld_length",
                     "pld_threshold": "pld_threshold", "draft_vocab": "draft_vocab", "tree": "tree",
@@ -81,7 +82,9 @@ def add_parser(sub) -> None:
     g.add_argument("--warmup", metavar="N", type=int, default=1, help="unmeasured warm-up answers before timing")
     g.add_argument("--draft-length", metavar="K", type=int, default=None, help="draft tokens per step (default 4, or the artefact's)")
     g.add_argument("--draft-length-mode", choices=["fixed", "heuristic", "leviathan"], default=None,
-                   help="fixed, grow/shrink heuristic, or Leviathan's expected-speedup optimum (default fixed)")
+                   help="fixed, grow/shrink heuristic, or Leviathan's expected-speedup optimum (default fixed, or the artefact's)")
+    g.add_argument("--draft-max-length", metavar="K", type=int, default=None,
+                   help="the longest draft the heuristic and Leviathan policies may grow to (default 16, or the artefact's)")
     g.add_argument("--draft-confidence", metavar="P", type=float, default=None,
                    help="draft model: stop a draft after a token the draft gives probability < P "
                         f"(default {get_method('draft').eval_defaults['confidence_threshold']}, or the artefact's; "

@@ -4,7 +4,8 @@
     draftsmith tune --artefact DIR --target PATH --prompts 60 --max-new-tokens 64 --threads 1
 
 Profiles the draft on calibration prompts (the shipped corpus' held-out split, never trained on and distinct from
-the evaluation sets), predicts every (draft length, confidence threshold) with the measured cost model, measures
+the evaluation sets), predicts every draft length policy (fixed, grow/shrink heuristic, Leviathan's rule) and
+confidence threshold with the measured cost model, measures
 the best predicted ones against plain decoding and writes the winner into the artefact's manifest
 (``proposer``) with the runner-up and all figures (``tuning``). ``draftsmith eval --artefact`` then uses it.
 See :mod:`draftsmith.inference.tune`.
@@ -20,6 +21,8 @@ from pathlib import Path
 from draftsmith.common.errors import ArtefactError, ConfigError
 from draftsmith.common.io import atomic_write_json
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
+
+AR_PROMPTS = 8  # calibration prompts decoded plainly to time a plain step
 
 
 def add_parser(sub) -> None:
@@ -62,10 +65,10 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
     """Tune ``artefact`` in place (see the module docstring); returns the tuning record."""
     from draftsmith.inference.adapter import ModelAdapter
     from draftsmith.inference.artefact import load_artefact, read_manifest
-    from draftsmith.inference.cost import CostModel, measure_verify_curve
+    from draftsmith.inference.cost import PADDING_SIZES, CostModel, anchored, loop_curve, measure_verify_samples
     from draftsmith.inference.evaluator import evaluate
     from draftsmith.inference.runs import chat_prompt_ids
-    from draftsmith.inference.tune import choose, profile_draft, rank_candidates, tuning_record
+    from draftsmith.inference.tune import choose, plain_step_seconds, profile_draft, rank_candidates, tuning_record
 
     manifest = read_manifest(artefact)
     profiler, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, draft_length=max_length,
@@ -78,9 +81,13 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
     eos = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
     profile_draft(target, profiler, prompts[:2], max_new_tokens, eos)  # warm-up
     records, draft_seconds = profile_draft(target, profiler, prompts, max_new_tokens, eos)
-    curve = measure_verify_curve(target, prefix_tokens=128, sizes=range(1, max_length + 2))
-    cost = CostModel(curve, draft_seconds=draft_seconds)
-    ranked = rank_candidates(records, cost, lengths=[k for k in (1, 2, 3, 4, 5, 6, 8, 10, 12) if k <= max_length])
+    samples = measure_verify_samples(target, prefix_tokens=128, sizes=range(1, max(max_length + 2, max(PADDING_SIZES) + 1)))
+    plan, curve = loop_curve(samples)  # as the evaluator will pay it, verification padding included
+    step = plain_step_seconds(target, prompts[:AR_PROMPTS], max_new_tokens, eos)
+    cost = CostModel(anchored(curve, step), draft_seconds=draft_seconds,
+                     meta={"verify_padding": {str(n): m for n, m in plan.items()}, "plain_step_seconds": step})
+    ranked = rank_candidates(records, cost, lengths=[k for k in (1, 2, 3, 4, 5, 6, 8, 10, 12) if k <= max_length],
+                             max_length=max_length)
     measured = ranked[: max(1, measure_top)]
     for cand in measured if measure_top > 0 else []:
         proposer, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, **cand.settings())
@@ -91,6 +98,7 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
     record = tuning_record(chosen, runner_up, ranked, cost, {
         "source": "shipped corpus, held-out split", "prompts": len(questions), "max_new_tokens": max_new_tokens,
         "profiled_steps": len(records), "measured": measure_top > 0})
+    manifest["proposer"].pop("draft_max_length", None)  # an earlier tuning's adaptive cap
     manifest["proposer"].update(chosen.settings())
     manifest["tuning"] = record
     atomic_write_json(artefact / "manifest.json", manifest)
@@ -98,13 +106,15 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
 
 
 def summary_lines(record: dict) -> list[str]:
+    from draftsmith.inference.tune import Candidate
+
     def line(name: str, c: dict | None) -> str:
         if not c:
             return f"{name}: -"
         measured = "" if c["measured_speedup"] is None else \
             f", measured tau {c['measured_tau']:.3f} speedup {c['measured_speedup']:.3f}"
-        return (f"{name}: draft length {c['draft_length']}, confidence {c['confidence_threshold']}: predicted tau "
-                f"{c['predicted_tau']:.3f} speedup {c['predicted_speedup']:.3f}{measured}")
+        return (f"{name}: {Candidate(**c).label()}: predicted tau {c['predicted_tau']:.3f} speedup "
+                f"{c['predicted_speedup']:.3f}{measured}")
 
     return [line("chosen", record["chosen"]), line("runner-up", record["runner_up"])]
 

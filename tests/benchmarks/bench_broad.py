@@ -70,7 +70,9 @@ def markdown(results: dict) -> str:
     for draft, cells in results.items():
         for name, r in cells.items():
             p = r["proposer"] or {}
-            label = f"{name} (k {p.get('draft_length')}, conf {p.get('confidence_threshold')})"
+            mode = p.get("draft_length_mode") or "fixed"
+            policy = f"k {p.get('draft_length')}" if mode == "fixed" else f"{mode} from {p.get('draft_length')} to {p.get('draft_max_length')}"
+            label = f"{name} ({policy}, conf {p.get('confidence_threshold')})"
             lines.append(f"| {draft} | {label} | {fmt(r['tau'])} | {fmt(r['speedup'])} | {fmt(r['predicted_speedup'])} "
                          f"| {fmt(r['measured_over_predicted'])} | {fmt(r['greedy_identical'], 2)} |")
     for draft, cells in results.items():

@@ -63,6 +63,23 @@ def test_other_methods(tiny_pair, qfile, tmp_path, method):
         assert rep["summary"]["tau"] == 1.0
 
 
+def test_adaptive_draft_length_grows_up_to_its_cap(tiny_pair, qfile, tmp_path):
+    out = tmp_path / "r.json"
+    assert _eval(tiny_pair, "--draft", tiny_pair["draft"], "--draft-length-mode", "heuristic", "--draft-length", "2",
+                 "--draft-max-length", "3", "--draft-confidence", "0", "--questions", qfile, "--out", out) == 0
+    rep = json.loads(out.read_text())
+    assert rep["proposer"]["draft_length_mode"] == "heuristic" and rep["proposer"]["draft_max_length"] == 3
+    assert rep["summary"]["greedy_identical"] == 1.0
+    assert 1 <= rep["summary"]["mean_draft_length"] <= 3
+    assert max(a for q in rep["questions"] for a in q["accept_lengths"]) <= 4  # 3 drafted + the target's own token
+
+
+def test_draft_max_length_below_the_draft_length_is_one_line(tiny_pair, qfile, capsys):
+    assert _eval(tiny_pair, "--draft", tiny_pair["draft"], "--draft-length", "4", "--draft-max-length", "2",
+                 "--questions", qfile) == 2
+    assert "--draft-max-length" in _one_line_error(capsys)
+
+
 def test_tree_attention_kernel_option_loads_the_registered_attention(tiny_pair, qfile, tmp_path):
     """--tree-attention kernel loads the target with the registered tree attention (the kernel on CUDA; sdpa here)
     and stays token-identical."""

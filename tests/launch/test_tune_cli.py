@@ -29,12 +29,14 @@ def test_tune_writes_the_choice_into_the_manifest(tiny_pair, tmp_path, capsys):
                    proposer={"draft_length": 4, "model_dir": "draft"}, model=draft, tokenizer=tokenizer)
     assert main(["tune", "--artefact", str(out), "--target", str(tiny_pair["target"]), "--prompts", "3",
                  "--max-new-tokens", "8", "--max-length", "4", "--measure-top", "2", "--threads", "1"]) == 0
-    assert "chosen: draft length" in capsys.readouterr().out
+    assert "chosen: " in capsys.readouterr().out
     manifest = json.loads((out / "manifest.json").read_text())
     tuning = manifest["tuning"]
     chosen = tuning["chosen"]
     assert manifest["proposer"]["draft_length"] == chosen["draft_length"] <= 4
     assert manifest["proposer"]["confidence_threshold"] == chosen["confidence_threshold"]
+    assert manifest["proposer"]["draft_length_mode"] == chosen["draft_length_mode"]
+    assert [c["draft_length_mode"] for c in tuning["top_predicted"]]  # every policy was ranked
     assert chosen["measured_speedup"] is not None and tuning["runner_up"]["measured_speedup"] is not None
     assert tuning["calibration"]["prompts"] == 3 and tuning["cost_model"]["verify_seconds"]["1"] > 0
 
@@ -46,4 +48,5 @@ def test_tune_writes_the_choice_into_the_manifest(tiny_pair, tmp_path, capsys):
     rep = json.loads(report.read_text())
     assert rep["proposer"]["draft_length"] == chosen["draft_length"]
     assert rep["proposer"]["confidence_threshold"] == chosen["confidence_threshold"]
+    assert rep["proposer"]["draft_length_mode"] == chosen["draft_length_mode"]
     assert "Draft settings chosen for this artefact" in report.with_suffix(".md").read_text()
