@@ -86,19 +86,33 @@ def expected_accepted(acceptance_by_depth: Sequence[float | None], k: int) -> fl
     return total
 
 
-def predicted_speedup(cost: CostModel, draft_lengths: Sequence[int],
-                      acceptance_by_depth: Sequence[float | None],
-                      extra_rows: Sequence[int] | None = None) -> tuple[float, float]:
-    """(predicted tau, predicted speedup over plain decoding) of steps drafting ``draft_lengths`` tokens each
-    (see the module docstring); ``extra_rows`` (per step, in any order, as many as the steps) adds the inputs a
-    proposer puts into the verification forward besides its draft (BiTA's mask tokens) to those forwards' size."""
+def predicted_step(cost: CostModel, draft_lengths: Sequence[int], acceptance_by_depth: Sequence[float | None],
+                   extra_rows: Sequence[int] | None = None) -> tuple[float, float]:
+    """(predicted tau, predicted seconds per step) of steps drafting ``draft_lengths`` tokens each (see the module
+    docstring); ``extra_rows`` (per step, in any order, as many as the steps) adds the inputs a proposer puts into
+    the verification forward besides its draft (BiTA's mask tokens) to those forwards' size."""
     if not draft_lengths:
-        return 1.0, 1.0
+        return 1.0, cost.step_seconds(0)
     taus = [expected_accepted(acceptance_by_depth, k) for k in draft_lengths]
     mean_extra = sum(extra_rows) / len(extra_rows) if extra_rows else 0.0  # each forward widened by the mean extras
     seconds = [cost.step_seconds(k, mean_extra) for k in draft_lengths]
-    tau = sum(taus) / len(taus)
-    return tau, tau / (sum(seconds) / len(seconds)) * cost.step_seconds(0)
+    return sum(taus) / len(taus), sum(seconds) / len(seconds)
+
+
+def predicted_speedup(cost: CostModel, draft_lengths: Sequence[int],
+                      acceptance_by_depth: Sequence[float | None],
+                      extra_rows: Sequence[int] | None = None) -> tuple[float, float]:
+    """(predicted tau, predicted speedup over plain decoding per step, prefill aside) of :func:`predicted_step`."""
+    if not draft_lengths:
+        return 1.0, 1.0
+    tau, seconds = predicted_step(cost, draft_lengths, acceptance_by_depth, extra_rows)
+    return tau, tau / seconds * cost.step_seconds(0)
+
+
+def predicted_wall(prefill_seconds: float, new_tokens: int, tau: float, step_seconds: float) -> float:
+    """Seconds to write ``new_tokens`` at ``tau`` tokens per step of ``step_seconds``, after ``prefill_seconds`` of
+    prompt processing: the fixed cost a shorter run of steps pays as much of as a longer one."""
+    return prefill_seconds + new_tokens / tau * step_seconds
 
 
 def _seconds(fn, device: torch.device) -> float:

@@ -54,6 +54,7 @@ class GenerationResult:
     wall_time: float  # seconds, prefill included
     draft_time: float = 0.0
     verify_time: float = 0.0
+    prefill_time: float = 0.0  # seconds before the first step: the target's prompt forward and the proposer's start
     proposed_by_depth: list[int] = field(default_factory=list)  # depth d-1 -> steps proposing depth d
     accepted_by_depth: list[int] = field(default_factory=list)  # depth d-1 -> steps accepting depth d
 
@@ -341,6 +342,8 @@ def generate(
     prompt_hidden = prefill(target, cache, prompt_ids, hidden_layers)
     if proposer is not None:
         start_sequence(proposer, target, cache, prompt_ids, prompt_hidden)
+    sync_device(device)
+    prefill_time = time.perf_counter() - t0
     lookback = stop_lookback(config.stop_strings) if config.stop_strings and tokenizer is not None else 0
     tokens = prompt_ids
     output: list[int] = []
@@ -399,6 +402,7 @@ def generate(
         wall_time=time.perf_counter() - t0,
         draft_time=draft_time,
         verify_time=verify_time,
+        prefill_time=prefill_time,
         proposed_by_depth=proposed_by_depth,
         accepted_by_depth=accepted_by_depth,
     )

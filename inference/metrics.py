@@ -7,8 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from draftsmith.inference.cost import CostModel, anchored
-from draftsmith.inference.cost import predicted_speedup as modelled_speedup
+from draftsmith.inference.cost import CostModel, anchored, predicted_step, predicted_wall
 from draftsmith.inference.draft_length import expected_tau
 from draftsmith.inference.runs import QuestionRun, TurnRun
 
@@ -139,23 +138,29 @@ def depth_acceptance(steps: Sequence[tuple[int, int]]) -> list[float | None]:
 
 
 def cost_prediction(runs: Sequence[QuestionRun], curve: dict[int, float]) -> dict:
-    """Predicted tau and speedup from this run's plain decoding step plus the measured verification curve's extra
-    cost for more tokens, this run's draft cost per proposed token and its per-depth acceptance (:mod:`~draftsmith.inference.
-    cost`), with the cost model itself."""
+    """Predicted tau and speedup (all new tokens over all wall time, against AR's) from this run's plain decoding step
+    plus the measured verification curve's extra cost for more tokens, this run's draft cost per proposed token and
+    its per-depth acceptance (:mod:`~draftsmith.inference.cost`), with the cost model itself. Prompt processing is a
+    fixed cost per answer, outside the steps: a method that needs fewer steps pays as much of it as AR does."""
     turns = [t for r in runs for t in r.method]
-    ar_steps = sum(t.result.steps for r in runs for t in r.ar)
-    ar_wall = sum(t.result.wall_time for r in runs for t in r.ar)
+    ar_turns = [t for r in runs for t in r.ar]
+    ar_steps = sum(t.result.steps for t in ar_turns)
+    ar_wall = sum(t.result.wall_time for t in ar_turns)
+    ar_prefill = sum(t.result.prefill_time for t in ar_turns)
+    ar_new = sum(len(t.result.output_ids) for t in ar_turns)
+    new = sum(len(t.result.output_ids) for t in turns)
     proposed = sum(t.result.num_proposed for t in turns)
-    if not ar_steps or ar_wall <= 0 or 1 not in curve:
+    if not ar_steps or ar_wall <= ar_prefill or 1 not in curve or not new:
         return {}
-    step = ar_wall / ar_steps  # one plain decoding step, as this run measured it (forward + bookkeeping)
+    step = (ar_wall - ar_prefill) / ar_steps  # one plain decoding step, as this run measured it (forward + bookkeeping)
     # verifying n tokens costs the plain step plus the forward's measured extra for the n - 1 more tokens
     cost = CostModel(anchored(curve, step),
                      draft_seconds=sum(t.result.draft_time for t in turns) / proposed if proposed else 0.0)
-    tau, speedup = modelled_speedup(cost, [k for t in turns for k in t.draft_lengths],
-                                depth_acceptance([s for t in turns for s in t.steps]),
-                                [m for t in turns for m in t.extra_rows])
-    return {"predicted_tau": tau, "predicted_speedup": speedup, "cost_model": cost.to_dict()}
+    tau, step_seconds = predicted_step(cost, [k for t in turns for k in t.draft_lengths],
+                                       depth_acceptance([s for t in turns for s in t.steps]),
+                                       [m for t in turns for m in t.extra_rows])
+    wall = predicted_wall(sum(t.result.prefill_time for t in turns), new, tau, step_seconds)
+    return {"predicted_tau": tau, "predicted_speedup": (new / wall) / (ar_new / ar_wall), "cost_model": cost.to_dict()}
 
 
 def summarize(runs: Sequence[QuestionRun], greedy: bool, curve: dict[int, float] | None = None) -> dict:

@@ -98,16 +98,28 @@ def replay_policy(records: Sequence[StepRecord], policy: DraftLengthPolicy, thre
     return steps
 
 
-def predict(records: Sequence[StepRecord], cost: CostModel, k: int | Candidate, threshold: float = 0.0) -> Candidate:
-    """Predicted tau and speedup over plain decoding of a candidate (or of a fixed ``k`` with ``threshold``) on the
-    profiled steps."""
+@dataclass(frozen=True)
+class Prefill:
+    """Seconds of prompt processing per new token written, by the drafting method (the target's prompt forward and
+    the draft's start) and by plain decoding: a fixed cost per answer that fewer steps do not shrink."""
+
+    method: float = 0.0
+    plain: float = 0.0
+
+
+def predict(records: Sequence[StepRecord], cost: CostModel, k: int | Candidate, threshold: float = 0.0,
+            prefill: Prefill = Prefill()) -> Candidate:
+    """Predicted tau and speedup over plain decoding (all new tokens over all wall time) of a candidate (or of a fixed
+    ``k`` with ``threshold``) on the profiled steps: (prefill + plain step) / (prefill + step seconds / tau), per
+    token."""
     cand = k if isinstance(k, Candidate) else Candidate(k, threshold)
     steps = replay_policy(records, cand.policy(cost), cand.confidence_threshold, cost)
     if not steps:
         return dataclasses.replace(cand, predicted_tau=1.0, predicted_speedup=1.0)
     tau = sum(a + 1 for _, a in steps) / len(steps)
     seconds = sum(cost.step_seconds(d) for d, _ in steps) / len(steps)
-    return dataclasses.replace(cand, predicted_tau=tau, predicted_speedup=tau / seconds * cost.step_seconds(0))
+    speedup = (prefill.plain + cost.step_seconds(0)) / (prefill.method + seconds / tau)
+    return dataclasses.replace(cand, predicted_tau=tau, predicted_speedup=speedup)
 
 
 def candidates(lengths: Sequence[int] = LENGTHS, thresholds: Sequence[float] = THRESHOLDS,
@@ -123,10 +135,11 @@ def candidates(lengths: Sequence[int] = LENGTHS, thresholds: Sequence[float] = T
 
 
 def rank_candidates(records: Sequence[StepRecord], cost: CostModel, lengths: Sequence[int] = LENGTHS,
-                    thresholds: Sequence[float] = THRESHOLDS, max_length: int | None = None) -> list[Candidate]:
+                    thresholds: Sequence[float] = THRESHOLDS, max_length: int | None = None,
+                    prefill: Prefill = Prefill()) -> list[Candidate]:
     """Every candidate policy, best predicted speedup first (ties: the simpler policy, shorter drafts, lower
     threshold)."""
-    cands = [predict(records, cost, c) for c in candidates(lengths, thresholds, max_length)]
+    cands = [predict(records, cost, c, prefill=prefill) for c in candidates(lengths, thresholds, max_length)]
     return sorted(cands, key=lambda c: (-c.predicted_speedup, MODE_ORDER[c.draft_length_mode], c.draft_length,
                                         c.confidence_threshold))
 
@@ -150,10 +163,10 @@ def tuning_record(chosen: Candidate, runner_up: Candidate | None, ranked: Sequen
 
 
 def profile_draft(target, proposer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                  eos_token_ids: tuple[int, ...] = ()) -> tuple[list[StepRecord], float]:
+                  eos_token_ids: tuple[int, ...] = ()) -> tuple[list[StepRecord], float, float]:
     """Greedy decode of ``prompts`` with ``proposer`` (a draft-model proposer with a fixed length and no
-    confidence stop), recording every step; returns the records and the draft's seconds per drafted token.
-    ``target``: a :class:`~draftsmith.inference.adapter.ModelAdapter`."""
+    confidence stop), recording every step; returns the records, the draft's seconds per drafted token and the
+    prompt processing's seconds per new token. ``target``: a :class:`~draftsmith.inference.adapter.ModelAdapter`."""
     import torch
 
     from draftsmith.inference.generate import GenerationConfig, generate
@@ -161,30 +174,35 @@ def profile_draft(target, proposer, prompts: Sequence[Sequence[int]], max_new_to
     proposer.record_confidences = True
     recorder = _Recorder(proposer)
     config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_ids=tuple(eos_token_ids))
-    seconds = drafted = 0.0
+    seconds = drafted = prefill = new = 0.0
     for i, ids in enumerate(prompts):
         recorder.answer = i
         result = generate(target, torch.tensor(list(ids), dtype=torch.long), config, recorder)
         seconds += result.draft_time
         drafted += result.num_proposed
-    return recorder.records, (seconds / drafted if drafted else 0.0)
+        prefill += result.prefill_time
+        new += len(result.output_ids)
+    return recorder.records, (seconds / drafted if drafted else 0.0), (prefill / new if new else 0.0)
 
 
 def plain_step_seconds(target, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                       eos_token_ids: tuple[int, ...] = ()) -> float:
-    """Seconds per plain decoding step (forward plus the loop's bookkeeping, prefill included), from a greedy AR
-    decode of ``prompts``: what the evaluator anchors its cost model to (:func:`~draftsmith.inference.cost.anchored`)."""
+                       eos_token_ids: tuple[int, ...] = ()) -> tuple[float, float]:
+    """(seconds per plain decoding step, forward plus the loop's bookkeeping; seconds of prompt processing per new
+    token) from a greedy AR decode of ``prompts``: the step is what the evaluator anchors its cost model to
+    (:func:`~draftsmith.inference.cost.anchored`)."""
     import torch
 
     from draftsmith.inference.generate import GenerationConfig, generate
 
     config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_ids=tuple(eos_token_ids))
-    wall = steps = 0.0
+    wall = steps = prefill = new = 0.0
     for ids in prompts:
         result = generate(target, torch.tensor(list(ids), dtype=torch.long), config)
-        wall += result.wall_time
+        wall += result.wall_time - result.prefill_time
+        prefill += result.prefill_time
         steps += result.steps
-    return wall / steps if steps else 0.0
+        new += len(result.output_ids)
+    return (wall / steps if steps else 0.0), (prefill / new if new else 0.0)
 
 
 class _Recorder(StepRecorder):

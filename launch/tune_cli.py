@@ -68,7 +68,14 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
     from draftsmith.inference.cost import PADDING_SIZES, CostModel, anchored, loop_curve, measure_verify_samples
     from draftsmith.inference.evaluator import evaluate
     from draftsmith.inference.runs import chat_prompt_ids
-    from draftsmith.inference.tune import choose, plain_step_seconds, profile_draft, rank_candidates, tuning_record
+    from draftsmith.inference.tune import (
+        Prefill,
+        choose,
+        plain_step_seconds,
+        profile_draft,
+        rank_candidates,
+        tuning_record,
+    )
 
     manifest = read_manifest(artefact)
     profiler, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, draft_length=max_length,
@@ -80,20 +87,24 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
     prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in questions]
     eos = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
     profile_draft(target, profiler, prompts[:2], max_new_tokens, eos)  # warm-up
-    records, draft_seconds = profile_draft(target, profiler, prompts, max_new_tokens, eos)
+    records, draft_seconds, method_prefill = profile_draft(target, profiler, prompts, max_new_tokens, eos)
     samples = measure_verify_samples(target, prefix_tokens=128, sizes=range(1, max(max_length + 2, max(PADDING_SIZES) + 1)))
     plan, curve = loop_curve(samples)  # as the evaluator will pay it, verification padding included
-    step = plain_step_seconds(target, prompts[:AR_PROMPTS], max_new_tokens, eos)
+    step, plain_prefill = plain_step_seconds(target, prompts[:AR_PROMPTS], max_new_tokens, eos)
+    prefill = Prefill(method=method_prefill, plain=plain_prefill)
     cost = CostModel(anchored(curve, step), draft_seconds=draft_seconds,
-                     meta={"verify_padding": {str(n): m for n, m in plan.items()}, "plain_step_seconds": step})
+                     meta={"verify_padding": {str(n): m for n, m in plan.items()}, "plain_step_seconds": step,
+                           "prefill_seconds_per_token": {"method": prefill.method, "plain": prefill.plain}})
     ranked = rank_candidates(records, cost, lengths=[k for k in (1, 2, 3, 4, 5, 6, 8, 10, 12) if k <= max_length],
-                             max_length=max_length)
+                             max_length=max_length, prefill=prefill)
     measured = ranked[: max(1, measure_top)]
     for cand in measured if measure_top > 0 else []:
         proposer, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, **cand.settings())
         report = evaluate(target_model, tokenizer, "draft", lambda p=proposer: p, questions,
                           max_new_tokens=max_new_tokens, progress=False)
-        cand.measured_tau, cand.measured_speedup = report["summary"]["tau"], report["summary"]["speedup"]
+        summary = report["summary"]  # the token-weighted speedup: what the prediction is of
+        cand.measured_tau = summary["tau"]
+        cand.measured_speedup = summary.get("aggregate_speedup") or summary["speedup"]
     chosen, runner_up = choose(measured)
     record = tuning_record(chosen, runner_up, ranked, cost, {
         "source": "shipped corpus, held-out split", "prompts": len(questions), "max_new_tokens": max_new_tokens,

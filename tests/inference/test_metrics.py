@@ -90,14 +90,35 @@ def test_cost_prediction_adds_the_curves_extra_cost_to_the_runs_ar_step():
 
     from draftsmith.inference.metrics import cost_prediction
 
-    def turn(wall, steps, proposed=0, draft_time=0.0, lengths=(), recorded=()):
-        result = SimpleNamespace(wall_time=wall, steps=steps, num_proposed=proposed, draft_time=draft_time)
+    def turn(wall, steps, new, prefill=0.0, proposed=0, draft_time=0.0, lengths=(), recorded=()):
+        result = SimpleNamespace(wall_time=wall, steps=steps, num_proposed=proposed, draft_time=draft_time,
+                                 prefill_time=prefill, output_ids=[0] * new)
         return SimpleNamespace(result=result, draft_lengths=list(lengths), steps=list(recorded), extra_rows=[])
 
     # AR: 10 steps in 0.1 s -> 10 ms a step; the curve says 3 tokens cost 2x one; drafts of 2, all accepted
-    run = SimpleNamespace(ar=[turn(0.1, 10)], method=[turn(0.05, 2, proposed=4, draft_time=0.004,
-                                                           lengths=[2, 2], recorded=[(2, 2), (2, 2)])])
+    run = SimpleNamespace(ar=[turn(0.1, 10, 10)], method=[turn(0.05, 2, 6, proposed=4, draft_time=0.004,
+                                                               lengths=[2, 2], recorded=[(2, 2), (2, 2)])])
     out = cost_prediction([run], {1: 0.005, 3: 0.015})  # the forward over 3 tokens costs 10 ms more than over 1
     assert out["predicted_tau"] == pytest.approx(3.0)
     # a step: the 10 ms plain step + 10 ms more verification + 2 x 1 ms drafting = 22 ms for 3 tokens
     assert out["predicted_speedup"] == pytest.approx(3.0 / 0.022 * 0.010)
+
+
+def test_cost_prediction_charges_prompt_processing_once_per_answer():
+    from types import SimpleNamespace
+
+    from draftsmith.inference.metrics import cost_prediction
+
+    def turn(wall, steps, new, prefill, proposed=0, draft_time=0.0, lengths=(), recorded=()):
+        result = SimpleNamespace(wall_time=wall, steps=steps, num_proposed=proposed, draft_time=draft_time,
+                                 prefill_time=prefill, output_ids=[0] * new)
+        return SimpleNamespace(result=result, draft_lengths=list(lengths), steps=list(recorded), extra_rows=[])
+
+    # AR: 20 ms of prompt, then 10 steps of 10 ms; the method: 20 ms of prompt, then 2 steps of 3 tokens at 22 ms
+    run = SimpleNamespace(ar=[turn(0.12, 10, 10, 0.02)], method=[turn(0.064, 2, 6, 0.02, proposed=4, draft_time=0.004,
+                                                                      lengths=[2, 2], recorded=[(2, 2), (2, 2)])])
+    out = cost_prediction([run], {1: 0.005, 3: 0.015})
+    # 6 tokens in 0.02 + 2 x 0.022 s against 10 in 0.12 s: the prompt costs both the same, so the gain is smaller
+    # than the per-step 1.36x
+    assert out["predicted_speedup"] == pytest.approx((6 / 0.064) / (10 / 0.12))
+    assert out["predicted_speedup"] < 3.0 / 0.022 * 0.010

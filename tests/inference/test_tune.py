@@ -6,6 +6,7 @@ from draftsmith.inference.cost import CostModel
 from draftsmith.inference.draft_length import DraftLengthPolicy
 from draftsmith.inference.tune import (
     Candidate,
+    Prefill,
     StepRecord,
     candidates,
     choose,
@@ -95,3 +96,12 @@ def test_candidates_cover_every_policy_and_threshold():
     assert len(cands) == (3 + 2 + 1) * 2
     assert all(c.max_length == 4 for c in cands if c.draft_length_mode != "fixed")
     assert "draft_max_length" not in Candidate(4, 0.3).settings()
+
+
+def test_prompt_processing_dilutes_the_predicted_speedup():
+    cost = CostModel({1: 1.0, 9: 1.0}, draft_seconds=0.1)  # a plain step costs 1
+    bare = predict(synthetic_profile(), cost, 8, 0.5)
+    diluted = predict(synthetic_profile(), cost, 8, 0.5, prefill=Prefill(method=0.5, plain=0.5))
+    # per new token: plain decoding pays 0.5 of prompt + one step; the draft 0.5 + its step seconds / tau
+    assert diluted.predicted_speedup == pytest.approx((0.5 + 1.0) / (0.5 + 1.0 / bare.predicted_speedup))
+    assert 1.0 < diluted.predicted_speedup < bare.predicted_speedup
