@@ -20,12 +20,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-SETTINGS = {  # name -> draftsmith eval options (None: the artefact's tuned settings)
+FIXED = ["--draft-length-mode", "fixed"]  # an artefact tuned to an adaptive policy keeps it unless told otherwise
+SETTINGS = {  # name -> draftsmith eval options ([]: the artefact's tuned settings)
     "chosen": [],
-    "fixed 2": ["--draft-length", "2", "--draft-confidence", "0"],
-    "fixed 4": ["--draft-length", "4", "--draft-confidence", "0"],
-    "fixed 6": ["--draft-length", "6", "--draft-confidence", "0"],
-    "old default (4, conf 0.4)": ["--draft-length", "4", "--draft-confidence", "0.4"],
+    "fixed 2": [*FIXED, "--draft-length", "2", "--draft-confidence", "0"],
+    "fixed 4": [*FIXED, "--draft-length", "4", "--draft-confidence", "0"],
+    "fixed 6": [*FIXED, "--draft-length", "6", "--draft-confidence", "0"],
+    "old default (4, conf 0.4)": [*FIXED, "--draft-length", "4", "--draft-confidence", "0.4"],
 }
 
 

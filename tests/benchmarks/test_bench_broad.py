@@ -14,6 +14,8 @@ def test_every_setting_parses_as_draftsmith_eval(broad):
     for options in broad.SETTINGS.values():
         args = build_parser().parse_args(["eval", "--artefact", "x", "--questions", "broad", *options])
         assert args.questions == "broad"
+        if options:  # a fixed setting stays fixed on an artefact tuned to an adaptive length policy
+            assert args.draft_length_mode == "fixed"
 
 
 def test_markdown_tables(broad):
