@@ -80,7 +80,9 @@ def add_parser(sub) -> None:
     g.add_argument("--top-k", metavar="K", type=int, default=0, help="top-k sampling (0 = off)")
     g.add_argument("--seed", metavar="S", type=int, default=0)
     g.add_argument("--warmup", metavar="N", type=int, default=1, help="unmeasured warm-up answers before timing")
-    g.add_argument("--draft-length", metavar="K", type=int, default=None, help="draft tokens per step (default 4, or the artefact's)")
+    g.add_argument("--draft-length", metavar="K", type=int, default=None,
+                   help="draft tokens per step, a fixed length unless --draft-length-mode says otherwise (default 4, or "
+                        "the artefact's)")
     g.add_argument("--draft-length-mode", choices=["fixed", "heuristic", "leviathan"], default=None,
                    help="fixed, grow/shrink heuristic, or Leviathan's expected-speedup optimum (default fixed, or the artefact's)")
     g.add_argument("--draft-max-length", metavar="K", type=int, default=None,
@@ -259,6 +261,8 @@ def setup(args: argparse.Namespace):
     tokenizer = load_tokenizer(tok_dir)
     info = {"target": str(target_dir), "tokenizer": str(tok_dir), "draft": None, "draft_model": None, "manifest": None}
     options = {setting: getattr(args, flag) for flag, setting in PROPOSER_OPTIONS.items()}
+    if args.draft_length is not None and args.draft_length_mode is None:
+        options["draft_length_mode"] = "fixed"  # --draft-length K drafts K tokens, whatever policy an artefact was tuned to
 
     if args.artefact:
         from draftsmith.inference.artefact import adapted_target, load_artefact, read_manifest

@@ -50,3 +50,9 @@ def test_tune_writes_the_choice_into_the_manifest(tiny_pair, tmp_path, capsys):
     assert rep["proposer"]["confidence_threshold"] == chosen["confidence_threshold"]
     assert rep["proposer"]["draft_length_mode"] == chosen["draft_length_mode"]
     assert "Draft settings chosen for this artefact" in report.with_suffix(".md").read_text()
+    # --draft-length K on a tuned artefact drafts K tokens a step, whatever policy the tuning chose
+    assert main(["eval", "--artefact", str(out), "--target", str(tiny_pair["target"]), "--questions", str(qfile),
+                 "--max-new-tokens", "8", "--warmup", "0", "--no-progress", "--draft-length", "2", "--out",
+                 str(report)]) == 0
+    rep = json.loads(report.read_text())
+    assert rep["proposer"]["draft_length"] == 2 and rep["proposer"]["draft_length_mode"] == "fixed"
