@@ -252,7 +252,9 @@ def render_markdown(report: dict, paths: dict[str, Path] | None = None) -> str:
         "",
         f"Predicted tau {fmt(s.get('predicted_tau'))} from the per-depth acceptance, mean draft length "
         f"{fmt(s.get('mean_draft_length'), 2)}, the measured verification cost by tokens and the draft cost "
-        f"(draft/target cost ratio {fmt(s.get('cost_ratio'))}); with a constant verification cost (Leviathan et al.) "
+        f"(draft/target cost ratio {fmt(s.get('cost_ratio'))}), prompt processing a fixed cost per answer; the "
+        f"prediction is of the token-weighted speedup ({fmt(s.get('aggregate_speedup'))} measured). With a constant "
+        f"verification cost (Leviathan et al.) "
         f"it would be {fmt(s.get('predicted_speedup_constant_cost'))}.",
         "",
         "## By category",
