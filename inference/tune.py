@@ -9,7 +9,8 @@
    ``t`` — is replayed on those records, answer by answer: the policy object itself picks each step's length from
    what it observed on the steps before, a draft stops after the first token below ``t``, and as greedy acceptance
    of a prefix does not depend on what follows it, the accepted count is ``min(recorded, drafted)``. Scored with
-   the cost model (:mod:`draftsmith.inference.cost`): E[tau] / E[step seconds] x (plain step seconds). (The replay
+   the cost model (:mod:`draftsmith.inference.cost`), per new token: (prompt processing + plain step) /
+   (prompt processing + E[step seconds] / E[tau]), the plain step timed on a plain decode. (The replay
    keeps the recorded steps' order: a shorter draft would have started later steps elsewhere, so an adaptive
    policy's prediction assumes acceptance changes as slowly along an answer as the recorded steps do.)
 3. *Measure*: the best predicted candidates run through the evaluator on the calibration prompts, side by side
