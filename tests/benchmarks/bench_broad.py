@@ -56,7 +56,7 @@ def summary(report: dict) -> dict:
     s = report["summary"]
     cats = {name: {k: c.get(k) for k in ("tau", "speedup", "predicted_speedup")}
             for name, c in report["categories"].items()}
-    return {k: s.get(k) for k in ("tau", "speedup", "predicted_speedup", "measured_over_predicted",
+    return {k: s.get(k) for k in ("tau", "speedup", "aggregate_speedup", "predicted_speedup", "measured_over_predicted",
                                   "greedy_identical", "mean_draft_length")} | {
         "proposer": report.get("proposer"), "categories": cats,
         "hf_prompt_lookup": {k: report.get("baselines", {}).get("hf_prompt_lookup", {}).get(k) for k in ("tau", "speedup")}}
@@ -67,21 +67,22 @@ def fmt(x, digits: int = 3) -> str:
 
 
 def markdown(results: dict) -> str:
-    lines = ["| draft | settings | tau | speedup | predicted | measured/predicted | identical |", "|---|---|---|---|---|---|---|"]
+    lines = ["| draft | settings | tau | speedup | token-weighted speedup | predicted (of it) | measured/predicted | identical |",
+             "|---|---|---|---|---|---|---|---|"]
     for draft, cells in results.items():
         for name, r in cells.items():
             p = r["proposer"] or {}
             mode = p.get("draft_length_mode") or "fixed"
             policy = f"k {p.get('draft_length')}" if mode == "fixed" else f"{mode} from {p.get('draft_length')} to {p.get('draft_max_length')}"
-            label = f"{name} ({policy}, conf {p.get('confidence_threshold')})"
-            lines.append(f"| {draft} | {label} | {fmt(r['tau'])} | {fmt(r['speedup'])} | {fmt(r['predicted_speedup'])} "
-                         f"| {fmt(r['measured_over_predicted'])} | {fmt(r['greedy_identical'], 2)} |")
+            label = f"{name.split(' (')[0]} ({policy}, conf {p.get('confidence_threshold')})"
+            lines.append(f"| {draft} | {label} | {fmt(r['tau'])} | {fmt(r['speedup'])} | {fmt(r.get('aggregate_speedup'))} "
+                         f"| {fmt(r['predicted_speedup'])} | {fmt(r['measured_over_predicted'])} | {fmt(r['greedy_identical'], 2)} |")
     for draft, cells in results.items():
         hf = cells["chosen"].get("hf_prompt_lookup") or {}
         if hf.get("speedup"):
             ratio = fmt(cells["chosen"]["speedup"] / hf["speedup"], 2)
             lines.append(f"| transformers' prompt lookup (same run as {draft}) | - | {fmt(hf['tau'])} | {fmt(hf['speedup'])} "
-                         f"| - | draftsmith ÷ transformers {ratio} | - |")
+                         f"| - | - | draftsmith ÷ transformers {ratio} | - |")
     first = next(iter(results.values()))["chosen"]["categories"]
     lines += ["", "Per category at the chosen settings (tau / speedup):", "",
               "| category | " + " | ".join(results) + " |", "|---|" + "---|" * len(results)]
