@@ -193,12 +193,9 @@ def _tuning_lines(tuning: dict | None) -> list[str]:
     """The artefact's tuned draft settings: the choice and the runner-up, predicted and measured."""
     if not tuning:
         return []
-    def policy(c: dict) -> str:
-        mode = c.get("draft_length_mode", "fixed")
-        return {"fixed": str(c["draft_length"]), "heuristic": f"heuristic, {c['draft_length']} to {c.get('max_length')}",
-                "leviathan": f"Leviathan's rule, up to {c.get('max_length')}"}.get(mode, mode)
+    from draftsmith.inference.tune import Candidate
 
-    rows = [[name, policy(c), fmt(c["confidence_threshold"], 2), fmt(c["predicted_tau"]),
+    rows = [[name, Candidate(**c).policy_label(), fmt(c["confidence_threshold"], 2), fmt(c["predicted_tau"]),
              fmt(c["predicted_speedup"]), fmt(c.get("measured_tau")), fmt(c.get("measured_speedup"))]
             for name, c in (("chosen", tuning.get("chosen")), ("runner-up", tuning.get("runner_up"))) if c]
     return ["", "## Draft settings chosen for this artefact (`draftsmith tune`, calibration prompts)", "",

@@ -62,15 +62,17 @@ class Candidate:
                "confidence_threshold": self.confidence_threshold}
         return out | ({"draft_max_length": self.max_length} if self.draft_length_mode != "fixed" else {})
 
+    def policy_label(self) -> str:
+        return {"fixed": f"fixed {self.draft_length}",
+                "heuristic": f"heuristic from {self.draft_length} up to {self.max_length}",
+                "leviathan": f"Leviathan rule up to {self.max_length}"}.get(self.draft_length_mode, self.draft_length_mode)
+
     def label(self) -> str:
-        policy = {"fixed": f"fixed {self.draft_length}",
-                  "heuristic": f"heuristic from {self.draft_length} up to {self.max_length}",
-                  "leviathan": f"Leviathan rule up to {self.max_length}"}[self.draft_length_mode]
-        return f"{policy}, confidence {self.confidence_threshold}"
+        return f"{self.policy_label()}, confidence {self.confidence_threshold}"
 
     def policy(self, cost: CostModel) -> DraftLengthPolicy:
-        top = self.max_length if self.draft_length_mode != "fixed" and self.max_length else self.draft_length
-        return DraftLengthPolicy(length=self.draft_length, mode=self.draft_length_mode, max_length=max(top, self.draft_length),
+        top = max(self.max_length or 0, self.draft_length) if self.draft_length_mode != "fixed" else self.draft_length
+        return DraftLengthPolicy(length=self.draft_length, mode=self.draft_length_mode, max_length=top,
                                  relative_verify=cost.relative_verify)
 
 
