@@ -245,6 +245,22 @@ def check_resume(meta: Mapping | None, settings: Mapping, target: Mapping, out: 
                           f"target to resume, or {fix}")
 
 
+def answered_by(path: str | os.PathLike, model, tokenizer, target_name: str | None = None) -> dict:
+    """The target record of the answers in ``path`` (from its ``.meta.json``), after checking that ``model`` wrote
+    them: a ConfigError naming the fix when the file has no self-distillation meta or another target's."""
+    fix = (f"write the answers with this target first: draftsmith data generate --target {target_name or 'TARGET'} "
+           f"--prompts PROMPTS --out FILE, then pass --dataset FILE (or train with data_mode=target)")
+    meta = read_json(meta_path(path)) if meta_path(path).is_file() else None
+    if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
+        raise ConfigError(f"{path} has no {META_SUFFIX} of `draftsmith data generate`, so nothing says the target "
+                          f"wrote its answers; {fix}")
+    recorded = meta.get("target", {})
+    identity = target_identity(model, tokenizer, target_name) | {"weights_sample_sha256": weights_sample_sha256(model)}
+    if any(recorded.get(k) != identity.get(k) for k in TARGET_KEYS):
+        raise ConfigError(f"{path} holds the answers of another target ({recorded.get('name_or_path')}); {fix}")
+    return dict(recorded)
+
+
 def weights_sample_sha256(model, values: int = 4096) -> str:
     """sha256 of the first ``values`` weights of the model's first and last parameter tensors (float32): tells two
     checkpoints of one architecture apart without reading every weight."""

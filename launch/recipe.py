@@ -116,6 +116,21 @@ def load_data(args: RecipeArguments, tokenizer, seed: int = 0):
     return train, heldout, info
 
 
+def check_target_answers(args: RecipeArguments, method_config, target, tokenizer, target_name: str,
+                         info: dict) -> None:
+    """A method config whose ``trains_on_dataset_as_answers`` is true learns the dataset's responses as the target's
+    own answers: the dataset must be a `draftsmith data generate` file this target wrote (recorded in ``info``)."""
+    if not getattr(method_config, "trains_on_dataset_as_answers", False):
+        return
+    if args.dataset is None:
+        raise ConfigError(f"the shipped corpus's responses are not the target's own answers: write them first "
+                          f"(draftsmith data generate --target {target_name} --prompts corpus --out FILE) and pass "
+                          "--dataset FILE, or train with data_mode=target")
+    from draftsmith.data.self_distill import answered_by
+
+    info["answered_by"] = answered_by(args.dataset, target, tokenizer, target_name)
+
+
 # ------------------------------------------------------------------------------------------------- resuming
 
 
@@ -291,6 +306,7 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
     tokenizer = load_tokenizer(paths["tokenizer"])
     models = load_models(paths, recipe, method_config)
     train, heldout, data_info = load_data(recipe, tokenizer, targs.seed)
+    check_target_answers(recipe, method_config, models["target"], tokenizer, paths["target"], data_info)
     trainer = build_trainer(spec, models, method_config, targs, train, heldout, tokenizer)
     result = trainer.train(resume_from_checkpoint=resolve_resume(targs.resume_from_checkpoint, targs.output_dir))
     metrics = manifest_metrics(final_eval_metrics(trainer), result.training_loss)

@@ -34,13 +34,16 @@ import torch
 
 from draftsmith.common.errors import ConfigError, TokenizerMismatchError
 from draftsmith.common.models import QUANTIZATIONS, check_quantization_available, lm_head_rows
+from draftsmith.data.chat import IGNORE_INDEX
 from draftsmith.data.collate import response_mask
+from draftsmith.inference.proposers.draft_model import draft_vocab_of
 from draftsmith.trainers.base import FrozenTargetTrainer, acceptance_metrics
-from draftsmith.trainers.losses import DIVERGENCES, divergence, divergence_per_token
+from draftsmith.trainers.losses import DIVERGENCES, divergence, divergence_per_token, sequence_kd_nll
 
 DATA_MODES = ("fixed", "target", "onpolicy", "mixed")
 MIXED_WITH = ("fixed", "target")
 EVAL_RESPONSES = ("dataset", "target")
+TARGET_SIGNALS = ("logits", "tokens")
 KERNEL_BACKENDS = ("auto", "reference", "triton")
 # config attributes that make the logits more than `last hidden state @ LM head.T (+ bias)`
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
@@ -60,6 +63,15 @@ class DistillSpecConfig:
         default="forward_kl",
         metadata=_help(f"Token-level divergence D(p_target || q_draft) to minimise: one of {', '.join(DIVERGENCES)}. "
                        "tvd maximises the expected acceptance of speculative sampling (DistillSpec Sec. 3)."),
+    )
+    target_signal: str = field(
+        default="logits",
+        metadata=_help("What the draft learns from the target: logits = its next-token distributions, through "
+                       "`divergence` (the target runs in every step); tokens = the tokens of answers the target "
+                       "wrote (sequence-level KD, Kim & Rush 2016: cross-entropy over the draft's own vocabulary, "
+                       "the target idle while training; with data_mode=fixed the dataset must come from "
+                       "`draftsmith data generate` with this target). Greedy verification checks exactly those "
+                       "tokens, and without the target's forward a step costs several times less."),
     )
     beta: float = field(default=0.5, metadata=_help("Generalised JSD weight of the target side, in [0, 1] (jsd only; "
                                                      "0 = forward KL, 1 = reverse KL, 0.5 = symmetric JSD)."))
@@ -108,6 +120,15 @@ class DistillSpecConfig:
     def __post_init__(self) -> None:
         if self.divergence not in DIVERGENCES:
             raise ConfigError(f"divergence={self.divergence!r} is unknown: choose one of {', '.join(DIVERGENCES)}")
+        if self.target_signal not in TARGET_SIGNALS:
+            raise ConfigError(f"target_signal={self.target_signal!r} is unknown: choose one of {', '.join(TARGET_SIGNALS)}")
+        if self.target_signal == "tokens" and self.data_mode not in ("fixed", "target"):
+            raise ConfigError(f"target_signal=tokens learns the target's own answers, which data_mode="
+                              f"{self.data_mode} does not give: use data_mode=target, or data_mode=fixed on a "
+                              "`draftsmith data generate` file")
+        if self.target_signal == "tokens" and self.use_fused_kernel:
+            raise ConfigError("use_fused_kernel fuses the target's logits into the loss, and target_signal=tokens "
+                              "has none: leave use_fused_kernel unset")
         if not 0.0 <= float(self.beta) <= 1.0:
             raise ConfigError(f"beta={self.beta} is outside [0, 1]: set a JSD weight between 0 and 1")
         if not float(self.temperature) > 0.0:
@@ -147,6 +168,12 @@ class DistillSpecConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def trains_on_dataset_as_answers(self) -> bool:
+        """True when the dataset's responses stand for the target's own answers (the recipe then checks that
+        the target wrote them: :func:`draftsmith.data.self_distill.answered_by`)."""
+        return self.target_signal == "tokens" and self.data_mode == "fixed"
+
     def proposer_settings(self) -> dict[str, Any]:
         """The decoding settings the artefact records for its proposer."""
         return {"draft_length": self.draft_length}
@@ -178,6 +205,7 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         check_same_vocabulary(model, teacher_model)
         super().__init__(model, teacher_model, method_config, *args, **kwargs)
         self.vocab_size = lm_head_rows(teacher_model)
+        self.draft_ids = draft_vocab_of(model)  # [K] the tokens the draft proposes, or None for all
         self.use_fused_kernel = self._resolve_fused_kernel(model, teacher_model)
         self._micro_step = (-1, 0)  # (global step, micro batch within it) for the mixed-mode coin
 
@@ -196,7 +224,7 @@ class DistillSpecTrainer(FrozenTargetTrainer):
     def _resolve_fused_kernel(self, model, teacher_model) -> bool:
         """``use_fused_kernel``: true = required, false = off, unset = on wherever it applies."""
         requested = self.method_config.use_fused_kernel
-        if requested is False:
+        if requested is False or self.method_config.target_signal == "tokens":
             return False
         blocker = self.fused_kernel_blocker(model, teacher_model)
         if requested and blocker:
@@ -248,6 +276,8 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         path, which never builds them)."""
         cfg = self.method_config
         mask = response_mask(inputs["labels"])  # [B, T-1]
+        if cfg.target_signal == "tokens":
+            return self._token_loss(model, inputs, mask), {"student": None, "teacher": None}
         if self.use_fused_kernel:
             return self._fused_loss(model, inputs, mask), {"student": None, "teacher": None}
         teacher = self._teacher_logits(inputs)[:, :-1][mask][:, : self.vocab_size]  # [N, V]
@@ -256,6 +286,24 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         loss = divergence(student, teacher, kind=cfg.divergence, beta=cfg.beta, temperature=cfg.temperature,
                           reduction="sum")
         return loss, {"student": student, "teacher": teacher}
+
+    def _token_loss(self, model, inputs: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        """Sequence-level KD (:func:`~draftsmith.trainers.losses.sequence_kd_nll`) over the draft's vocabulary: only
+        the ``[N, K]`` logits of the answer positions and the ``K`` tokens the draft can propose are computed (the
+        draft's whole LM head where ZeRO-3 / FSDP shard it), and the target does not run."""
+        batch = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+        labels = inputs["labels"][:, 1:][mask]  # [N] the target's tokens
+        rows = self.draft_ids if self.draft_ids is not None else torch.arange(self.vocab_size)  # [K]
+        rows = rows.to(labels.device)
+        if self._sharded():  # the LM head is whole only inside the forward
+            logits = model(**batch).logits[:, :-1][mask][:, rows]  # [N, K]
+        else:
+            hidden = model(**batch, output_hidden_states=True, logits_to_keep=1).hidden_states[-1][:, :-1][mask]  # [N, H]
+            head = self.accelerator.unwrap_model(model).get_output_embeddings()
+            logits = hidden @ head.weight[rows].T  # [N, K]
+            if getattr(head, "bias", None) is not None:
+                logits = logits + head.bias[rows]
+        return sequence_kd_nll(logits, draft_labels(labels, rows, self.vocab_size))
 
     def _fused_loss(self, model, inputs: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
         """The same sum through draftsmith.kernels: both models' last hidden states (the LM heads' inputs) and
@@ -293,7 +341,7 @@ class DistillSpecTrainer(FrozenTargetTrainer):
             cfg = self.method_config
             loss = divergence(student, teacher, kind=cfg.divergence, beta=cfg.beta, temperature=cfg.temperature)
             tvd = divergence_per_token(student, teacher, "tvd")  # [N], temperature 1: what sampling sees
-            agree = (student.argmax(-1) == teacher.argmax(-1)).float()  # [N], greedy acceptance
+            agree = (draft_argmax(student, self.draft_ids) == teacher.argmax(-1)).float()  # [N], greedy acceptance
             self.add_eval_sums(torch.stack([tvd.sum(), agree.sum(), torch.tensor(float(tvd.numel()), device=tvd.device)]))
         return loss.detach(), None, None
 
@@ -302,6 +350,21 @@ class DistillSpecTrainer(FrozenTargetTrainer):
 
     def manifest_training(self) -> dict[str, Any]:
         return {"fused_kernel": self.use_fused_kernel}
+
+
+def draft_labels(labels: torch.Tensor, rows: torch.Tensor, vocab_size: int) -> torch.Tensor:  # [N], [K] -> [N]
+    """Target token ids as indices into the draft's vocabulary ``rows``; a token outside it becomes -100."""
+    index = torch.full((vocab_size,), IGNORE_INDEX, dtype=torch.long, device=labels.device)
+    index[rows] = torch.arange(rows.numel(), device=labels.device)
+    return index[labels]
+
+
+def draft_argmax(logits: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:  # [N, V] -> [N]
+    """The token the draft proposes greedily: the argmax over its vocabulary ``rows`` (all tokens when None)."""
+    if rows is None:
+        return logits.argmax(-1)
+    rows = rows.to(logits.device)
+    return rows[logits[:, rows].argmax(-1)]
 
 
 def check_same_vocabulary(draft, target) -> None:

@@ -15,6 +15,7 @@ from draftsmith.data.generation import inverse_cdf, nucleus_probs, sample_comple
 from draftsmith.data.self_distill import (
     META_FORMAT,
     answer_row,
+    answered_by,
     dataset_prompts,
     generate_answers,
     length_batches,
@@ -256,3 +257,17 @@ def test_dataset_prompts_count_bad_rows(tmp_path):
     assert report.skipped == 1 and report.first_bad_line == 31
     with pytest.raises(DataError, match="not usable prompts"):
         dataset_prompts(path, max_bad_fraction=0.0)
+
+
+def test_answered_by_names_the_target_that_wrote_a_file_and_refuses_any_other(model, tok, prompts, tmp_path):
+    out = tmp_path / "answers.jsonl"
+    generate_answers(model, tok, prompts[:3], out, batch_size=3, target_name="tiny", **SETTINGS)
+    record = answered_by(out, model, tok, "tiny")
+    assert record["config_sha256"] == target_identity(model, tok)["config_sha256"]
+    assert record["weights_sample_sha256"] == weights_sample_sha256(model)
+    with pytest.raises(ConfigError, match="holds the answers of another target.*draftsmith data generate --target x"):
+        answered_by(out, random_model("llama", seed=1, layers=2), tok, "x")  # same config, other weights
+    meta_path(out).unlink()
+    with pytest.raises(ConfigError, match="no .meta.json of `draftsmith data generate`") as err:
+        answered_by(out, model, tok)
+    assert "\n" not in str(err.value)

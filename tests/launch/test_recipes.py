@@ -18,6 +18,7 @@ import yaml
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.io import sha256_file
+from draftsmith.common.models import target_identity
 from draftsmith.inference.artefact import load_artefact
 from draftsmith.launch.recipe import complete_checkpoints, resolve_resume
 from draftsmith.launch.recipe_args import RecipeArguments, parse_recipe_args
@@ -157,6 +158,28 @@ def test_bad_setting_exits_2_with_one_line(tiny_pair, tmp_path, monkeypatch, cap
     assert recipe.main() == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: divergence='kl' is unknown: choose one of forward_kl, reverse_kl, jsd, tvd"]
+
+
+def test_token_signal_trains_on_the_targets_own_answers_and_refuses_other_data(tiny_pair, tmp_path, capsys):
+    from draftsmith.data.self_distill import dataset_prompts, generate_answers
+    from draftsmith.launch.recipe import recipe_main, run_recipe
+
+    tokens = ["target_signal=tokens", "data_mode=fixed", "--max_steps", "2", "tune=false", "evaluate=false"]
+    assert recipe_main("distillspec", [*pair_args(tiny_pair, tmp_path / "refused"), *tokens]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the tokenizing progress bar
+    assert err.startswith("error: ") and "has no .meta.json of `draftsmith data generate`" in err
+
+    target = transformers.AutoModelForCausalLM.from_pretrained(tiny_pair["target"])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_pair["target"])
+    prompts, _ = dataset_prompts(tiny_pair["dataset"])
+    answers = tmp_path / "answers.jsonl"
+    generate_answers(target, tokenizer, prompts, answers, batch_size=16, max_new_tokens=6, progress=False)
+    argv = [*pair_args(tiny_pair, tmp_path / "run"), *tokens]
+    argv[argv.index(str(tiny_pair["dataset"]))] = str(answers)
+    result = run_recipe("distillspec", argv, None)
+    training = result.manifest["training"]
+    assert training["data"]["answered_by"]["config_sha256"] == target_identity(target, tokenizer)["config_sha256"]
+    assert training["config"]["distillspec"]["target_signal"] == "tokens" and training["tokens"] > 0
 
 
 def test_accelerate_two_cpu_processes(tiny_pair, tmp_path):

@@ -15,7 +15,7 @@ from draftsmith.data.chat import tokenize_messages
 from draftsmith.data.collate import PadCollator, response_mask
 from draftsmith.data.generation import cut_at_eos, split_prompts
 from draftsmith.inference.draft_length import expected_tau
-from draftsmith.trainers.distillspec import DistillSpecConfig, DistillSpecTrainer
+from draftsmith.trainers.distillspec import DistillSpecConfig, DistillSpecTrainer, draft_argmax, draft_labels
 
 KINDS = ("forward_kl", "reverse_kl", "jsd", "tvd")
 
@@ -65,6 +65,10 @@ def make_trainer(pair, tokenizer, tmp_path, config=None, train_rows=None, eval_r
         ({"kernel_backend": "cuda"}, "kernel_backend"),
         ({"kernel_chunk_size": 0}, "kernel_chunk_size"),
         ({"target_quantization": "2bit"}, "target_quantization"),
+        ({"target_signal": "hidden"}, "target_signal"),
+        ({"target_signal": "tokens", "data_mode": "onpolicy"}, "data_mode=onpolicy"),
+        ({"target_signal": "tokens", "data_mode": "mixed"}, "data_mode=mixed"),
+        ({"target_signal": "tokens", "use_fused_kernel": True}, "leave use_fused_kernel unset"),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(kwargs, field):
@@ -86,17 +90,6 @@ def test_config_defaults_are_valid_and_serialisable():
     assert DistillSpecConfig(**d) == cfg
     for f in DistillSpecConfig.__dataclass_fields__.values():
         assert f.metadata.get("help"), f"{f.name} has no help text"
-
-
-# ------------------------------------------------------------------------------------------------- batching
-
-
-
-
-
-
-
-
 
 
 # ------------------------------------------------------------------------------------------------- the loss
@@ -162,6 +155,61 @@ def test_fused_kernel_steps_aside_for_a_soft_capped_head_unless_required(pair, t
     assert make_trainer((target, draft), tokenizer, tmp_path).use_fused_kernel is False
     with pytest.raises(ConfigError, match=r"the target also applies final_logit_softcapping=30.0: set use_fused_kernel=false"):
         make_trainer((target, draft), tokenizer, tmp_path, DistillSpecConfig(use_fused_kernel=True))
+
+
+def test_token_signal_is_the_cross_entropy_over_the_drafts_vocabulary_without_the_target(pair, tokenizer, tmp_path):
+    target, draft = pair
+    draft = copy.deepcopy(draft)
+    draft.config.draft_vocab = [3, 5, 6, 7, 9, 40]  # the tokens it proposes (the zoo build writes this); 8 is not one
+    trainer = make_trainer((target, draft), tokenizer, tmp_path, DistillSpecConfig(target_signal="tokens"))
+    assert trainer.use_fused_kernel is False
+    batch = PadCollator(0)([
+        {"input_ids": [1, 5, 6, 7, 8, 9], "labels": [-100, -100, 6, 7, 8, 9]},
+        {"input_ids": [1, 10, 11, 40], "labels": [-100, -100, -100, 40]},
+    ])
+
+    def refuse(*_):
+        raise AssertionError("the target ran")
+
+    hook = target.register_forward_pre_hook(refuse)
+    try:
+        total, _ = trainer.loss_sum(draft, batch)
+    finally:
+        hook.remove()
+    with torch.no_grad():
+        logits = draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    rows = [3, 5, 6, 7, 9, 40]
+    hand = 0.0
+    for b, t in [(0, 1), (0, 2), (0, 4), (1, 2)]:  # labels 6, 7, 9 and 40; label 8 (position (0, 3)) has no row
+        logp = torch.log_softmax(logits[b, t, rows].double(), -1)
+        hand -= float(logp[rows.index(int(batch["input_ids"][b, t + 1]))])
+    assert total.item() == pytest.approx(hand, rel=1e-4)
+
+
+def test_token_signal_training_raises_greedy_agreement_on_the_answers(pair, tokenizer, tmp_path):
+    target, draft = pair
+    rows = chat_rows(tokenizer, 8)
+    with torch.no_grad():  # the target's own greedy answers as the fixed data (what `draftsmith data generate` writes)
+        for row in rows:
+            prompt = [i for i, lab in zip(row["input_ids"], row["labels"]) if lab == -100]
+            out = target.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0)
+            answer = out[0, len(prompt):].tolist()
+            row.update(input_ids=prompt + answer, labels=[-100] * len(prompt) + answer,
+                       attention_mask=[1] * (len(prompt) + len(answer)))
+    cfg = DistillSpecConfig(target_signal="tokens", data_mode="fixed")
+    trainer = make_trainer(pair, tokenizer, tmp_path, cfg, train_rows=rows, eval_rows=rows, max_steps=40,
+                           learning_rate=3e-3, lr_scheduler_type="constant")
+    before = trainer.evaluate()["eval_greedy_acceptance"]
+    trainer.train()
+    after = trainer.evaluate()["eval_greedy_acceptance"]
+    assert after > before + 0.3 and after > 0.8
+
+
+def test_draft_labels_and_argmax_use_the_drafts_vocabulary():
+    rows = torch.tensor([2, 5, 7])
+    assert draft_labels(torch.tensor([5, 3, 7, 2]), rows, 10).tolist() == [1, -100, 2, 0]
+    logits = torch.tensor([[0.0, 9.0, 1.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0]])  # token 1 wins overall, 5 in rows
+    assert draft_argmax(logits, rows).tolist() == [5] and draft_argmax(logits, None).tolist() == [1]
 
 
 def test_loss_is_zero_when_the_draft_is_the_target(pair, tokenizer, tmp_path):
