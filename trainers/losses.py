@@ -34,7 +34,8 @@ def token_sum(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # [
 
 
 def sequence_kd_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:  # [N, K], [N] -> scalar
-    """Sequence-level KD (Kim & Rush 2016, eq. 6, with the teacher's mode as the sequence; GKD's "SeqKD"):
+    """Sequence-level KD (Kim & Rush 2016: the sequence-level objective with the teacher's distribution over
+    sequences approximated by its mode, here its greedy answer; GKD's "SeqKD" baseline):
     ``L = - sum_t log q(y_t | y_<t, x)`` along answers ``y`` the target wrote itself, summed over the ``N`` answer
     positions. Labels of -100 (a token the draft's vocabulary cannot propose) are left out."""
     return torch.nn.functional.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="sum")
