@@ -173,10 +173,10 @@ def anchored(curve: dict[int, float], step: float) -> dict[int, float]:
 
 def loop_curve(samples: dict[int, list[float]], verify_padding: bool = True) -> tuple[dict[int, int], dict[int, float]]:
     """(padding plan, verification curve) of :func:`measure_verify_samples`' ``samples`` as the decode loop will pay
-    them: each size's fastest round, priced at the size the loop pads it to (none when ``verify_padding`` is off).
+    them: each size's :func:`typical` cost, priced at the size the loop pads it to (none when ``verify_padding`` is off).
     The evaluator and ``draftsmith tune`` both price steps with it."""
     plan = padding_plan(samples) if verify_padding else {}
-    return plan, padded_curve(fastest(samples), plan)
+    return plan, padded_curve(typical(samples), plan)
 
 
 @torch.inference_mode()
@@ -198,6 +198,17 @@ def measure_verify_times(target, prefix_tokens: int = 128, sizes: Sequence[int] 
 def fastest(samples: dict[int, list[float]]) -> dict[int, float]:
     """Each size's fastest round (timing noise only ever adds time)."""
     return {n: min(v) for n, v in samples.items()}
+
+
+def typical(samples: dict[int, list[float]]) -> dict[int, float]:
+    """Each size's cost as a run pays it: the fastest one-token round plus the size's *typical* extra over one token,
+    the median over rounds of ``samples[n][r] - samples[1][r]`` (both sides of a round back to back, so load that
+    comes and goes hits them alike). The costs are anchored to a plain step the run measures, a typical step, so
+    the extras must be typical too: under load each size's fastest round is a lucky one, and the differences of
+    lucky rounds understated the extra by up to half on a busy 2-core machine (measured ÷ predicted 0.87)."""
+    base = min(samples[1])
+    return {n: base if n == 1 else base + max(0.0, statistics.median(a - b for a, b in zip(v, samples[1])))
+            for n, v in samples.items()}
 
 
 @torch.inference_mode()

@@ -39,7 +39,7 @@ import torch
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.baselines import HF_PROMPT_LOOKUP_TOKENS, hf_pad_id, hf_runners, hf_variants
-from draftsmith.inference.cost import PADDING_SIZES, fastest, loop_curve, measure_verify_samples
+from draftsmith.inference.cost import PADDING_SIZES, loop_curve, measure_verify_samples, typical
 from draftsmith.inference.generate import GenerationConfig
 from draftsmith.inference.journal import EvalJournal, question_key
 from draftsmith.inference.metrics import (
@@ -117,7 +117,7 @@ def evaluate(
     curve, plan = None, {}
     if inner is not None:  # the verification cost by rows; where padding a forward makes it cheaper, the loop pads
         samples = measure_verify_samples(target, prefix_tokens=min(max_prompt, 128), sizes=PADDING_SIZES)
-        times = fastest(samples)
+        times = typical(samples)
         plan, curve = loop_curve(samples, verify_padding)
         config = dataclasses.replace(config, verify_padding=tuple(sorted(plan.items())))
     writer = _tensorboard(tensorboard_dir)

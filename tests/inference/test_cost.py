@@ -95,3 +95,17 @@ def test_padding_plan_pads_to_a_size_that_wins_its_paired_rounds_and_ignores_sma
     assert padding_plan({1: rounds(2.0), 2: rounds(1.0)}) == {}  # one row is never padded: plain decoding as it is
     # a size that is faster in one lucky round only (a burst of load hit the others) is not a size to pad to
     assert padding_plan({1: [1.0] * 4, 2: [1.5] * 4, 3: [0.5, 1.6, 1.6, 1.6]}) == {}
+
+
+def test_typical_extra_is_the_paired_median_so_one_lucky_round_does_not_set_it():
+    from draftsmith.inference.cost import fastest, loop_curve, typical
+
+    # one token 50 ms, four tokens 80 ms (extra 30 ms); round 2 ran under load (both sides 1.5x), and in round 3 the
+    # four-token forward was lucky (55 ms)
+    samples = {1: [0.050, 0.050, 0.075, 0.050, 0.051], 4: [0.080, 0.081, 0.120, 0.055, 0.080]}
+    curve = typical(samples)
+    assert curve[1] == pytest.approx(0.050) and curve[4] == pytest.approx(0.080)  # 50 + median(30, 31, 45, 5, 29)
+    assert fastest(samples)[4] - fastest(samples)[1] == pytest.approx(0.005)  # what the fastest rounds would claim
+    assert typical({1: [0.05, 0.05, 0.05], 2: [0.04, 0.05, 0.04]})[2] == pytest.approx(0.05)  # never below one token
+    plan, padded = loop_curve({1: samples[1], 3: [0.1] * 5, 4: samples[4]})
+    assert plan == {3: 4} and padded[3] == padded[4] == pytest.approx(0.080)
