@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.data.chat import IGNORE_INDEX
 from draftsmith.kernels.divergences import (
     DIVERGENCES,
     check_divergence_args,
@@ -38,4 +39,4 @@ def sequence_kd_nll(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     sequences approximated by its mode, here its greedy answer; GKD's "SeqKD" baseline):
     ``L = - sum_t log q(y_t | y_<t, x)`` along answers ``y`` the target wrote itself, summed over the ``N`` answer
     positions. Labels of -100 (a token the draft's vocabulary cannot propose) are left out."""
-    return torch.nn.functional.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="sum")
+    return torch.nn.functional.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
