@@ -8,7 +8,9 @@ their rows) and shards ``shard-00000.safetensors`` ...: per shard, the rows' tok
 the LM head). Only the layers the method needs are kept.
 
 - **Keyed**: the directory name is a hash of the target's identity, the rows (their tokens, hence the data and
-  the answers), the layers and the dtype, so a run reuses a cache exactly when all of them match.
+  the answers), the layers and the dtype, so a run reuses a cache exactly when all of them match; a run whose
+  layers are a subset of a complete cache's on the same target, rows and dtype reads them from that cache
+  (``data_key`` in its manifest) instead of building another: EAGLE-1 reuses EAGLE-3's cache.
 - **Budgeted**: before writing, the size per million tokens and the estimate for these rows are printed, and a
   build whose estimate exceeds the stated disk budget (or the free space) is refused with a one-line error.
 - **Resumable**: rows go to shards in a fixed order and each shard is written to a temporary file and renamed;
@@ -61,13 +63,34 @@ def bytes_per_token(hidden: int, spec: CacheSpec) -> int:
     return len(spec.layers) * hidden * DTYPES[spec.dtype].itemsize + 8
 
 
-def cache_key(identity: dict, rows: Sequence[dict], spec: CacheSpec) -> str:
-    """The hash that names a cache: the target's identity, the rows' tokens and labels, the layers, the dtype."""
-    h = hashlib.sha256(json.dumps({"target": identity, "layers": list(spec.layers), "dtype": spec.dtype},
-                                  sort_keys=True).encode())
+def _rows_hash(head: dict, rows: Sequence[dict]) -> str:
+    h = hashlib.sha256(json.dumps(head, sort_keys=True).encode())
     for row in rows:
         h.update(json.dumps([list(row["input_ids"]), list(row["labels"])]).encode())
     return h.hexdigest()[:24]
+
+
+def cache_key(identity: dict, rows: Sequence[dict], spec: CacheSpec) -> str:
+    """The hash that names a cache: the target's identity, the rows' tokens and labels, the layers, the dtype."""
+    return _rows_hash({"target": identity, "layers": list(spec.layers), "dtype": spec.dtype}, rows)
+
+
+def data_key(identity: dict, rows: Sequence[dict], spec: CacheSpec) -> str:
+    """:func:`cache_key` without the layers: caches with equal data keys hold the same target's features of the same
+    rows in the same dtype, and differ at most in which layers they keep."""
+    return _rows_hash({"target": identity, "dtype": spec.dtype}, rows)
+
+
+def covering_cache(root: str | os.PathLike, key: str, layers: Sequence[int]) -> Path | None:
+    """A complete cache under ``root`` with data key ``key`` that keeps every one of ``layers`` (EAGLE-3's cache
+    of layers ``(2, 15, 27, -1)`` serves EAGLE-1's ``(-1,)`` on the same rows), else ``None``."""
+    root = Path(root)
+    for manifest_path in sorted(root.glob("*/manifest.json")) if root.is_dir() else ():
+        manifest = read_json(manifest_path)
+        if (manifest and manifest.get("complete") and manifest.get("format") == FORMAT
+                and manifest.get("data_key") == key and set(layers) <= set(manifest.get("layers", ()))):
+            return manifest_path.parent
+    return None
 
 
 def answer_rows(target, rows: Sequence[dict], *, max_new_tokens: int, prompt_tokens: int, pad_token_id: int,
@@ -115,11 +138,15 @@ def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, s
     """The cache of ``rows`` under ``root`` (built, or finished, or reused as it is); see the module docstring."""
     from tqdm.auto import tqdm
 
-    key = cache_key(identity, rows, spec)
+    key, shared = cache_key(identity, rows, spec), data_key(identity, rows, spec)
     directory = Path(root) / key
     manifest = read_json(directory / "manifest.json")
     if manifest is not None and manifest.get("complete"):
         return directory
+    covering = covering_cache(root, shared, spec.layers)
+    if covering is not None:  # the same rows' features with more layers: read the ones needed from there
+        print(f"feature cache: reusing {covering} (it holds layers {list(spec.layers)} of these rows)")
+        return covering
     hidden = int(target.config.hidden_size)
     tokens = sum(len(r["input_ids"]) for r in rows)
     per_token = bytes_per_token(hidden, spec)
@@ -136,7 +163,7 @@ def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, s
                           "free space, or point feature_cache_dir elsewhere")
     shards = _shards(len(rows), spec.shard_rows)
     atomic_write_json(directory / "manifest.json", {
-        "format": FORMAT, "key": key, "target": identity, "layers": list(spec.layers), "dtype": spec.dtype,
+        "format": FORMAT, "key": key, "data_key": shared, "target": identity, "layers": list(spec.layers), "dtype": spec.dtype,
         "rows": len(rows), "tokens": tokens, "shards": [{"file": _shard_name(k), "rows": [a, b]}
                                                        for k, (a, b) in enumerate(shards)], "complete": False})
     bar = tqdm(total=len(rows), desc="feature cache", disable=not progress, unit="row")
@@ -168,14 +195,19 @@ def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, s
 
 class FeatureDataset(torch.utils.data.Dataset):
     """The rows of a built cache: ``input_ids``, ``labels``, ``attention_mask`` and ``feat_<i>`` ``[T, H]`` per
-    layer. Loads one shard at a time."""
+    layer of ``layers`` (default: every layer the cache keeps). Loads one shard at a time."""
 
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike, layers: Sequence[int] | None = None) -> None:
         self.directory = Path(directory)
         manifest = read_json(self.directory / "manifest.json")
         if manifest is None or manifest.get("format") != FORMAT or not manifest.get("complete"):
             raise ConfigError(f"{self.directory} is not a complete feature cache: rebuild it (the recipe resumes it)")
-        self.layers = tuple(manifest["layers"])
+        kept = tuple(manifest["layers"])
+        missing = sorted(set(layers or ()) - set(kept))
+        if missing:
+            raise ConfigError(f"{self.directory} keeps layers {list(kept)}, not {missing}: build a cache of those "
+                              "layers (the recipe does, with features=offline)")
+        self.layers = tuple(layers) if layers else kept
         self._index = [(k, j) for k, shard in enumerate(manifest["shards"])
                        for j in range(shard["rows"][1] - shard["rows"][0])]
         self._files = [shard["file"] for shard in manifest["shards"]]
@@ -228,4 +260,4 @@ def features_of(batch: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
 
 
 __all__ = ["CacheSpec", "FeatureCollator", "FeatureDataset", "answer_rows", "build_feature_cache", "bytes_per_token",
-           "cache_key", "features_of"]
+           "cache_key", "covering_cache", "data_key", "features_of"]

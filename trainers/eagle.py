@@ -170,9 +170,12 @@ class Eagle3TTT(nn.Module):
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
         return self.head.to_target(ids)
 
-    def forward(self, features: torch.Tensor, step_embeds: torch.Tensor) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, step_embeds: torch.Tensor,
+                keep: torch.Tensor | None = None) -> torch.Tensor:
         """``features`` ``[B, A, 3Ht]`` (the target's three layers at anchors ``0 .. A-1``), ``step_embeds``
-        ``[K, B, A, H]`` (``E(x_{t+1+j})`` for step ``j``) -> draft logits ``[K, B, A, Vd]``."""
+        ``[K, B, A, H]`` (``E(x_{t+1+j})`` for step ``j``) -> draft logits ``[K, B, A, Vd]``; with ``keep``
+        ``[K, B, A]`` bool (the anchors each step is trained on), only those: ``[sum_j keep[j].sum(), Vd]``, step by
+        step (the draft LM head skips the unlabelled anchors, most of a prompt)."""
         steps, b, a = step_embeds.shape[:3]
         hidden = self.head.fc(features)  # [B, A, H]: g
         cache = GrowingCache()
@@ -180,8 +183,8 @@ class Eagle3TTT(nn.Module):
         for j in range(steps):
             pos = (torch.arange(a, device=features.device) + j)[None].expand(b, a)
             hidden = self.head(step_embeds[j], hidden, pos, cache, visible=ttt_visibility(a, j, features.device))
-            logits.append(self.head.draft_logits(hidden))
-        return torch.stack(logits)
+            logits.append(self.head.draft_logits(hidden if keep is None else hidden[keep[j]]))
+        return torch.stack(logits) if keep is None else torch.cat(logits)
 
     def artefact_config(self) -> dict:
         return self.head.artefact_config()
@@ -198,6 +201,13 @@ def ttt_visibility(anchors: int, step: int, device=None) -> torch.Tensor:  # [A,
     causal = torch.ones(anchors, anchors, dtype=torch.bool, device=device).tril()
     eye = torch.eye(anchors, dtype=torch.bool, device=device)
     return torch.cat([causal] + [eye] * step, dim=1)
+
+
+def ttt_anchors(labels: torch.Tensor, step: int) -> torch.Tensor:  # labels [B, T] -> [B, A = T-1] bool
+    """The anchors ``t`` unrolled step ``step`` is trained on: those whose ``x_{t+2+step}`` is an answer token (the
+    last anchor never has a label)."""
+    keep = shifted(labels[:, 2:], step, -100) != -100  # [B, A-1]
+    return torch.cat([keep, keep.new_zeros(keep.shape[0], 1)], dim=1)
 
 
 def shifted(x: torch.Tensor, by: int, fill: float = 0) -> torch.Tensor:  # [B, A, ...] -> [B, A, ...]
@@ -263,7 +273,7 @@ class EagleTrainer(FrozenTargetTrainer):
                     rows = answer_rows(target, rows, max_new_tokens=config.max_new_tokens,
                                        prompt_tokens=config.prompt_tokens, pad_token_id=pad,
                                        eos_ids=eos_token_ids(tokenizer, target.config))
-                out.append(FeatureDataset(build_feature_cache(target, rows, root, spec, identity)))
+                out.append(FeatureDataset(build_feature_cache(target, rows, root, spec, identity), spec.layers))
         return out[0], out[1], FeatureCollator(pad)
 
     def __init__(self, *args, **kwargs):
@@ -271,9 +281,10 @@ class EagleTrainer(FrozenTargetTrainer):
         layers = getattr(self.train_dataset, "layers", ())  # a FeatureDataset: its columns reach the loss
         self._signature_columns = list(self._signature_columns) + [f"feat_{i}" for i in layers]
 
-    def _target_outputs(self, inputs: dict[str, torch.Tensor], layers: tuple[int, ...]):
+    def _target_outputs(self, inputs: dict[str, torch.Tensor], layers: tuple[int, ...], logits: bool = True):
         """``({layer: [B, T, H]}, logits [B, T, V])``: from the batch's cached features when it has them (the
-        logits through the target's LM head from the final-normed layer), else from a frozen target forward."""
+        logits through the target's LM head from the final-normed layer; ``None`` unless ``logits``: the caller
+        takes the rows it needs), else from a frozen target forward."""
         cached = features_of(inputs)
         if self.method_config.features == "offline" and not cached:
             raise ConfigError("features=offline but the batch holds no cached features: build the trainer through the "
@@ -281,9 +292,10 @@ class EagleTrainer(FrozenTargetTrainer):
         if cached:
             dtype = self.teacher_module.get_output_embeddings().weight.dtype
             feats = {i: v.to(dtype) for i, v in cached.items()}
+            if not logits:
+                return feats, None
             with torch.no_grad():
-                logits = self.teacher_module.get_output_embeddings()(feats[-1])
-            return feats, logits
+                return feats, self.teacher_module.get_output_embeddings()(feats[-1])
         with torch.no_grad():
             out = self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
                                output_hidden_states=True)
@@ -298,8 +310,8 @@ class EagleTrainer(FrozenTargetTrainer):
         return supervised_positions(inputs["labels"]).sum()
 
     def _head_outputs(self, model, inputs: dict[str, torch.Tensor], noise: float):
-        """``(f^ [B, T-1, H], target features [B, T, H], target logits [B, T, V])`` for a batch."""
-        feats, logits = self._target_outputs(inputs, (-1,))
+        """``(f^ [B, T-1, H], target features [B, T, H], target logits [B, T, V] or None: cached features)``."""
+        feats, logits = self._target_outputs(inputs, (-1,), logits=False)
         features = feats[-1]  # [B, T, H], logits [B, T, V]
         ids = inputs["input_ids"]
         with torch.no_grad():
@@ -318,7 +330,11 @@ class EagleTrainer(FrozenTargetTrainer):
         lm_head = self.teacher_module.get_output_embeddings()
         pred_rows = pred[:, :-1][keep]  # [N, H]: f^_{t+1} for t = 0 .. T-3
         pred_logits = lm_head(pred_rows)  # [N, V]
-        target_logits = logits[:, 1:-1][keep]  # [N, V]: p_{t+2} = softmax(LMHead(f_{t+1}))
+        if logits is None:  # cached features: the target's LM head on the supervised rows only
+            with torch.no_grad():
+                target_logits = lm_head(features[:, 1:-1][keep])  # [N, V]: p_{t+2} = softmax(LMHead(f_{t+1}))
+        else:
+            target_logits = logits[:, 1:-1][keep]  # [N, V]
         reg, cls = eagle_losses(pred_rows, features[:, 1:-1][keep], pred_logits, target_logits)
         agree = (pred_logits.argmax(-1) == target_logits.argmax(-1)).sum().float()
         return reg, cls, agree, keep.sum().float()
@@ -335,19 +351,20 @@ class EagleTrainer(FrozenTargetTrainer):
             features = torch.cat([feats[i][:, :-1] for i in unrolled.hidden_layers], dim=-1)  # [B, A, 3Ht]
             embed = self.teacher_module.get_input_embeddings()
             step_embeds = torch.stack([embed(shifted(ids[:, 1:], j)) for j in range(steps)])  # [K, B, A, H]
-        logits = model(features, step_embeds)  # [K, B, A, Vd]
+            following = target_logits[:, 1:]  # [B, A, V]: p_{t+2} at anchor t, from the logits at t+1
+            label_probs = following[..., unrolled.t2d].float().softmax(-1)  # [B, A, Vd]: p|Vd
+            label_top1 = following.argmax(-1)  # [B, A]: the target's next token (any vocabulary)
+            keep = torch.stack([ttt_anchors(labels, j) for j in range(steps)])  # [K, B, A]
+        logits = model(features, step_embeds, keep)  # [sum_j N_j, Vd]
         total = logits.new_zeros((), dtype=torch.float32)
         ce_sums, hits = [], []
-        for j in range(steps):
-            keep = shifted(labels[:, 2:], j, -100) != -100  # [B, A-1]: x_{t+2+j} is an answer token
-            keep = torch.cat([keep, keep.new_zeros(b, 1)], dim=1)  # [B, A]: the last anchor has no label
-            logq = F.log_softmax(logits[j][keep].float(), dim=-1)  # [N, Vd]
-            target = shifted(target_logits[:, 1:], j)[keep].float()  # [N, V]: p_{t+2+j}, from the logits at t+1+j
-            ce = -(target[:, unrolled.t2d].softmax(-1) * logq).sum()
+        for j, part in enumerate(logits.split(keep.sum((1, 2)).tolist())):
+            logq = F.log_softmax(part.float(), dim=-1)  # [N, Vd]
+            ce = -(shifted(label_probs, j)[keep[j]] * logq).sum()  # p_{t+2+j}|Vd, from the logits at t+1+j
             total = total + cfg.step_decay ** j * ce
-            agree = unrolled.to_target(logq.argmax(-1)) == target.argmax(-1)
+            agree = unrolled.to_target(logq.argmax(-1)) == shifted(label_top1, j)[keep[j]]
             ce_sums.append(ce.detach())
-            hits.append(torch.stack([agree.sum().float(), keep.sum().float()]).detach())
+            hits.append(torch.stack([agree.sum().float(), keep[j].sum().float()]).detach())
         return total, torch.stack(ce_sums), torch.stack(hits)
 
     def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
@@ -395,4 +412,4 @@ class EagleTrainer(FrozenTargetTrainer):
 
 
 __all__ = ["Eagle3TTT", "EagleConfig", "EagleTrainer", "answer_token_counts", "build_eagle_head", "eagle_losses", "shifted",
-           "feature_layers", "supervised_positions", "ttt_visibility", "uniform_noise"]
+           "feature_layers", "supervised_positions", "ttt_anchors", "ttt_visibility", "uniform_noise"]

@@ -48,6 +48,25 @@ def test_a_matching_cache_is_reused_and_another_gets_its_own_key(tmp_path):
     assert cache_key({"config_sha256": "y"}, ROWS, spec) != first.name  # another target: another cache
 
 
+def test_a_cache_of_more_layers_on_the_same_rows_serves_a_subset(tmp_path):
+    target = random_model("llama", seed=0, layers=3)
+    wide = build_feature_cache(target, ROWS, tmp_path, CacheSpec(layers=(1, 2, -1), dtype="float32"), IDENTITY,
+                               progress=False)
+    narrow = CacheSpec(layers=(-1,), dtype="float32")
+    assert build_feature_cache(target, ROWS, tmp_path, narrow, IDENTITY, progress=False) == wide  # nothing built
+    assert [p.name for p in tmp_path.iterdir()] == [wide.name]
+    data = FeatureDataset(wide, narrow.layers)
+    assert data.layers == (-1,) and sorted(k for k in data[0] if k.startswith("feat_")) == ["feat_-1"]
+    with torch.no_grad():
+        out = target(input_ids=torch.tensor([ROWS[1]["input_ids"]]), output_hidden_states=True)
+    assert torch.allclose(data[1]["feat_-1"], out.hidden_states[-1][0], atol=1e-5)
+    other_rows = build_feature_cache(target, ROWS[:3], tmp_path, narrow, IDENTITY, progress=False)
+    other_dtype = build_feature_cache(target, ROWS, tmp_path, CacheSpec(layers=(-1,)), IDENTITY, progress=False)
+    assert len({wide, other_rows, other_dtype}) == 3  # other rows or another dtype: built anew
+    with pytest.raises(ConfigError, match="keeps layers"):
+        FeatureDataset(other_rows, (1, -1))
+
+
 def test_the_budget_is_checked_before_anything_is_written(tmp_path, capsys):
     target = random_model("llama", seed=0, layers=3)
     tokens = sum(len(r["input_ids"]) for r in ROWS)

@@ -251,6 +251,26 @@ def test_training_time_test_step_j_sees_what_decoding_sees():
                 h = head(embed(ids[:, t + 2 + j: t + 3 + j]), h, torch.tensor([[t + 1 + j]]), cache)
 
 
+def test_training_time_test_on_the_labelled_anchors_only_gives_their_rows_of_the_full_unroll():
+    from draftsmith.trainers.eagle import Eagle3TTT, shifted, ttt_anchors
+
+    target = random_model("llama", seed=0, layers=4)
+    unrolled = Eagle3TTT(_eagle3(target)).eval()
+    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[0, :7], labels[1, :4] = -100, -100  # prompts of 7 and 4 tokens
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i][:, :-1] for i in unrolled.hidden_layers], -1)  # [2, 11, 96]
+        embeds = torch.stack([target.get_input_embeddings()(shifted(ids[:, 1:], j)) for j in range(3)])
+        keep = torch.stack([ttt_anchors(labels, j) for j in range(3)])  # [3, 2, 11]
+        full = unrolled(feats, embeds)  # [3, 2, 11, Vd]
+        kept = unrolled(feats, embeds, keep)
+    assert keep[0, 0].nonzero().squeeze().tolist() == list(range(5, 10))  # x_{t+2} in the answer, t + 2 < 12
+    assert keep[2, 1].nonzero().squeeze().tolist() == list(range(0, 8))
+    assert torch.allclose(kept, torch.cat([full[j][keep[j]] for j in range(3)]), atol=1e-5)
+
+
 @pytest.mark.parametrize("tree", ["chain", "dynamic"])
 def test_eagle3_drafting_is_token_identical(tree):
     target = random_model("llama", seed=0, layers=4)
