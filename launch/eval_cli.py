@@ -244,10 +244,8 @@ def setup(args: argparse.Namespace):
     target_name = artefact_target(args.artefact, args.target)
     zoo = zoo_paths(args.zoo, args.home) if target_name is None else None
     target_dir = zoo / "target" if zoo is not None else Path(target_name)
-    from draftsmith.data.zoo import zoo_size_for_target
-
-    own_zoo = zoo_size_for_target(target_name)  # a named real target drafts with its zoo's draft by default
-    if own_zoo is not None and args.draft is None and args.method in (None, "draft"):
+    own_zoo = default_draft_zoo(args, target_name)
+    if own_zoo is not None:
         zoo = zoo_paths(own_zoo, args.home)
     attention = None
     if getattr(args, "tree_attention", "mask") == "kernel":
@@ -289,6 +287,17 @@ def setup(args: argparse.Namespace):
     info.update(method=method, factory=lambda: build(ctx))
     torch.manual_seed(args.seed)
     return target, tokenizer, info
+
+
+def default_draft_zoo(args: argparse.Namespace, target_name: str | None) -> str | None:
+    """The zoo size whose draft ``--method draft`` runs by default on a named real target (``smollm2-135m``: the
+    smollm2 zoo, built on first use), else ``None``: an artefact brings its own drafter, ``--draft`` names one, and
+    other methods draft without a separate model."""
+    from draftsmith.data.zoo import zoo_size_for_target
+
+    if args.artefact or args.draft is not None or args.method not in (None, "draft"):
+        return None
+    return zoo_size_for_target(target_name)
 
 
 def load_draft(target, tokenizer, draft_dir: Path, dtype: str, device: str):

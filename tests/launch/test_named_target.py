@@ -10,6 +10,7 @@ from draftsmith.common.io import atomic_write_json
 from draftsmith.common.registry import get_method
 from draftsmith.data.zoo import ZOO_FOR_TARGET, ZOO_SIZES, zoo_dir, zoo_size_for_target
 from draftsmith.launch.cli import build_parser
+from draftsmith.launch.eval_cli import default_draft_zoo
 from draftsmith.launch.recipe import resolve_models
 from draftsmith.launch.recipe_args import RecipeArguments
 from draftsmith.launch.zoo_cli import SIZES
@@ -42,3 +43,13 @@ def test_zoo_sizes_and_named_targets_agree():
     assert zoo_size_for_target("smollm2-135m") == "smollm2" and zoo_size_for_target("/some/dir") is None
     args = build_parser().parse_args(["eval", "--zoo", "smollm2", "--draft-vocab", "full"])
     assert args.zoo == "smollm2" and args.draft_vocab == "full"
+
+
+@pytest.mark.parametrize("argv, zoo", [
+    ([], "smollm2"), (["--method", "draft"], "smollm2"), (["--artefact", "runs/eagle/artefact"], None),
+    (["--method", "pld"], None), (["--draft", "/d"], None)])
+def test_eval_builds_the_named_targets_zoo_only_for_its_default_draft(argv, zoo):
+    """An artefact (EAGLE heads, a distilled draft) or another method never waits on the zoo draft's build."""
+    args = build_parser().parse_args(["eval", "--target", "smollm2-135m", *argv])
+    assert default_draft_zoo(args, "smollm2-135m") == zoo
+    assert default_draft_zoo(build_parser().parse_args(["eval"]), None) is None
