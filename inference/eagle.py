@@ -75,7 +75,7 @@ class GrowingCache:
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
 
-    def update(self, key_states, value_states, layer_idx: int = 0, cache_kwargs=None):
+    def update(self, key_states, value_states, layer_idx: int = 0, *_, **__):  # extras as KVCache.update's
         if self.keys is None:
             self.keys, self.values = key_states, value_states
         else:

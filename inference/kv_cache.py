@@ -31,7 +31,8 @@ class KVCache:
         key_states: torch.Tensor,  # [B, H_kv, T, D]
         value_states: torch.Tensor,  # [B, H_kv, T, D]
         layer_idx: int,
-        cache_kwargs: dict | None = None,
+        *_,
+        **__,  # what the attention module adds (cache_kwargs; kwargs= since transformers 5.24): nothing needed here
     ) -> tuple[torch.Tensor, torch.Tensor]:  # two [B, H_kv, L + T, D] views
         start = self._lengths[layer_idx]
         end = start + key_states.shape[2]
@@ -135,10 +136,10 @@ class PrefixedCache:
     def __init__(self, cache: KVCache | None, prefix: KVPrefix) -> None:
         self.cache, self.prefix = cache, prefix
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               cache_kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # two [B, H_kv, P + L + T, D]
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_,
+               **__) -> tuple[torch.Tensor, torch.Tensor]:  # two [B, H_kv, P + L + T, D]
         if self.cache is not None:
-            key_states, value_states = self.cache.update(key_states, value_states, layer_idx, cache_kwargs)
+            key_states, value_states = self.cache.update(key_states, value_states, layer_idx)
         b = key_states.shape[0]
         pk = self.prefix.keys[layer_idx].to(key_states.dtype).expand(b, -1, -1, -1)
         pv = self.prefix.values[layer_idx].to(value_states.dtype).expand(b, -1, -1, -1)
