@@ -48,7 +48,9 @@ class CostModel:
             raise ValueError("the verification curve needs at least the 1-token cost")
 
     def verify(self, n: float) -> float:
-        """V(n), linearly interpolated between measured sizes and extrapolated past the last two."""
+        """V(n), linearly interpolated between measured sizes; past the largest, the last measured cost plus the
+        least-squares slope of the whole curve (never negative: a noisy fall between the last two sizes must not
+        make bigger forwards look free, or cost less than nothing)."""
         xs = list(self.verify_seconds)
         ys = list(self.verify_seconds.values())
         if n <= xs[0] or len(xs) == 1:  # one point: no slope to extrapolate with
@@ -56,8 +58,7 @@ class CostModel:
         for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
             if n <= x1:
                 return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
-        (x0, y0), (x1, y1) = (xs[-2], ys[-2]), (xs[-1], ys[-1])
-        return y1 + (y1 - y0) * (n - x1) / (x1 - x0)
+        return ys[-1] + fitted_slope(xs, ys) * (n - xs[-1])
 
     def relative_verify(self, n: float) -> float:
         """V(n) / V(1): how much one forward over ``n`` tokens costs against a plain decoding step."""
@@ -74,6 +75,13 @@ class CostModel:
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
         return cls(**(dict(d) | {"verify_seconds": {int(k): v for k, v in d["verify_seconds"].items()}}))
+
+
+def fitted_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """The least-squares slope of ``ys`` over ``xs``, clamped at 0 (seconds per extra verified token)."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var) if var > 0 else 0.0
 
 
 def expected_accepted(acceptance_by_depth: Sequence[float | None], k: int) -> float:

@@ -39,12 +39,20 @@ def test_measured_curve_follows_the_known_cost():
 def test_interpolation_and_extrapolation():
     cost = CostModel({1: 1.0, 5: 2.0, 9: 4.0})
     assert cost.verify(1) == 1.0 and cost.verify(3) == pytest.approx(1.5) and cost.verify(7) == pytest.approx(3.0)
-    assert cost.verify(13) == pytest.approx(6.0)  # the last slope carries on
+    assert cost.verify(13) == pytest.approx(4.0 + 0.375 * 4)  # the whole curve's least-squares slope carries on
+    linear = CostModel({n: 0.1 + 0.01 * n for n in (1, 2, 4, 8, 16)})
+    assert linear.verify(32) == pytest.approx(0.1 + 0.01 * 32)  # a straight curve extrapolates exactly
     assert cost.relative_verify(5) == pytest.approx(2.0)
     assert CostModel.from_dict(cost.to_dict()).verify_seconds == cost.verify_seconds
 
 
-def test_expected_accepted_uses_conditional_depth_acceptance():
+def test_a_noisy_fall_at_the_end_of_the_curve_never_makes_bigger_forwards_cheaper():
+    """Measured on SmolLM2 (session 27, EAGLE-3 eval): V(15) 0.233 s, V(16) 0.203 s; extrapolating the last two
+    points gave V(30) < 0 and a predicted speedup of -1.1 for a 30-node tree."""
+    cost = CostModel({1: 0.096, 4: 0.136, 8: 0.148, 12: 0.154, 15: 0.233, 16: 0.203})
+    assert cost.verify(30) >= cost.verify(16) > 0
+    assert cost.verify(64) >= cost.verify(30)
+    assert CostModel({1: 1.0, 2: 0.5}).verify(10) == 0.5  # a falling curve: flat past its end, never below
     assert expected_accepted([0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
     assert expected_accepted([1.0, 0.0, 1.0], 3) == pytest.approx(2.0)
     assert expected_accepted([0.8], 3) == pytest.approx(1.8)  # depths never observed count as rejected
