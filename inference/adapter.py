@@ -22,6 +22,8 @@ public submodules, for the layouts listed in :data:`SUBLAYER_LAYOUTS`.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -46,6 +48,17 @@ SUBLAYER_LAYOUTS = MappingProxyType(
         "gpt2": ("ln_1", "attn", "ln_2", "mlp"),
     }
 )
+
+
+def cache_keyword(module: nn.Module) -> str:
+    """The name under which ``module``'s forward takes its KV cache: ``cache`` since transformers 5.24,
+    ``past_key_values`` before (still accepted, with a deprecation warning, until 5.40)."""
+    return _cache_keyword(type(module))
+
+
+@functools.cache
+def _cache_keyword(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 @dataclass
@@ -294,7 +307,7 @@ class ModelAdapter:
         return tree_attention_backend(getattr(self.config, "_attn_implementation", None)) is not None
 
     def _attention_kwargs(self, mask, position_ids, cache, rope, tree=None) -> dict:
-        kwargs = dict(attention_mask=mask, past_key_values=cache, use_cache=cache is not None)
+        kwargs = {"attention_mask": mask, cache_keyword(self._layers[0]): cache, "use_cache": cache is not None}
         if self.family != "gpt2":
             kwargs.update(position_ids=position_ids, position_embeddings=rope)
         if tree is not None:  # reaches the attention function through the layer's and the attention's **kwargs

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from draftsmith.common.errors import ConfigError, UnsupportedModelError
-from draftsmith.inference.adapter import ModelAdapter, additive_mask, visibility
+from draftsmith.inference.adapter import ModelAdapter, additive_mask, cache_keyword, visibility
 from draftsmith.inference.kv_cache import KVCache
 
 
@@ -161,8 +161,8 @@ class EagleHead(nn.Module):
             pad = (key_padding[:, None, None, :] == 0).to(device=hidden.device)
             mask = mask.masked_fill(pad, torch.finfo(hidden.dtype).min)
         rope = self.rotary(hidden, position_ids)
-        out = self.layer(hidden, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                         use_cache=cache is not None, position_embeddings=rope)
+        out = self.layer(hidden, attention_mask=mask, position_ids=position_ids, use_cache=cache is not None,
+                         position_embeddings=rope, **{cache_keyword(self.layer): cache})
         return out[0] if isinstance(out, tuple) else out
 
     # -- what the proposer uses -------------------------------------------------------------------------
@@ -247,8 +247,8 @@ class Eagle3Head(nn.Module):
         rope = self.rotary(hidden, position_ids)
         layer = self.midlayer
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
-        attn = layer.self_attn(x, position_embeddings=rope, attention_mask=mask, past_key_values=cache,
-                               position_ids=position_ids)
+        attn = layer.self_attn(x, position_embeddings=rope, attention_mask=mask, position_ids=position_ids,
+                               **{cache_keyword(layer.self_attn): cache})
         h = hidden + (attn[0] if isinstance(attn, tuple) else attn)
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
