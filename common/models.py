@@ -5,6 +5,8 @@ One loader for every command and recipe: local directories or hub ids, one-line 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -247,3 +249,14 @@ def target_identity(model, tokenizer, name_or_path: str | None = None) -> dict:
         "tokenizer_sha256": tokenizer_sha256(tokenizer) if tokenizer is not None else None,
         "vocab_size": lm_head_rows(model),
     }
+
+
+def cache_keyword(module) -> str:
+    """The name under which ``module``'s forward takes its KV cache: ``cache`` since transformers 5.24,
+    ``past_key_values`` before (still accepted, with a deprecation warning, until 5.40)."""
+    return _cache_keyword(type(module))
+
+
+@functools.cache
+def _cache_keyword(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"

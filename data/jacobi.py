@@ -39,6 +39,7 @@ import torch
 from draftsmith.common import __version__
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.io import append_jsonl, atomic_write_json, atomic_write_text, environment, read_json
+from draftsmith.common.models import cache_keyword
 from draftsmith.data.self_distill import check_resume, meta_path, recover_rows, weights_sample_sha256
 
 META_FORMAT = "draftsmith-jacobi/1"
@@ -89,8 +90,8 @@ def batch_trajectories(model, row_ids: Sequence[str], prompts: Sequence[Sequence
     positions = (seen.cumsum(-1) - 1).clamp(min=0)  # [B, L]
     cache = DynamicCache()
     if ids.shape[1] > 1:
-        model(input_ids=ids[:, :-1], attention_mask=seen[:, :-1], position_ids=positions[:, :-1], past_key_values=cache,
-              use_cache=True)
+        model(input_ids=ids[:, :-1], attention_mask=seen[:, :-1], position_ids=positions[:, :-1], use_cache=True,
+              **{cache_keyword(model): cache})
     last, last_pos = ids[:, -1], positions[:, -1]  # [B] the context's last token (not cached) and its position
     ones = torch.ones(b_size, n, dtype=torch.long, device=device)
     steps = torch.arange(n, device=device)
@@ -98,7 +99,7 @@ def batch_trajectories(model, row_ids: Sequence[str], prompts: Sequence[Sequence
     def run(block_ids: torch.Tensor) -> torch.Tensor:  # [B, n] -> [B, n, V]; appends n entries to the cache
         inputs = torch.cat([last[:, None], block_ids[:, :-1]], dim=1)  # [B, n]
         return model(input_ids=inputs, attention_mask=torch.cat([seen, ones[:, :-1]], dim=1),
-                     position_ids=last_pos[:, None] + steps, past_key_values=cache, use_cache=True).logits
+                     position_ids=last_pos[:, None] + steps, use_cache=True, **{cache_keyword(model): cache}).logits
 
     rows: list[list[dict]] = [[] for _ in range(b_size)]
     active = [True] * b_size

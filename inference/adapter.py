@@ -22,8 +22,6 @@ public submodules, for the layouts listed in :data:`SUBLAYER_LAYOUTS`.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -32,6 +30,7 @@ import torch
 from torch import nn
 
 from draftsmith.common.errors import ConfigError, UnsupportedModelError
+from draftsmith.common.models import cache_keyword
 from draftsmith.inference.kv_cache import KVCache, KVPrefix, PrefixedCache
 from draftsmith.kernels.tree_attention import TREE_KWARG, tree_attention_backend
 
@@ -48,17 +47,6 @@ SUBLAYER_LAYOUTS = MappingProxyType(
         "gpt2": ("ln_1", "attn", "ln_2", "mlp"),
     }
 )
-
-
-def cache_keyword(module: nn.Module) -> str:
-    """The name under which ``module``'s forward takes its KV cache: ``cache`` since transformers 5.24,
-    ``past_key_values`` before (still accepted, with a deprecation warning, until 5.40)."""
-    return _cache_keyword(type(module))
-
-
-@functools.cache
-def _cache_keyword(cls: type) -> str:
-    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 @dataclass

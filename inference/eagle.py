@@ -40,7 +40,8 @@ import torch
 from torch import nn
 
 from draftsmith.common.errors import ConfigError, UnsupportedModelError
-from draftsmith.inference.adapter import ModelAdapter, additive_mask, cache_keyword, visibility
+from draftsmith.common.models import cache_keyword
+from draftsmith.inference.adapter import ModelAdapter, additive_mask, visibility
 from draftsmith.inference.kv_cache import KVCache
 
 
