@@ -53,6 +53,9 @@ def test_a_noisy_fall_at_the_end_of_the_curve_never_makes_bigger_forwards_cheape
     assert cost.verify(30) >= cost.verify(16) > 0
     assert cost.verify(64) >= cost.verify(30)
     assert CostModel({1: 1.0, 2: 0.5}).verify(10) == 0.5  # a falling curve: flat past its end, never below
+
+
+def test_expected_accepted_uses_conditional_depth_acceptance():
     assert expected_accepted([0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
     assert expected_accepted([1.0, 0.0, 1.0], 3) == pytest.approx(2.0)
     assert expected_accepted([0.8], 3) == pytest.approx(1.8)  # depths never observed count as rejected
