@@ -344,7 +344,7 @@ class EagleTrainer(FrozenTargetTrainer):
         cfg = self.method_config
         unrolled = self.accelerator.unwrap_model(model)
         ids, labels = inputs["input_ids"], inputs["labels"]
-        b, t = ids.shape
+        t = ids.shape[1]
         steps = max(1, min(int(cfg.ttt_steps), t - 2))  # unrolled steps with a label (anchors 0 .. T-2)
         feats, target_logits = self._target_outputs(inputs, tuple(unrolled.hidden_layers))
         with torch.no_grad():
