@@ -187,6 +187,26 @@ def loop_curve(samples: dict[int, list[float]], verify_padding: bool = True) -> 
     return plan, padded_curve(typical(samples), plan)
 
 
+def extension_sizes(measured: int, largest: int, count: int = 4) -> tuple[int, ...]:
+    """Up to ``count`` sizes past ``measured`` (the largest size a curve holds), evenly spaced and ending at
+    ``largest`` (the largest forward a run verified): where a curve must be extended so that no step is priced by
+    extrapolation. Empty when ``largest <= measured``."""
+    if largest <= measured:
+        return ()
+    span = largest - measured
+    n = min(count, span)
+    return tuple(measured + round(span * (i + 1) / n) for i in range(n))
+
+
+def extend_curve(curve: dict[int, float], samples: dict[int, list[float]]) -> dict[int, float]:
+    """``curve`` with the sizes of ``samples`` past its largest, measured later (:func:`measure_verify_samples`, the
+    1-token size included): each priced at ``curve[1]`` plus its :func:`typical` extra over one token in ``samples``'
+    own rounds, so load that differs between the two measurements does not shift the new sizes against the old."""
+    extra = typical(samples)
+    top = max(curve)
+    return dict(sorted({**curve, **{n: curve[1] + s - extra[1] for n, s in extra.items() if n > top}}.items()))
+
+
 @torch.inference_mode()
 def measure_verify_curve(target, prefix_tokens: int = 128, sizes: Sequence[int] = DEFAULT_SIZES,
                          repeats: int = 9, warmup: int = 2, seed: int = 0) -> dict[int, float]:

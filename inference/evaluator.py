@@ -39,13 +39,21 @@ import torch
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.baselines import HF_PROMPT_LOOKUP_TOKENS, hf_pad_id, hf_runners, hf_variants
-from draftsmith.inference.cost import PADDING_SIZES, loop_curve, measure_verify_samples, typical
+from draftsmith.inference.cost import (
+    PADDING_SIZES,
+    extend_curve,
+    extension_sizes,
+    loop_curve,
+    measure_verify_samples,
+    typical,
+)
 from draftsmith.inference.generate import GenerationConfig
 from draftsmith.inference.journal import EvalJournal, question_key
 from draftsmith.inference.metrics import (
     SUMMARY_FIELDS,
     adapter_drift,
     compare_with_ar,
+    largest_verification,
     mean_or_none,
     near_tie_tolerance,
     tokens_per_s,
@@ -144,6 +152,10 @@ def evaluate(
                 _log_question(writer, run, qi)
     finally:
         bar.close()
+    if curve is not None and largest_verification(runs) > max(curve):  # trees verify more than the curve measured:
+        more = measure_verify_samples(target, prefix_tokens=min(max_prompt, 128),  # measure, do not extrapolate
+                                      sizes=extension_sizes(max(curve), largest_verification(runs)))
+        curve, times = extend_curve(curve, more), extend_curve(times, more)
     report = build_report(
         runs, method=method, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed, warmup=warmup,
         proposer=inner, target_name=target_name or str(getattr(target_model.config, "_name_or_path", "") or ""),

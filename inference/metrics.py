@@ -137,6 +137,13 @@ def depth_acceptance(steps: Sequence[tuple[int, int]]) -> list[float | None]:
     return [passed[d] / reached[d] if reached[d] else None for d in range(depth)]
 
 
+def largest_verification(runs: Sequence[QuestionRun]) -> int:
+    """The most tokens one verification forward of ``runs``' method took: the pending token, the draft and the
+    proposer's own extra inputs."""
+    turns = [t for r in runs for t in r.method]
+    return max((1 + max(t.draft_lengths, default=0) + max(t.extra_rows, default=0) for t in turns), default=1)
+
+
 def cost_prediction(runs: Sequence[QuestionRun], curve: dict[int, float]) -> dict:
     """Predicted tau and speedup (all new tokens over all wall time, against AR's) from this run's plain decoding step
     plus the measured verification curve's extra cost for more tokens, this run's draft cost per proposed token and

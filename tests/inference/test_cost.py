@@ -6,7 +6,15 @@ import time
 import pytest
 import torch
 
-from draftsmith.inference.cost import CostModel, expected_accepted, measure_verify_curve, predicted_speedup
+from draftsmith.inference.cost import (
+    CostModel,
+    expected_accepted,
+    extend_curve,
+    extension_sizes,
+    measure_verify_curve,
+    measure_verify_samples,
+    predicted_speedup,
+)
 
 
 class SleepyTarget:
@@ -53,6 +61,25 @@ def test_a_noisy_fall_at_the_end_of_the_curve_never_makes_bigger_forwards_cheape
     assert cost.verify(30) >= cost.verify(16) > 0
     assert cost.verify(64) >= cost.verify(30)
     assert CostModel({1: 1.0, 2: 0.5}).verify(10) == 0.5  # a falling curve: flat past its end, never below
+
+
+def test_extension_sizes_reach_the_largest_verification_evenly():
+    assert extension_sizes(16, 33) == (20, 24, 29, 33)
+    assert extension_sizes(16, 18) == (17, 18)  # fewer sizes than asked where the gap is small
+    assert extension_sizes(16, 16) == () and extension_sizes(16, 9) == ()
+
+
+def test_extended_curve_measures_past_its_end_and_keeps_the_first_measurement_as_the_anchor():
+    """A tree of 32 nodes verifies 33 tokens: the curve measured to 16 is extended by measuring 17..33 on the known
+    target (4 ms + 2 ms per token), each new size priced at the old 1-token cost plus its extra in its own rounds."""
+    curve = {1: 0.006, 8: 0.020, 16: 0.036}  # the known cost, as a first measurement gave it
+    more = measure_verify_samples(SleepyTarget(), prefix_tokens=16, sizes=extension_sizes(16, 33), repeats=3, warmup=0)
+    extended = extend_curve(curve, more)
+    assert list(extended) == [1, 8, 16, 20, 24, 29, 33] and {n: extended[n] for n in curve} == curve
+    for n in (20, 24, 29, 33):
+        assert extended[n] == pytest.approx(0.004 + 0.002 * n, rel=0.3)
+    shifted = extend_curve(curve, {1: [1.006], 20: [1.046]})  # a later measurement under load: same extra, same price
+    assert shifted[20] == pytest.approx(0.046)
 
 
 def test_expected_accepted_uses_conditional_depth_acceptance():

@@ -66,6 +66,16 @@ def test_report_shape_and_metric_definitions(lm_pair, chat_tokenizer, questions_
     assert all(int(m) > int(n) >= 2 for n, m in pad["plan"].items())
 
 
+def test_forwards_past_the_measured_sizes_are_measured_after_the_run_not_extrapolated(lm_pair, chat_tokenizer,
+                                                                                        questions_file):
+    target, _ = lm_pair  # the target as its own draft, 20 tokens a step: 21-token verifications
+    rep = _run(lm_pair, chat_tokenizer, read_questions(questions_file)[:1],
+               factory=lambda: DraftModelProposer(target, DraftLengthPolicy(length=20, max_length=20)), max_new_tokens=24)
+    sizes = [int(n) for n in rep["verify_padding"]["forward_seconds"]]
+    assert sizes == list(range(1, 17)) + [17, 18, 20, 21]  # 1..16 before the run, four sizes up to 21 after it
+    assert list(rep["summary"]["cost_model"]["verify_seconds"])[-1] == "21"
+
+
 @pytest.mark.parametrize("method", ["draft", "pld", "self_draft"])
 def test_greedy_methods_are_token_identical_to_ar(lm_pair, chat_tokenizer, questions_file, method):
     target, _ = lm_pair
