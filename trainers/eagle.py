@@ -139,6 +139,13 @@ def answer_token_counts(dataset, vocab_size: int) -> torch.Tensor:  # [V] long
     return counts
 
 
+def draft_vocab_coverage(dataset, t2d: torch.Tensor) -> float:  # t2d [V] bool
+    """The share of ``dataset``'s answer tokens inside the draft vocabulary ``t2d``: on held-out answers, the most
+    of a target's tokens an EAGLE-3 head could ever draft (the rest it can never propose)."""
+    counts = answer_token_counts(dataset, int(t2d.numel()))
+    return float(counts[t2d.to(counts.device)].sum()) / max(1, int(counts.sum()))
+
+
 def build_eagle_head(models: dict, config: EagleConfig, train_dataset=None) -> EagleHead | Eagle3TTT:
     """The trainable module of the recipe: a fresh head for the target (EAGLE-3: with its draft vocabulary, the
     most frequent answer tokens of ``train_dataset``)."""
@@ -400,7 +407,12 @@ class EagleTrainer(FrozenTargetTrainer):
         if self.method_config.variant == "eagle3":  # [3, K]: CE sums, hits, anchors per unrolled step
             n = sums[2].clamp(min=1)
             self.top1 = float(sums[1, 0] / n[0])
+            if getattr(self, "vocab_coverage", None) is None and self.eval_dataset is not None:
+                t2d = self.accelerator.unwrap_model(self.model).t2d
+                self.vocab_coverage = draft_vocab_coverage(self.eval_dataset, t2d.cpu())
             metrics = {f"{prefix}_step{j}_top1": float(sums[1, j] / n[j]) for j in range(sums.shape[1])}
+            if getattr(self, "vocab_coverage", None) is not None:
+                metrics[f"{prefix}_draft_vocab_coverage"] = self.vocab_coverage
             metrics.update({f"{prefix}_step{j}_ce": float(sums[0, j] / n[j]) for j in range(sums.shape[1])})
             return metrics | {f"{prefix}_top1": self.top1}
         n = float(sums[3].clamp(min=1))
@@ -408,8 +420,12 @@ class EagleTrainer(FrozenTargetTrainer):
         return {f"{prefix}_reg": float(sums[0]) / n, f"{prefix}_cls": float(sums[1]) / n, f"{prefix}_top1": self.top1}
 
     def manifest_training(self) -> dict[str, Any]:
-        return {"head_top1": self.top1} if getattr(self, "top1", None) is not None else {}
+        out = {"head_top1": self.top1} if getattr(self, "top1", None) is not None else {}
+        if getattr(self, "vocab_coverage", None) is not None:  # EAGLE-3: held-out answer tokens it can draft
+            out["draft_vocab_heldout_coverage"] = self.vocab_coverage
+        return out
 
 
-__all__ = ["Eagle3TTT", "EagleConfig", "EagleTrainer", "answer_token_counts", "build_eagle_head", "eagle_losses", "shifted",
+__all__ = ["Eagle3TTT", "EagleConfig", "EagleTrainer", "answer_token_counts", "build_eagle_head", "draft_vocab_coverage",
+           "eagle_losses", "shifted",
            "feature_layers", "supervised_positions", "ttt_anchors", "ttt_visibility", "uniform_noise"]

@@ -75,16 +75,21 @@ class EagleProposer:
         self._feature: torch.Tensor | None = None  # [H] the head's output at the last true position
 
     def reset_stats(self) -> None:
-        self.stats = {"trees": 0, "nodes": 0}
+        self.stats = {"trees": 0, "nodes": 0, "committed": 0, "outside": 0}  # outside: committed, not draftable
 
     def report_section(self) -> tuple[str, dict]:
         """``("tree_size", {...})``: how the dynamic tree's size was set (a fixed count, or per step on the measured
-        cost, with the mean kept and the drafting cost in plain steps)."""
+        cost, with the mean kept and the drafting cost in plain steps); for EAGLE-3, ``draft_vocab``: the share of
+        committed tokens outside the draft vocabulary, which no draft could have proposed."""
         s = self.stats
+        vocab = {}
+        if getattr(self.head, "t2d", None) is not None:  # EAGLE-3: how often the target chose a token it cannot draft
+            vocab = {"draft_vocab": {"size": int(self.head.d2t.numel()), "committed_tokens": s["committed"],
+                                     "outside_fraction": s["outside"] / max(1, s["committed"])}}
         if self.tree != "dynamic":
-            return "tree_size", {"rule": "chain", "draft_length": self.length}
+            return "tree_size", {"rule": "chain", "draft_length": self.length} | vocab
         section = {"rule": "cost" if self.verify_cost is not None else "fixed", "total_tokens": self.total_tokens,
-                   "depth": self.depth, "top_k": self.top_k, "mean_nodes": s["nodes"] / max(1, s["trees"])}
+                   "depth": self.depth, "top_k": self.top_k, "mean_nodes": s["nodes"] / max(1, s["trees"])} | vocab
         if self.verify_cost is not None:
             section["draft_cost_in_steps"] = (self._draft_seconds or 0.0) / self.verify_cost.verify(1)
             section["confidence_scale"] = (self._verified_hits + 1.0) / (self._verified_mass + 1.0)
@@ -126,6 +131,9 @@ class EagleProposer:
         committed = torch.tensor(feedback.committed, dtype=torch.long, device=self._feature.device)  # [a + 1]
         if committed.numel() == 0:
             return
+        if getattr(self.head, "t2d", None) is not None:
+            self.stats["committed"] += committed.numel()
+            self.stats["outside"] += int((~self.head.t2d[committed]).sum())
         self._feature = self._feed(committed, feedback.hidden_states)[-1]  # features at the pending token + accepted
 
     @torch.inference_mode()

@@ -53,6 +53,8 @@ def test_recipe_trains_a_head_writes_the_artefact_and_decodes_identically(tiny_p
         assert {"reg", "cls"} <= manifest["metrics"].keys()
     else:
         assert {"step0_top1", "step2_top1"} <= manifest["metrics"].keys() and config["draft_vocab_size"] == 64
+        coverage = manifest["training"]["draft_vocab_heldout_coverage"]  # held-out answer tokens a draft can propose
+        assert 0 < coverage <= 1 and manifest["metrics"]["draft_vocab_coverage"] == coverage
     assert manifest["proposer"]["draft_length"] == 3
     target = random_model("llama", seed=0, layers=layers)  # the recipe's target (same seed)
     adapter = ModelAdapter(target)

@@ -15,7 +15,13 @@ from draftsmith.inference.eagle import EagleHead
 from draftsmith.inference.generate import GenerationConfig, generate
 from draftsmith.inference.proposers.eagle import EagleProposer
 from draftsmith.inference.sampling import SamplingParams
-from draftsmith.trainers.eagle import EagleConfig, eagle_losses, supervised_positions, uniform_noise
+from draftsmith.trainers.eagle import (
+    EagleConfig,
+    draft_vocab_coverage,
+    eagle_losses,
+    supervised_positions,
+    uniform_noise,
+)
 
 
 def test_head_is_the_targets_layer_class_and_its_cache_matches_a_full_forward():
@@ -214,6 +220,15 @@ def _eagle3(target, vd=96, seed=3):
     return head
 
 
+def test_draft_vocab_coverage_counts_answer_tokens_only():
+    t2d = torch.zeros(10, dtype=torch.bool)
+    t2d[[1, 2, 3]] = True
+    rows = [{"input_ids": [5, 6, 1, 2, 9], "labels": [-100, -100, 1, 2, 9]},  # the prompt (5, 6) is not counted
+            {"input_ids": [7, 3, 3], "labels": [-100, 3, 3]}]
+    assert draft_vocab_coverage(rows, t2d) == pytest.approx(4 / 5)
+    assert draft_vocab_coverage([], t2d) == 0.0
+
+
 def test_eagle3_head_shapes_and_layers():
     from draftsmith.inference.eagle import aux_layers
 
@@ -280,8 +295,13 @@ def test_eagle3_drafting_is_token_identical(tree):
     for seed in range(2):
         prompt = torch.randint(3, 100, (11,), generator=torch.Generator().manual_seed(seed))
         ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=20))
+        proposer.reset_stats()
         assert generate(adapter, prompt, GenerationConfig(max_new_tokens=20), proposer).output_ids == ar.output_ids
         assert proposer._cache.get_seq_length(0) == proposer._true
+        vocab = proposer.report_section()[1]["draft_vocab"]  # every committed token: which could a draft propose?
+        outside = [t for t in ar.output_ids if not proposer.head.t2d[t]]
+        assert vocab["size"] == proposer.head.d2t.numel() and vocab["committed_tokens"] == len(ar.output_ids)
+        assert vocab["outside_fraction"] == pytest.approx(len(outside) / len(ar.output_ids))
 
 
 @pytest.mark.parametrize("slope", [0.0, 5.0])
