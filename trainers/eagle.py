@@ -35,6 +35,7 @@ the anchors whose ``x_{t+2+j}`` is a response token. Evaluation logs the top-1 a
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,8 @@ from draftsmith.trainers.base import FrozenTargetTrainer, TargetAnswers
 from draftsmith.trainers.base import help_text as _help
 
 VARIANTS = ("eagle1", "eagle3")
+COVERAGE_WARNING = 0.97  # EAGLE-3: warn below this share of held-out answer tokens inside the draft vocabulary
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -144,6 +147,15 @@ def draft_vocab_coverage(dataset, t2d: torch.Tensor) -> float:  # t2d [V] bool
     of a target's tokens an EAGLE-3 head could ever draft (the rest it can never propose)."""
     counts = answer_token_counts(dataset, int(t2d.numel()))
     return float(counts[t2d.to(counts.device)].sum()) / max(1, int(counts.sum()))
+
+
+def coverage_warning(coverage: float, size: int) -> str | None:
+    """The one-line warning for a draft vocabulary of ``size`` tokens holding only ``coverage`` of the held-out
+    answer tokens (None at or above :data:`COVERAGE_WARNING`)."""
+    if coverage >= COVERAGE_WARNING:
+        return None
+    return (f"the draft vocabulary ({size} tokens) holds only {coverage:.1%} of the held-out answer tokens and the "
+            f"head can never draft the rest: raise draft_vocab_size")
 
 
 def build_eagle_head(models: dict, config: EagleConfig, train_dataset=None) -> EagleHead | Eagle3TTT:
@@ -287,6 +299,13 @@ class EagleTrainer(FrozenTargetTrainer):
         super().__init__(*args, **kwargs)
         layers = getattr(self.train_dataset, "layers", ())  # a FeatureDataset: its columns reach the loss
         self._signature_columns = list(self._signature_columns) + [f"feat_{i}" for i in layers]
+        t2d = getattr(self.model, "t2d", None)  # EAGLE-3: how much of the held-out answers can a draft propose?
+        self.vocab_coverage = None
+        if t2d is not None and self.eval_dataset is not None:
+            self.vocab_coverage = draft_vocab_coverage(self.eval_dataset, t2d.cpu())
+            message = coverage_warning(self.vocab_coverage, int(t2d.sum()))
+            if message:
+                logger.warning(message)
 
     def _target_outputs(self, inputs: dict[str, torch.Tensor], layers: tuple[int, ...], logits: bool = True):
         """``({layer: [B, T, H]}, logits [B, T, V])``: from the batch's cached features when it has them (the
@@ -407,11 +426,8 @@ class EagleTrainer(FrozenTargetTrainer):
         if self.method_config.variant == "eagle3":  # [3, K]: CE sums, hits, anchors per unrolled step
             n = sums[2].clamp(min=1)
             self.top1 = float(sums[1, 0] / n[0])
-            if getattr(self, "vocab_coverage", None) is None and self.eval_dataset is not None:
-                t2d = self.accelerator.unwrap_model(self.model).t2d
-                self.vocab_coverage = draft_vocab_coverage(self.eval_dataset, t2d.cpu())
             metrics = {f"{prefix}_step{j}_top1": float(sums[1, j] / n[j]) for j in range(sums.shape[1])}
-            if getattr(self, "vocab_coverage", None) is not None:
+            if self.vocab_coverage is not None:
                 metrics[f"{prefix}_draft_vocab_coverage"] = self.vocab_coverage
             metrics.update({f"{prefix}_step{j}_ce": float(sums[0, j] / n[j]) for j in range(sums.shape[1])})
             return metrics | {f"{prefix}_top1": self.top1}
@@ -421,11 +437,12 @@ class EagleTrainer(FrozenTargetTrainer):
 
     def manifest_training(self) -> dict[str, Any]:
         out = {"head_top1": self.top1} if getattr(self, "top1", None) is not None else {}
-        if getattr(self, "vocab_coverage", None) is not None:  # EAGLE-3: held-out answer tokens it can draft
+        if self.vocab_coverage is not None:  # EAGLE-3: held-out answer tokens it can draft
             out["draft_vocab_heldout_coverage"] = self.vocab_coverage
         return out
 
 
-__all__ = ["Eagle3TTT", "EagleConfig", "EagleTrainer", "answer_token_counts", "build_eagle_head", "draft_vocab_coverage",
+__all__ = ["Eagle3TTT", "EagleConfig", "EagleTrainer", "answer_token_counts", "build_eagle_head", "coverage_warning",
+           "draft_vocab_coverage",
            "eagle_losses", "shifted",
            "feature_layers", "supervised_positions", "ttt_anchors", "ttt_visibility", "uniform_noise"]

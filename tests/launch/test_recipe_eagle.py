@@ -35,7 +35,7 @@ def _target_with_layers(pair, tmp_path, layers: int) -> Path:
 
 
 @pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
-def test_recipe_trains_a_head_writes_the_artefact_and_decodes_identically(tiny_pair, tmp_path, variant):
+def test_recipe_trains_a_head_writes_the_artefact_and_decodes_identically(tiny_pair, tmp_path, variant, caplog):
     torch.set_num_threads(1)
     out = tmp_path / variant
     layers = 2 if variant == "eagle1" else 4  # EAGLE-3 fuses three layers: a 4-layer target
@@ -55,6 +55,8 @@ def test_recipe_trains_a_head_writes_the_artefact_and_decodes_identically(tiny_p
         assert {"step0_top1", "step2_top1"} <= manifest["metrics"].keys() and config["draft_vocab_size"] == 64
         coverage = manifest["training"]["draft_vocab_heldout_coverage"]  # held-out answer tokens a draft can propose
         assert 0 < coverage <= 1 and manifest["metrics"]["draft_vocab_coverage"] == coverage
+        warned = [r.message for r in caplog.records if "raise draft_vocab_size" in r.getMessage()]
+        assert bool(warned) == (coverage < 0.97)  # a one-line warning when the draft can never propose 3%+
     assert manifest["proposer"]["draft_length"] == 3
     target = random_model("llama", seed=0, layers=layers)  # the recipe's target (same seed)
     adapter = ModelAdapter(target)

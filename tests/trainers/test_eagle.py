@@ -17,6 +17,7 @@ from draftsmith.inference.proposers.eagle import EagleProposer
 from draftsmith.inference.sampling import SamplingParams
 from draftsmith.trainers.eagle import (
     EagleConfig,
+    coverage_warning,
     draft_vocab_coverage,
     eagle_losses,
     supervised_positions,
@@ -227,6 +228,9 @@ def test_draft_vocab_coverage_counts_answer_tokens_only():
             {"input_ids": [7, 3, 3], "labels": [-100, 3, 3]}]
     assert draft_vocab_coverage(rows, t2d) == pytest.approx(4 / 5)
     assert draft_vocab_coverage([], t2d) == 0.0
+    assert coverage_warning(0.98, 8192) is None
+    message = coverage_warning(0.934, 8192)  # SmolLM2's 8,192-token draft vocabulary on coding answers
+    assert "93.4%" in message and "8192" in message and "raise draft_vocab_size" in message and "\n" not in message
 
 
 def test_eagle3_head_shapes_and_layers():
