@@ -152,9 +152,9 @@ def evaluate(
                 _log_question(writer, run, qi)
     finally:
         bar.close()
-    if curve is not None and largest_verification(runs) > max(curve):  # trees verify more than the curve measured:
-        more = measure_verify_samples(target, prefix_tokens=min(max_prompt, 128),  # measure, do not extrapolate
-                                      sizes=extension_sizes(max(curve), largest_verification(runs)))
+    sizes = extension_sizes(max(curve), largest_verification(runs)) if curve is not None else ()
+    if sizes:  # trees verify more tokens than the start-up curve holds: measure those sizes, do not extrapolate
+        more = measure_verify_samples(target, prefix_tokens=min(max_prompt, 128), sizes=sizes)
         curve, times = extend_curve(curve, more), extend_curve(times, more)
     report = build_report(
         runs, method=method, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed, warmup=warmup,

@@ -302,7 +302,7 @@ class EagleTrainer(FrozenTargetTrainer):
         t2d = getattr(self.model, "t2d", None)  # EAGLE-3: how much of the held-out answers can a draft propose?
         self.vocab_coverage = None
         if t2d is not None and self.eval_dataset is not None:
-            self.vocab_coverage = draft_vocab_coverage(self.eval_dataset, t2d.cpu())
+            self.vocab_coverage = draft_vocab_coverage(self.eval_dataset, t2d)
             message = coverage_warning(self.vocab_coverage, int(t2d.sum()))
             if message:
                 logger.warning(message)
@@ -443,6 +443,5 @@ class EagleTrainer(FrozenTargetTrainer):
 
 
 __all__ = ["Eagle3TTT", "EagleConfig", "EagleTrainer", "answer_token_counts", "build_eagle_head", "coverage_warning",
-           "draft_vocab_coverage",
-           "eagle_losses", "shifted",
-           "feature_layers", "supervised_positions", "ttt_anchors", "ttt_visibility", "uniform_noise"]
+           "draft_vocab_coverage", "eagle_losses", "feature_layers", "shifted", "supervised_positions", "ttt_anchors",
+           "ttt_visibility", "uniform_noise"]

@@ -57,6 +57,7 @@ class EagleProposer:
             raise ConfigError(f"EAGLE tree {tree!r} is unknown: choose one of {', '.join(TREES)}")
         self.head, self.embed, self.lm_head, self.length = head.eval(), embed, lm_head, int(length)
         self.hidden_layers = tuple(head.hidden_layers)  # the target layers the loop hands over
+        self._t2d = getattr(head, "t2d", None)  # EAGLE-3's [V] bool draft vocabulary (None: EAGLE-1 drafts any token)
         self.vocab_size = int(lm_head.weight.shape[0])
         self.tree, self.depth, self.top_k, self.total_tokens = tree, int(depth), int(top_k), int(total_tokens)
         if tree == "dynamic":
@@ -83,8 +84,8 @@ class EagleProposer:
         committed tokens outside the draft vocabulary, which no draft could have proposed."""
         s = self.stats
         vocab = {}
-        if getattr(self.head, "t2d", None) is not None:  # EAGLE-3: how often the target chose a token it cannot draft
-            vocab = {"draft_vocab": {"size": int(self.head.d2t.numel()), "committed_tokens": s["committed"],
+        if self._t2d is not None:  # EAGLE-3: how often the target chose a token it cannot draft
+            vocab = {"draft_vocab": {"size": int(self._t2d.sum()), "committed_tokens": s["committed"],
                                      "outside_fraction": s["outside"] / max(1, s["committed"])}}
         if self.tree != "dynamic":
             return "tree_size", {"rule": "chain", "draft_length": self.length} | vocab
@@ -131,9 +132,9 @@ class EagleProposer:
         committed = torch.tensor(feedback.committed, dtype=torch.long, device=self._feature.device)  # [a + 1]
         if committed.numel() == 0:
             return
-        if getattr(self.head, "t2d", None) is not None:
+        if self._t2d is not None:
             self.stats["committed"] += committed.numel()
-            self.stats["outside"] += int((~self.head.t2d[committed]).sum())
+            self.stats["outside"] += int((~self._t2d[committed]).sum())
         self._feature = self._feed(committed, feedback.hidden_states)[-1]  # features at the pending token + accepted
 
     @torch.inference_mode()
