@@ -334,3 +334,18 @@ def build_prompt_ids(tokenizer: Any, turns_so_far: Sequence[Mapping[str, str]]) 
     if not turns_so_far:
         raise ValueError("build_prompt_ids needs at least one turn")
     return _render_ids(tokenizer, [turns_so_far], True, _template_options(tokenizer))[0]
+
+
+def user_prefix_ids(tokenizer: Any) -> list[int]:
+    """The template's token ids before a user turn's content (its system prompt, if it adds one, and the user
+    header): what an instruction-tuned model continues with a user's request (Magpie's pre-query template).
+
+    Rendered with a sentinel content and cut at the sentinel, so the ids are the template's own, not a guess."""
+    _require_template(tokenizer)
+    sentinel = "\u2063draftsmith-user-content\u2063"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": sentinel}], tokenize=False,
+                                         add_generation_prompt=False)
+    if sentinel not in text:
+        raise DataError("the chat template does not render a user turn's content verbatim, so the text before it "
+                        "cannot be found; pass prompts instead of synthesizing them")
+    return list(tokenizer(text[: text.index(sentinel)], add_special_tokens=False)["input_ids"])

@@ -3,11 +3,15 @@
     draftsmith data generate --target PATH --prompts corpus --out runs/sd/answers.jsonl --limit 2000
     draftsmith data generate --target PATH --prompts broad --out broad.jsonl --temperature 0.7 --top-p 0.9
     draftsmith data generate --target PATH --prompts data.jsonl --out answers.jsonl --sequential   # one at a time
+    draftsmith data generate --target PATH --prompts corpus --prompts mine.jsonl --limit 2000 --out answers.jsonl
+    draftsmith data prompts --target PATH --out runs/sd/prompts.jsonl --count 2000
     draftsmith data jacobi --target PATH --prompts corpus --out runs/traj/train.jsonl --block 16 --limit 500
 
 ``generate`` answers every prompt with the target (self-distillation, :mod:`draftsmith.data.self_distill`):
 left-padded batches with a KV cache, greedy or sampled, into chat rows (jsonl) with ``<out>.meta.json`` beside
-them. ``jacobi`` collects the target's greedy Jacobi trajectories (CLLM's training data,
+them; ``--prompts`` may repeat (the sets are answered together, ``--limit`` applies to each). ``prompts`` has
+the target write user requests itself (Magpie, :mod:`draftsmith.data.synthetic_prompts`), prompts for ``generate``
+that cover what the target's users ask rather than what the corpus holds. ``jacobi`` collects the target's greedy Jacobi trajectories (CLLM's training data,
 :mod:`draftsmith.data.jacobi`): per block, every state from a guess drawn from the context to the fixed point.
 Killed, either command continues where it stopped.
 """
@@ -28,12 +32,18 @@ PROMPT_SOURCES = "a .jsonl/.json/.parquet chat dataset (messages, ShareGPT or Al
                  "(the user turns of the shipped corpus' train split)"
 
 
-def _target_and_prompts(a) -> None:
-    """The options every ``draftsmith data`` command shares: the target, the prompts and the output file."""
+def _target_and_out(a) -> None:
+    """The options every ``draftsmith data`` command shares: the target and the output file."""
     a.add_argument("--target", metavar="PATH_OR_NAME", required=True, help="target model directory, hub id or name")
     a.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer directory (default: the target's)")
-    a.add_argument("--prompts", metavar="FILE|SET", required=True, help=PROMPT_SOURCES)
     a.add_argument("--out", metavar="FILE", required=True, help="output .jsonl; FILE.meta.json goes beside it")
+
+
+def _target_and_prompts(a) -> None:
+    """The options of the commands that run the target on prompts: :func:`_target_and_out` and the prompts."""
+    _target_and_out(a)
+    a.add_argument("--prompts", metavar="FILE|SET", required=True, action="append",
+                   help=PROMPT_SOURCES + "; repeat it to answer several sets together")
     a.add_argument("--limit", metavar="N", type=int, default=None, help="the first N prompts only (corpus: N with an equal share from every source)")
 
 
@@ -48,7 +58,7 @@ def _machine(a) -> None:
 def add_parser(sub) -> None:
     p = sub.add_parser("data", help="make training data with the target (self-distillation)",
                        description=__doc__.split("\n\n")[0])
-    actions = p.add_subparsers(dest="data_command", required=True, metavar="{generate,jacobi}")
+    actions = p.add_subparsers(dest="data_command", required=True, metavar="{generate,prompts,jacobi}")
     g = actions.add_parser("generate", help="answer a prompt set with the target into chat rows (resumable)",
                            description="Regenerate the answers of a prompt set with the target: batched, greedy or "
                                        "sampled, resumable (rerun the same command after a kill).")
@@ -61,6 +71,22 @@ def add_parser(sub) -> None:
     g.add_argument("--seed", metavar="S", type=int, default=0, help="sampling seed (each row draws from its own)")
     g.add_argument("--overwrite", action="store_true", help="start the output again instead of resuming it")
     _machine(g)
+    w = actions.add_parser("prompts", help="have the target write user prompts itself (Magpie; resumable)",
+                           description="Sample user requests from an instruction-tuned target given only its chat "
+                                       "template up to a user turn (Magpie, arXiv:2406.08464): prompts for `data "
+                                       "generate` that cover what the target was aligned on. Unfinished, short and "
+                                       "repeated requests are dropped. Resumable (rerun the same command).")
+    _target_and_out(w)
+    w.add_argument("--count", metavar="N", type=int, required=True, help="prompts to keep")
+    w.add_argument("--batch-size", metavar="B", type=int, default=16, help="attempts per forward (default 16)")
+    w.add_argument("--max-new-tokens", metavar="N", type=int, default=96,
+                   help="longest request in tokens; a longer one is dropped as unfinished (default 96)")
+    w.add_argument("--temperature", metavar="T", type=float, default=1.0, help="sampling temperature (default 1)")
+    w.add_argument("--top-p", metavar="P", type=float, default=0.95, help="nucleus sampling mass (default 0.95)")
+    w.add_argument("--seed", metavar="S", type=int, default=0, help="sampling seed (each attempt draws from its own)")
+    w.add_argument("--min-words", metavar="N", type=int, default=3, help="shortest request kept (default 3 words)")
+    w.add_argument("--overwrite", action="store_true", help="start the output again instead of resuming it")
+    _machine(w)
     j = actions.add_parser("jacobi", help="collect the target's Jacobi trajectories (CLLM's data; resumable)",
                            description="Run greedy Jacobi decoding of --block-token blocks with the target on a prompt "
                                        "set and record every state of every block to its fixed point: batched, "
@@ -92,6 +118,20 @@ def _is_question_file(path: Path) -> bool:
         return True
     first = next((row for _, row in read_rows(path) if isinstance(row, dict)), None)
     return first is not None and "turns" in first
+
+
+def load_prompt_sets(specs: list[str], limit: int | None = None) -> tuple[list[str], list[list[dict]], str]:
+    """``(ids, prompts, source)`` of every ``--prompts`` set in turn (each cut to ``limit``); a prompt two sets share
+    is answered once, and the sources are joined with ``+``."""
+    sets = [load_prompts(spec, limit) for spec in specs]
+    if len(sets) == 1:
+        return sets[0]
+    from draftsmith.data.self_distill import unique_prompts
+
+    ids, prompts, repeats = unique_prompts([i for s in sets for i in s[0]], [p for s in sets for p in s[1]])
+    if repeats:
+        print(f"note: {repeats} prompts appear in more than one --prompts set and are answered once", file=sys.stderr)
+    return ids, prompts, "+".join(s[2] for s in sets)
 
 
 def load_prompts(spec: str, limit: int | None = None) -> tuple[list[str], list[list[dict]], str]:
@@ -134,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     threads = contextlib.nullcontext() if args.threads is None else torch_threads(
         parse_threads(args.threads, "--threads", "pass --threads N with N >= 1, or leave it out"))
     with threads:
-        return run_jacobi(args) if args.data_command == "jacobi" else run_generate(args)
+        return {"jacobi": run_jacobi, "prompts": run_prompts}.get(args.data_command, run_generate)(args)
 
 
 def _target(args: argparse.Namespace):
@@ -153,7 +193,7 @@ def run_jacobi(args: argparse.Namespace) -> int:
     from draftsmith.data.generation import eos_token_ids, pad_token_id
     from draftsmith.data.jacobi import collect_trajectories
 
-    ids, prompts, _ = load_prompts(args.prompts, args.limit)
+    ids, prompts, _ = load_prompt_sets(args.prompts, args.limit)
     model, tokenizer = _target(args)
     token_ids = [build_prompt_ids(tokenizer, p) for p in prompts]
     stats = collect_trajectories(model, token_ids, ids, args.out, target=target_identity(model, tokenizer, str(args.target)),
@@ -169,11 +209,28 @@ def run_generate(args: argparse.Namespace) -> int:
     from draftsmith.data.self_distill import generate_answers
 
     batch_size = 1 if args.sequential else args.batch_size
-    ids, prompts, source = load_prompts(args.prompts, args.limit)
+    ids, prompts, source = load_prompt_sets(args.prompts, args.limit)
     model, tokenizer = _target(args)
     stats = generate_answers(model, tokenizer, prompts, args.out, ids=ids, source=source, batch_size=batch_size,
                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                              seed=args.seed, target_name=str(args.target), overwrite=args.overwrite,
                              progress=not args.no_progress)
     print(summary_line(stats))
+    return 0
+
+
+def run_prompts(args: argparse.Namespace) -> int:
+    from draftsmith.data.synthetic_prompts import synthesize_prompts
+
+    model, tokenizer = _target(args)
+    stats = synthesize_prompts(model, tokenizer, args.out, count=args.count, batch_size=args.batch_size,
+                               max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                               seed=args.seed, min_words=args.min_words, target_name=str(args.target),
+                               overwrite=args.overwrite, progress=not args.no_progress)
+    dropped = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in stats["dropped"].items() if n) or "none"
+    print(f"{stats['out']}: {stats['kept']} prompts of {stats['attempts']} attempts (dropped: {dropped}), "
+          f"{stats['tokens']} tokens in {stats['seconds']:.1f} s, {stats['tokens_per_s']:.1f} tokens/s")
+    if not stats["complete"]:
+        print(f"warning: only {stats['kept']} of {args.count} prompts after {stats['attempts']} attempts; the target "
+              "repeats itself: raise --temperature or lower --count", file=sys.stderr)
     return 0

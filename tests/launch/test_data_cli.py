@@ -134,3 +134,26 @@ def test_jacobi_trajectories_from_the_command_line(tiny_pair, tmp_path, capsys):
     assert main(args) == 0 and out.read_bytes() == before
     assert main([*args[:-5], "--block", "8", "--threads", "1", "--no-progress"]) == 2
     assert "other settings" in _one_line_error(capsys)
+
+
+def test_the_target_writes_prompts_then_answers_them_beside_another_set(tiny_pair, tmp_path, capsys):
+    """`draftsmith data prompts` (Magpie) writes a prompt set; `data generate` answers it and a second --prompts set
+    into one file; a repeated run adds nothing."""
+    prompts = tmp_path / "prompts.jsonl"
+    args = ["data", "prompts", "--target", str(tiny_pair["target"]), "--out", str(prompts), "--count", "3",
+            "--max-new-tokens", "48", "--min-words", "1", "--threads", "1", "--no-progress"]
+    assert main(args) == 0
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.startswith(f"{prompts}: 3 prompts of ") and "attempts" in summary
+    mine = _rows(prompts)
+    out = tmp_path / "answers.jsonl"
+    assert _generate(tiny_pair["target"], tiny_pair["dataset"], out, "--limit", 2, "--prompts", prompts) == 0
+    rows = _rows(out)
+    assert [r["messages"][0]["content"] for r in rows] == ["What is 0 plus 0?", "What is 1 plus 1?",  # --limit: each
+                                                          *(m["messages"][0]["content"] for m in mine[:2])]
+    assert [r["id"] for r in rows[2:]] == [m["id"] for m in mine[:2]] and all(len(r["messages"]) == 2 for r in rows)
+    meta = json.loads(Path(f"{out}.meta.json").read_text())
+    assert meta["prompts"]["source"] == f"{tiny_pair['dataset']}+{prompts}" and meta["prompts"]["count"] == 4
+    assert main(args) == 0 and _rows(prompts) == mine
+    assert main([*args, "--temperature", "0"]) == 2
+    assert "greedy" in _one_line_error(capsys)

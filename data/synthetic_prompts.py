@@ -1,0 +1,181 @@
+"""Prompts the target writes itself (Magpie, Xu et al. 2024, arXiv:2406.08464), for self-distillation data that
+covers what the target's users ask rather than what a corpus happens to hold.
+
+    stats = synthesize_prompts(target, tokenizer, "runs/sd/prompts.jsonl", count=2000, temperature=1.0, top_p=0.95)
+
+An instruction-tuned model given its chat template only up to a user turn's content (:func:`user_prefix_ids`:
+the template's system prompt and user header) continues with a user's request, drawn from the requests it was
+aligned on. Each attempt samples one continuation to the end-of-turn token; an attempt is kept as a prompt when
+it ended (the request is whole), holds at least ``min_words`` words and is not a repeat of a kept prompt (case and
+spacing ignored). Output, one JSON line per kept prompt, a prompt-only chat row that ``draftsmith data generate
+--prompts FILE`` answers::
+
+    {"id": "3f2a...", "messages": [{"role": "user", "content": "Can you ..."}], "num_tokens": 23, "attempt": 7}
+
+Sampling is reproducible per attempt: attempt ``a`` draws from its own uniforms seeded with
+:func:`~draftsmith.data.self_distill.row_seed` ``(seed, "attempt-<a>")``, so the file depends on the seed and the
+target only. ``<out>.meta.json`` (written after every batch) records the settings, the target's identity, the
+template prefix and the progress (kept, attempts, dropped by reason). Rerunning the same call resumes after the
+last recorded attempt; rows a kill left past it are repeats of what the rerun samples and are dropped as such.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from draftsmith.common import __version__
+from draftsmith.common.errors import ConfigError
+from draftsmith.common.io import append_jsonl, atomic_write_json, environment, read_json
+from draftsmith.data.chat import user_prefix_ids
+from draftsmith.data.generation import eos_token_ids, pad_token_id, sample_completions
+from draftsmith.data.self_distill import (
+    SETTINGS,
+    check_resume,
+    finish_reason,
+    meta_path,
+    prompt_id,
+    recover_rows,
+    row_seed,
+    writer_identity,
+)
+
+META_FORMAT = "draftsmith-synthetic-prompts/1"
+FIX = "pass a new --out, or --overwrite to start that file again"
+DROP_REASONS = ("unfinished", "too_short", "repeat")
+
+
+def prompt_key(text: str) -> str:
+    """What two prompts must share to be repeats: the text case-folded, runs of whitespace as one space."""
+    return re.sub(r"\s+", " ", text).strip().casefold()
+
+
+def judge_attempt(tokens: list[int], text: str, eos_ids: list[int], min_words: int, seen: set[str]) -> str | None:
+    """Why an attempt is dropped (one of :data:`DROP_REASONS`), or None to keep it; a kept prompt's key is added
+    to ``seen``."""
+    if finish_reason(tokens, eos_ids) != "eos":
+        return "unfinished"  # cut at max_new_tokens: the request may be incomplete
+    if len(text.split()) < min_words:
+        return "too_short"
+    key = prompt_key(text)
+    if key in seen:
+        return "repeat"
+    seen.add(key)
+    return None
+
+
+def prompt_row(text: str, tokens: list[int], attempt: int) -> dict:
+    """The output row of a kept attempt: a prompt-only chat row."""
+    messages = [{"role": "user", "content": text}]
+    return {"id": prompt_id(messages), "messages": messages, "num_tokens": len(tokens), "attempt": attempt}
+
+
+def _check(count: int, batch_size: int, max_new_tokens: int, temperature: float, top_p: float,
+           min_words: int) -> None:
+    if count < 1:
+        raise ConfigError(f"--count must be at least 1, got {count}")
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
+    if max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if temperature <= 0:
+        raise ConfigError(f"--temperature must be > 0 (greedy writes one prompt over and over), got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"--top-p must lie in (0, 1] (1 = no cut), got {top_p}")
+    if min_words < 1:
+        raise ConfigError(f"--min-words must be at least 1, got {min_words}")
+
+
+def synthesize_prompts(
+    model,
+    tokenizer,
+    out_path: str | os.PathLike,
+    *,
+    count: int,
+    batch_size: int = 16,
+    max_new_tokens: int = 96,
+    temperature: float = 1.0,
+    top_p: float = 0.95,
+    seed: int = 0,
+    min_words: int = 3,
+    max_attempts: int | None = None,
+    target_name: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Write ``count`` prompts sampled from ``model`` into ``out_path`` (see the module docstring), resuming a file
+    a killed run left; stop early after ``max_attempts`` attempts (default ``4 * count``). Returns the progress
+    also written to the meta."""
+    _check(count, batch_size, max_new_tokens, temperature, top_p, min_words)
+    max_attempts = 4 * count if max_attempts is None else max_attempts
+    out, meta_file = Path(out_path), meta_path(out_path)
+    if overwrite:
+        out.unlink(missing_ok=True)
+        meta_file.unlink(missing_ok=True)
+    settings = {"temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
+                "max_new_tokens": int(max_new_tokens)}
+    target = writer_identity(model, tokenizer, target_name)
+    done = recover_rows(out)
+    old_meta = read_json(meta_file) if done else None
+    check_resume(old_meta, settings, target, out, has_rows=bool(done), fmt=META_FORMAT, keys=SETTINGS, fix=FIX)
+    old = (old_meta or {}).get("progress", {})
+    prefix = user_prefix_ids(tokenizer)  # [P]
+    eos_ids, pad_id = eos_token_ids(tokenizer, model.config), pad_token_id(tokenizer, model.config)
+    if not eos_ids:
+        raise ConfigError("the target names no end-of-sequence token, so a sampled request never ends; set "
+                          "eos_token_id in its generation config")
+    seen = {prompt_key(r["messages"][0]["content"]) for r in done}
+    totals = {"kept": len(done), "attempts": int(old.get("attempts", 0)), "seconds": float(old.get("seconds", 0.0)),
+              "tokens": int(old.get("tokens", 0)), "dropped": Counter(old.get("dropped", {}))}
+    meta = {"format": META_FORMAT, "settings": settings, "min_words": min_words, "target": target,
+            "prefix": tokenizer.decode(prefix), "draftsmith_version": __version__,
+            "environment": environment(device=str(next(model.parameters()).device), threads=torch.get_num_threads()),
+            "created": (old_meta or {}).get("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))}
+
+    def stats() -> dict:
+        meta["progress"] = {**totals, "dropped": {r: totals["dropped"][r] for r in DROP_REASONS}, "count": count,
+                            "tokens_per_s": totals["tokens"] / totals["seconds"] if totals["seconds"] else 0.0,
+                            "complete": totals["kept"] >= count}
+        return {**meta["progress"], "out": str(out)}
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.touch()
+    atomic_write_json(meta_file, meta | {"progress": stats()})
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=count, initial=min(totals["kept"], count), desc="prompts", unit="prompt", disable=not progress,
+               dynamic_ncols=True)
+    try:
+        while totals["kept"] < count and totals["attempts"] < max_attempts:
+            attempts = list(range(totals["attempts"], min(totals["attempts"] + batch_size, max_attempts)))
+            start = time.perf_counter()
+            completions = sample_completions(model, [prefix] * len(attempts), max_new_tokens=max_new_tokens,
+                                             pad_token_id=pad_id, eos_ids=eos_ids, temperature=temperature,
+                                             top_p=top_p, row_seeds=[row_seed(seed, f"attempt-{a}") for a in attempts])
+            rows = []
+            for attempt, tokens in zip(attempts, completions):
+                if totals["kept"] + len(rows) == count:
+                    break  # the attempts left are not used: a later run with a larger count starts at them
+                body = tokens[:-1] if finish_reason(tokens, eos_ids) == "eos" else tokens
+                text = tokenizer.decode(body, skip_special_tokens=True).strip()
+                reason = judge_attempt(tokens, text, eos_ids, min_words, seen)
+                if reason is not None:
+                    totals["dropped"][reason] += 1
+                else:
+                    rows.append(prompt_row(text, tokens, attempt))
+                totals["attempts"] = attempt + 1
+                totals["tokens"] += len(tokens)
+            append_jsonl(out, rows)
+            totals["kept"] += len(rows)
+            totals["seconds"] += time.perf_counter() - start
+            atomic_write_json(meta_file, meta | {"progress": stats()})
+            bar.update(len(rows))
+    finally:
+        bar.close()
+    return stats()
+
