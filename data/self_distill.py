@@ -245,6 +245,26 @@ def check_resume(meta: Mapping | None, settings: Mapping, target: Mapping, out: 
                           f"target to resume, or {fix}")
 
 
+def sampling_settings(temperature: float, top_p: float, seed: int, max_new_tokens: int) -> dict:
+    """The generation settings a sampled row file records and a resumed run must repeat (:data:`SETTINGS`)."""
+    return {"temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
+            "max_new_tokens": int(max_new_tokens)}
+
+
+def open_row_file(out_path: str | os.PathLike, settings: Mapping, target: Mapping, overwrite: bool, *,
+                  fmt: str = META_FORMAT, fix: str = FIX) -> tuple[Path, Path, list[dict], dict | None]:
+    """``(out, meta_file, rows, meta)`` of a sampled row file about to be (re)started: emptied first with
+    ``overwrite``; its complete rows and meta, after :func:`check_resume` of ``settings`` and ``target``."""
+    out, meta_file = Path(out_path), meta_path(out_path)
+    if overwrite:
+        out.unlink(missing_ok=True)
+        meta_file.unlink(missing_ok=True)
+    done = recover_rows(out)
+    old_meta = read_json(meta_file) if done else None  # no rows yet: start afresh whatever the meta says
+    check_resume(old_meta, settings, target, out, has_rows=bool(done), fmt=fmt, keys=SETTINGS, fix=fix)
+    return out, meta_file, done, old_meta
+
+
 def answered_by(path: str | os.PathLike, model, tokenizer, target_name: str | None = None) -> dict:
     """The target record of the answers in ``path`` (from its ``.meta.json``), after checking that ``model`` wrote
     them: a ConfigError naming the fix when the file has no self-distillation meta or another target's."""
@@ -356,16 +376,9 @@ def generate_answers(
     _check_settings(batch_size, max_new_tokens, temperature, top_p)
     ids = [prompt_id(p) for p in prompts] if ids is None else [str(i) for i in ids]
     _check_prompts(ids, prompts)
-    out, meta_file = Path(out_path), meta_path(out_path)
-    if overwrite:
-        out.unlink(missing_ok=True)
-        meta_file.unlink(missing_ok=True)
-    settings = {"temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
-                "max_new_tokens": int(max_new_tokens)}
+    settings = sampling_settings(temperature, top_p, seed, max_new_tokens)
     target = writer_identity(model, tokenizer, target_name)
-    done = recover_rows(out)
-    old_meta = read_json(meta_file) if done else None  # no rows yet: start afresh whatever the meta says
-    check_resume(old_meta, settings, target, out, has_rows=bool(done))
+    out, meta_file, done, old_meta = open_row_file(out_path, settings, target, overwrite)
     known = set(ids)
     strangers = [r["id"] for r in done if r["id"] not in known]
     if strangers:

@@ -25,23 +25,20 @@ import os
 import re
 import time
 from collections import Counter
-from pathlib import Path
 
 import torch
 
 from draftsmith.common import __version__
 from draftsmith.common.errors import ConfigError
-from draftsmith.common.io import append_jsonl, atomic_write_json, environment, read_json
+from draftsmith.common.io import append_jsonl, atomic_write_json, environment
 from draftsmith.data.chat import user_prefix_ids
 from draftsmith.data.generation import eos_token_ids, pad_token_id, sample_completions
 from draftsmith.data.self_distill import (
-    SETTINGS,
-    check_resume,
     finish_reason,
-    meta_path,
+    open_row_file,
     prompt_id,
-    recover_rows,
     row_seed,
+    sampling_settings,
     writer_identity,
 )
 
@@ -113,16 +110,9 @@ def synthesize_prompts(
     also written to the meta."""
     _check(count, batch_size, max_new_tokens, temperature, top_p, min_words)
     max_attempts = 4 * count if max_attempts is None else max_attempts
-    out, meta_file = Path(out_path), meta_path(out_path)
-    if overwrite:
-        out.unlink(missing_ok=True)
-        meta_file.unlink(missing_ok=True)
-    settings = {"temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
-                "max_new_tokens": int(max_new_tokens)}
+    settings = sampling_settings(temperature, top_p, seed, max_new_tokens)
     target = writer_identity(model, tokenizer, target_name)
-    done = recover_rows(out)
-    old_meta = read_json(meta_file) if done else None
-    check_resume(old_meta, settings, target, out, has_rows=bool(done), fmt=META_FORMAT, keys=SETTINGS, fix=FIX)
+    out, meta_file, done, old_meta = open_row_file(out_path, settings, target, overwrite, fmt=META_FORMAT, fix=FIX)
     old = (old_meta or {}).get("progress", {})
     prefix = user_prefix_ids(tokenizer)  # [P]
     eos_ids, pad_id = eos_token_ids(tokenizer, model.config), pad_token_id(tokenizer, model.config)

@@ -55,6 +55,16 @@ def _machine(a) -> None:
     a.set_defaults(run=run)
 
 
+def _sampling(a, temperature: float, top_p: float, unit: str) -> None:
+    """The sampling and resumption options of the commands that write sampled row files."""
+    a.add_argument("--temperature", metavar="T", type=float, default=temperature,
+                   help=f"sampling temperature, 0 = greedy (default {temperature:g})")
+    a.add_argument("--top-p", metavar="P", type=float, default=top_p,
+                   help=f"nucleus sampling mass, 1 = off (default {top_p:g})")
+    a.add_argument("--seed", metavar="S", type=int, default=0, help=f"sampling seed (each {unit} draws from its own)")
+    a.add_argument("--overwrite", action="store_true", help="start the output again instead of resuming it")
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("data", help="make training data with the target (self-distillation)",
                        description=__doc__.split("\n\n")[0])
@@ -66,10 +76,7 @@ def add_parser(sub) -> None:
     g.add_argument("--batch-size", metavar="B", type=int, default=16, help="sequences per forward (default 16)")
     g.add_argument("--sequential", action="store_true", help="one sequence at a time (--batch-size 1), for comparison")
     g.add_argument("--max-new-tokens", metavar="N", type=int, default=256, help="longest answer in tokens")
-    g.add_argument("--temperature", metavar="T", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-p", metavar="P", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    g.add_argument("--seed", metavar="S", type=int, default=0, help="sampling seed (each row draws from its own)")
-    g.add_argument("--overwrite", action="store_true", help="start the output again instead of resuming it")
+    _sampling(g, temperature=0.0, top_p=1.0, unit="row")
     _machine(g)
     w = actions.add_parser("prompts", help="have the target write user prompts itself (Magpie; resumable)",
                            description="Sample user requests from an instruction-tuned target given only its chat "
@@ -81,11 +88,8 @@ def add_parser(sub) -> None:
     w.add_argument("--batch-size", metavar="B", type=int, default=16, help="attempts per forward (default 16)")
     w.add_argument("--max-new-tokens", metavar="N", type=int, default=96,
                    help="longest request in tokens; a longer one is dropped as unfinished (default 96)")
-    w.add_argument("--temperature", metavar="T", type=float, default=1.0, help="sampling temperature (default 1)")
-    w.add_argument("--top-p", metavar="P", type=float, default=0.95, help="nucleus sampling mass (default 0.95)")
-    w.add_argument("--seed", metavar="S", type=int, default=0, help="sampling seed (each attempt draws from its own)")
     w.add_argument("--min-words", metavar="N", type=int, default=3, help="shortest request kept (default 3 words)")
-    w.add_argument("--overwrite", action="store_true", help="start the output again instead of resuming it")
+    _sampling(w, temperature=1.0, top_p=0.95, unit="attempt")
     _machine(w)
     j = actions.add_parser("jacobi", help="collect the target's Jacobi trajectories (CLLM's data; resumable)",
                            description="Run greedy Jacobi decoding of --block-token blocks with the target on a prompt "

@@ -65,3 +65,24 @@ def chatml_tokenizer():
 def make_tokenizer():
     """``make_tokenizer(chat_template=..., chatml=False)`` for tests that need their own template."""
     return build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The character tokenizer with a chat template (pairs with ``model``)."""
+    from draftsmith.data.tiny_models import char_tokenizer
+
+    return char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A 2-layer random llama over ``tok``'s vocabulary, run on one thread."""
+    import torch
+
+    from draftsmith.data.tiny_models import random_model
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield random_model("llama", seed=0, layers=2)
+    torch.set_num_threads(before)

@@ -36,18 +36,6 @@ class Killed(Exception):
     """Stands in for a kill between two batches."""
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return char_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield random_model("llama", seed=0, layers=2)
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def prompts():

@@ -8,30 +8,16 @@ import json
 import shutil
 
 import pytest
-import torch
 
 from draftsmith.common.errors import ConfigError, DataError
 from draftsmith.data.chat import user_prefix_ids
 from draftsmith.data.self_distill import dataset_prompts, meta_path, prompt_id
 from draftsmith.data.synthetic_prompts import judge_attempt, prompt_key, synthesize_prompts
-from draftsmith.data.tiny_models import char_tokenizer, random_model
 
 from .conftest import build_tokenizer
 
 SETTINGS = {"max_new_tokens": 48, "min_words": 1, "batch_size": 4, "progress": False}
 
-
-@pytest.fixture(scope="module")
-def tok():
-    return char_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield random_model("llama", seed=0, layers=2)
-    torch.set_num_threads(before)
 
 
 def _rows(path):
