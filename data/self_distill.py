@@ -298,7 +298,8 @@ def weights_sample_sha256(model, values: int = 4096) -> str:
     return hashlib.sha256(b"".join(blob)).hexdigest()
 
 
-def _check_settings(batch_size: int, max_new_tokens: int, temperature: float, top_p: float) -> None:
+def check_settings(batch_size: int, max_new_tokens: int, temperature: float, top_p: float) -> None:
+    """One-line ConfigErrors for generation settings out of range."""
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
     if max_new_tokens < 1:
@@ -373,7 +374,7 @@ def generate_answers(
     run left. ``ids`` default to :func:`prompt_id` of each prompt; ``source`` names the prompt set in the meta;
     ``on_batch(stats)`` runs after every batch is on disk. Prompts too long for the model's positions with
     ``max_new_tokens`` more are skipped and counted. Returns the stats also written to the meta's progress."""
-    _check_settings(batch_size, max_new_tokens, temperature, top_p)
+    check_settings(batch_size, max_new_tokens, temperature, top_p)
     ids = [prompt_id(p) for p in prompts] if ids is None else [str(i) for i in ids]
     _check_prompts(ids, prompts)
     settings = sampling_settings(temperature, top_p, seed, max_new_tokens)

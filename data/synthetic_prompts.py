@@ -34,6 +34,7 @@ from draftsmith.common.io import append_jsonl, atomic_write_json, environment
 from draftsmith.data.chat import user_prefix_ids
 from draftsmith.data.generation import eos_token_ids, pad_token_id, sample_completions
 from draftsmith.data.self_distill import (
+    check_settings,
     finish_reason,
     open_row_file,
     prompt_id,
@@ -74,16 +75,11 @@ def prompt_row(text: str, tokens: list[int], attempt: int) -> dict:
 
 def _check(count: int, batch_size: int, max_new_tokens: int, temperature: float, top_p: float,
            min_words: int) -> None:
+    check_settings(batch_size, max_new_tokens, temperature, top_p)
     if count < 1:
         raise ConfigError(f"--count must be at least 1, got {count}")
-    if batch_size < 1:
-        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
-    if max_new_tokens < 1:
-        raise ConfigError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
-    if temperature <= 0:
-        raise ConfigError(f"--temperature must be > 0 (greedy writes one prompt over and over), got {temperature}")
-    if not 0.0 < top_p <= 1.0:
-        raise ConfigError(f"--top-p must lie in (0, 1] (1 = no cut), got {top_p}")
+    if temperature == 0:
+        raise ConfigError("--temperature must be > 0: greedy writes one prompt over and over")
     if min_words < 1:
         raise ConfigError(f"--min-words must be at least 1, got {min_words}")
 
