@@ -35,7 +35,7 @@ import torch
 from draftsmith.common.errors import ConfigError, TokenizerMismatchError
 from draftsmith.common.models import QUANTIZATIONS, check_quantization_available, lm_head_rows
 from draftsmith.data.chat import IGNORE_INDEX
-from draftsmith.data.collate import response_mask
+from draftsmith.data.collate import answer_token_counts, draft_vocab_coverage, response_mask
 from draftsmith.inference.proposers.draft_model import draft_vocab_of
 from draftsmith.trainers.base import FrozenTargetTrainer, acceptance_metrics
 from draftsmith.trainers.losses import DIVERGENCES, divergence, divergence_per_token, sequence_kd_nll
@@ -44,6 +44,8 @@ DATA_MODES = ("fixed", "target", "onpolicy", "mixed")
 MIXED_WITH = ("fixed", "target")
 EVAL_RESPONSES = ("dataset", "target")
 TARGET_SIGNALS = ("logits", "tokens")
+DRAFT_VOCABS = ("keep", "answers")
+REFIT_MIN_COUNT = 2  # a token seen once in the answers ranks below the draft's own vocabulary
 KERNEL_BACKENDS = ("auto", "reference", "triton")
 # config attributes that make the logits more than `last hidden state @ LM head.T (+ bias)`
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
@@ -101,6 +103,14 @@ class DistillSpecConfig:
                        "set's own; target = the target's greedy answers to its prompts (max_new_tokens), which is "
                        "what greedy speculative decoding verifies."),
     )
+    draft_vocab: str = field(
+        default="keep",
+        metadata=_help("The tokens the draft proposes (its config.draft_vocab): keep = as the draft came (the zoo "
+                       "build's, most frequent in the corpus text); answers = refitted, at the same size, to the "
+                       "target's answers in the training data (tokens seen at least twice, most frequent first, "
+                       "then the draft's own), so more of what the target says can be drafted at all. Needs "
+                       "target_signal=tokens with data_mode=fixed (the answers must be the target's)."),
+    )
     draft_length: int = field(default=4, metadata=_help("Draft length k used to predict tau from the estimated "
                                                         "acceptance at evaluation (and recorded in the artefact)."))
     use_fused_kernel: bool | None = field(
@@ -129,6 +139,11 @@ class DistillSpecConfig:
         if self.target_signal == "tokens" and self.use_fused_kernel:
             raise ConfigError("use_fused_kernel fuses the target's logits into the loss, and target_signal=tokens "
                               "has none: leave use_fused_kernel unset")
+        if self.draft_vocab not in DRAFT_VOCABS:
+            raise ConfigError(f"draft_vocab={self.draft_vocab!r} is unknown: choose one of {', '.join(DRAFT_VOCABS)}")
+        if self.draft_vocab == "answers" and not self.trains_on_dataset_as_answers:
+            raise ConfigError("draft_vocab=answers refits the vocabulary to the target's own answers: train with "
+                              "target_signal=tokens and data_mode=fixed on a `draftsmith data generate` file")
         if not 0.0 <= float(self.beta) <= 1.0:
             raise ConfigError(f"beta={self.beta} is outside [0, 1]: set a JSD weight between 0 and 1")
         if not float(self.temperature) > 0.0:
@@ -206,8 +221,33 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         super().__init__(model, teacher_model, method_config, *args, **kwargs)
         self.vocab_size = lm_head_rows(teacher_model)
         self.draft_ids = draft_vocab_of(model)  # [K] the tokens the draft proposes, or None for all
+        self.vocab_record: dict[str, Any] = {}
+        if self.method_config.draft_vocab == "answers":
+            self.draft_ids = self._refit_draft_vocab(model)
         self.use_fused_kernel = self._resolve_fused_kernel(model, teacher_model)
         self._micro_step = (-1, 0)  # (global step, micro batch within it) for the mixed-mode coin
+
+    def _refit_draft_vocab(self, model) -> torch.Tensor:  # [K]
+        """``draft_vocab=answers``: the draft's vocabulary refitted to the training answers (:func:`refit_vocab`),
+        written to ``model.config.draft_vocab`` (the artefact's draft carries it); its held-out coverage before and
+        after goes to the manifest."""
+        if self.draft_ids is None:
+            raise ConfigError("draft_vocab=answers refits a reduced draft vocabulary, and this draft proposes its "
+                              "whole vocabulary (no config.draft_vocab): use draft_vocab=keep")
+        specials = list(getattr(self.processing_class, "all_special_ids", None) or [])
+        counts = answer_token_counts(self.train_dataset, self.vocab_size)  # [V]
+        new = refit_vocab(counts, self.draft_ids, int(self.draft_ids.numel()), specials)
+        before, after = (vocab_mask(ids, self.vocab_size) for ids in (self.draft_ids, new))
+        self.vocab_record = {"draft_vocab": "answers", "draft_vocab_size": int(new.numel()),
+                             "draft_vocab_replaced": int((after & ~before).sum()),
+                             "draft_vocab_heldout_coverage_before": round(draft_vocab_coverage(self.eval_dataset, before), 4),
+                             "draft_vocab_heldout_coverage": round(draft_vocab_coverage(self.eval_dataset, after), 4)}
+        logger.info(f"draft vocabulary refitted to the training answers: {self.vocab_record['draft_vocab_replaced']} of "
+                    f"{new.numel()} tokens replaced, held-out answer coverage "
+                    f"{self.vocab_record['draft_vocab_heldout_coverage_before']:.1%} -> "
+                    f"{self.vocab_record['draft_vocab_heldout_coverage']:.1%}")
+        model.config.draft_vocab = new.tolist()
+        return new
 
     def fused_kernel_blocker(self, model, teacher_model) -> str | None:
         """Why the fused kernel cannot compute this loss exactly, or None when it can."""
@@ -349,7 +389,29 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         return acceptance_metrics(sums, self.method_config.draft_length, prefix)
 
     def manifest_training(self) -> dict[str, Any]:
-        return {"fused_kernel": self.use_fused_kernel}
+        return {"fused_kernel": self.use_fused_kernel, **self.vocab_record}
+
+
+def vocab_mask(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:  # [K] -> [V] bool
+    """Which of ``vocab_size`` token ids are among ``ids``."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    mask[ids.cpu()] = True
+    return mask
+
+
+def refit_vocab(counts: torch.Tensor, current: torch.Tensor, size: int, always: list[int] = (),
+                min_count: int = REFIT_MIN_COUNT) -> torch.Tensor:  # [V], [K] -> [size'] ascending
+    """A draft vocabulary of ``size`` tokens fitted to answer-token ``counts``: ``always`` (special tokens), then
+    the tokens seen at least ``min_count`` times, most frequent first, then the ``current`` vocabulary's tokens
+    (the rarer answer tokens first), then the rest by count; ties by id. Rarer answer tokens are a noisy sample,
+    so below ``min_count`` the current vocabulary (fitted on more text) ranks first."""
+    counts = counts.cpu()
+    inside = vocab_mask(current, counts.numel())
+    frequent = counts >= min_count
+    order = sorted(range(counts.numel()), key=lambda i: (not frequent[i], -int(counts[i]) if frequent[i] else 0,
+                                                         not inside[i], -int(counts[i]), i))
+    keep = list(dict.fromkeys([*(int(t) for t in always if 0 <= int(t) < counts.numel()), *order]))[:max(size, len(always))]
+    return torch.tensor(sorted(keep), dtype=torch.long)
 
 
 def draft_labels(labels: torch.Tensor, rows: torch.Tensor, vocab_size: int) -> torch.Tensor:  # [N], [K] -> [N]

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.common.errors import ConfigError
+from draftsmith.data.collate import answer_token_counts, draft_vocab_coverage
 from draftsmith.data.feature_cache import features_of
 from draftsmith.inference.eagle import Eagle3Head, EagleHead, GrowingCache, aux_layers, draft_vocab
 from draftsmith.trainers.base import FrozenTargetTrainer, TargetAnswers
@@ -130,23 +131,6 @@ def feature_layers(config: EagleConfig, target) -> tuple[int, ...]:
     layers = aux_layers(int(target.config.num_hidden_layers)) if config.layers == "auto" else \
         tuple(int(x) for x in str(config.layers).split(","))
     return tuple(layers) + (-1,)
-
-
-def answer_token_counts(dataset, vocab_size: int) -> torch.Tensor:  # [V] long
-    """How often each target token is a labelled (answer) token of the tokenized ``dataset``."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for row in dataset if dataset is not None else ():
-        labels = torch.as_tensor(row.get("labels", row["input_ids"]), dtype=torch.long)
-        labels = labels[(labels >= 0) & (labels < vocab_size)]
-        counts += torch.bincount(labels, minlength=vocab_size)
-    return counts
-
-
-def draft_vocab_coverage(dataset, t2d: torch.Tensor) -> float:  # t2d [V] bool
-    """The share of ``dataset``'s answer tokens inside the draft vocabulary ``t2d``: on held-out answers, the most
-    of a target's tokens an EAGLE-3 head could ever draft (the rest it can never propose)."""
-    counts = answer_token_counts(dataset, int(t2d.numel()))
-    return float(counts[t2d.to(counts.device)].sum()) / max(1, int(counts.sum()))
 
 
 def coverage_warning(coverage: float, size: int) -> str | None:
@@ -442,6 +426,6 @@ class EagleTrainer(FrozenTargetTrainer):
         return out
 
 
-__all__ = ["Eagle3TTT", "EagleConfig", "EagleTrainer", "answer_token_counts", "build_eagle_head", "coverage_warning",
-           "draft_vocab_coverage", "eagle_losses", "feature_layers", "shifted", "supervised_positions", "ttt_anchors",
+__all__ = ["Eagle3TTT", "EagleConfig", "EagleTrainer", "build_eagle_head", "coverage_warning",
+           "eagle_losses", "feature_layers", "shifted", "supervised_positions", "ttt_anchors",
            "ttt_visibility", "uniform_noise"]

@@ -181,6 +181,17 @@ def test_token_signal_trains_on_the_targets_own_answers_and_refuses_other_data(t
     assert training["data"]["answered_by"]["config_sha256"] == target_identity(target, tokenizer)["config_sha256"]
     assert training["config"]["distillspec"]["target_signal"] == "tokens" and training["tokens"] > 0
 
+    draft = transformers.AutoModelForCausalLM.from_pretrained(tiny_pair["draft"])  # a reduced vocabulary, refitted
+    draft.config.draft_vocab = list(range(60, 100))
+    draft.save_pretrained(tmp_path / "draft")
+    tokenizer.save_pretrained(tmp_path / "draft")
+    argv[argv.index(str(tiny_pair["draft"]))] = str(tmp_path / "draft")
+    argv[argv.index(str(tmp_path / "run"))] = str(tmp_path / "refit")
+    training = run_recipe("distillspec", [*argv, "draft_vocab=answers"], None).manifest["training"]
+    saved = json.loads((tmp_path / "refit" / "artefact" / "draft" / "config.json").read_text())["draft_vocab"]
+    assert len(saved) == 40 and saved != list(range(60, 100)) and training["draft_vocab_size"] == 40
+    assert training["draft_vocab_heldout_coverage"] > training["draft_vocab_heldout_coverage_before"]
+
 
 def test_accelerate_two_cpu_processes(tiny_pair, tmp_path):
     out = tmp_path / "acc"

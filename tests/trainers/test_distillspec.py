@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import Counter
 
 import datasets
 import pytest
@@ -15,7 +16,13 @@ from draftsmith.data.chat import tokenize_messages
 from draftsmith.data.collate import PadCollator, response_mask
 from draftsmith.data.generation import cut_at_eos, split_prompts
 from draftsmith.inference.draft_length import expected_tau
-from draftsmith.trainers.distillspec import DistillSpecConfig, DistillSpecTrainer, draft_argmax, draft_labels
+from draftsmith.trainers.distillspec import (
+    DistillSpecConfig,
+    DistillSpecTrainer,
+    draft_argmax,
+    draft_labels,
+    refit_vocab,
+)
 
 KINDS = ("forward_kl", "reverse_kl", "jsd", "tvd")
 
@@ -69,6 +76,9 @@ def make_trainer(pair, tokenizer, tmp_path, config=None, train_rows=None, eval_r
         ({"target_signal": "tokens", "data_mode": "onpolicy"}, "data_mode=onpolicy"),
         ({"target_signal": "tokens", "data_mode": "mixed"}, "data_mode=mixed"),
         ({"target_signal": "tokens", "use_fused_kernel": True}, "leave use_fused_kernel unset"),
+        ({"draft_vocab": "corpus"}, "draft_vocab"),
+        ({"draft_vocab": "answers"}, "target_signal=tokens and data_mode=fixed"),
+        ({"draft_vocab": "answers", "target_signal": "tokens", "data_mode": "target"}, "data_mode=fixed"),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(kwargs, field):
@@ -203,6 +213,40 @@ def test_token_signal_training_raises_greedy_agreement_on_the_answers(pair, toke
     trainer.train()
     after = trainer.evaluate()["eval_greedy_acceptance"]
     assert after > before + 0.3 and after > 0.8
+
+
+def test_refit_vocabulary_ranks_frequent_answer_tokens_then_the_drafts_own():
+    counts = torch.tensor([0, 0, 9, 1, 5, 0, 2, 1, 0, 3])  # [V=10] answer-token counts
+    current = torch.tensor([3, 5, 7, 8])  # the draft's vocabulary before
+    # specials 0, 1; then seen >= 2 times: 2 (9), 4 (5), 9 (3), 6 (2); then the draft's own: 3, 7 (seen once), 5, 8
+    assert refit_vocab(counts, current, 8, always=[0, 1]).tolist() == [0, 1, 2, 3, 4, 6, 7, 9]
+    assert refit_vocab(counts, current, 4, always=[0, 1]).tolist() == [0, 1, 2, 4]
+    assert refit_vocab(counts, current, 4, min_count=10).tolist() == [3, 5, 7, 8]  # nothing frequent: as before
+    assert refit_vocab(counts, current, 6, min_count=1).tolist() == [2, 3, 4, 6, 7, 9]
+
+
+def test_draft_vocab_answers_refits_the_vocabulary_to_the_training_answers(pair, tokenizer, tmp_path):
+    target, draft = pair
+    draft = copy.deepcopy(draft)
+    rows = chat_rows(tokenizer, 8)
+    seen = Counter(t for r in rows for t, lab in zip(r["input_ids"], r["labels"]) if lab != -100)
+    before = [t for t in range(4, 128) if t not in seen][:20]  # none of the answer tokens
+    draft.config.draft_vocab = before
+    cfg = DistillSpecConfig(target_signal="tokens", data_mode="fixed", draft_vocab="answers")
+    trainer = make_trainer((target, draft), tokenizer, tmp_path, cfg, train_rows=rows, eval_rows=rows)
+    vocab = draft.config.draft_vocab  # what the artefact's draft carries to the proposer
+    assert len(vocab) == 20 and trainer.draft_ids.tolist() == vocab  # the same size: the same cost per draft step
+    assert {t for t, n in seen.items() if n >= 2} <= set(vocab) and set(tokenizer.all_special_ids) <= set(vocab)
+    record = trainer.manifest_training()
+    assert record["draft_vocab_heldout_coverage_before"] == 0.0 and record["draft_vocab_heldout_coverage"] > 0.5
+    assert record["draft_vocab"] == "answers" and record["draft_vocab_replaced"] == len(set(vocab) - set(before)) > 0
+    kept = make_trainer((target, copy.deepcopy(draft)), tokenizer, tmp_path, DistillSpecConfig(target_signal="tokens"),
+                        train_rows=rows)
+    assert kept.draft_ids.tolist() == vocab and "draft_vocab" not in kept.manifest_training()  # keep: untouched
+    full = copy.deepcopy(draft)
+    full.config.draft_vocab = None
+    with pytest.raises(ConfigError, match="whole vocabulary.*draft_vocab=keep"):
+        make_trainer((target, full), tokenizer, tmp_path, cfg, train_rows=rows)
 
 
 def test_draft_labels_and_argmax_use_the_drafts_vocabulary():

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.common.errors import ConfigError, UnsupportedModelError
+from draftsmith.data.collate import draft_vocab_coverage
 from draftsmith.data.tiny_models import random_model
 from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.eagle import EagleHead
@@ -18,7 +19,6 @@ from draftsmith.inference.sampling import SamplingParams
 from draftsmith.trainers.eagle import (
     EagleConfig,
     coverage_warning,
-    draft_vocab_coverage,
     eagle_losses,
     supervised_positions,
     uniform_noise,
