@@ -90,6 +90,22 @@ class DraftModelProposer:
         self._ids = torch.empty(0, dtype=torch.long)
         self.vocab = None if vocab is None else vocab.to(self.adapter.device)  # [K]
         self._head_rows = None if vocab is None else head_rows(self.adapter.lm_head, self.vocab)  # (W [K, H], b)
+        self._inside = None  # [V] bool: which tokens the draft can propose (with a vocabulary)
+        if vocab is not None:
+            self._inside = torch.zeros(self.adapter.vocab_size, dtype=torch.bool, device=self.adapter.device)
+            self._inside[self.vocab] = True
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self.stats = {"committed": 0, "outside": 0}  # outside: committed tokens the draft could not propose
+
+    def report_section(self) -> tuple[str, dict]:
+        """``("draft_vocab", {...})``: the draft's vocabulary size (``"all"`` without one) and the share of the
+        committed tokens outside it, which no draft could have proposed."""
+        size = "all" if self.vocab is None else int(self.vocab.numel())
+        committed = self.stats["committed"]
+        return "draft_vocab", {"size": size, "committed_tokens": committed,
+                               "outside_fraction": self.stats["outside"] / max(1, committed)}
 
     def _next_logits(self, feed: torch.Tensor) -> torch.Tensor:  # feed [m] -> [V], or [K] over self.vocab
         if self._head_rows is None:
@@ -142,4 +158,8 @@ class DraftModelProposer:
         return Draft.chain(drafted, q=torch.stack(qs) if qs else None)
 
     def observe(self, feedback: StepFeedback) -> None:
+        self.stats["committed"] += len(feedback.committed)
+        if self._inside is not None and feedback.committed:
+            committed = torch.tensor(feedback.committed, dtype=torch.long, device=self._inside.device)
+            self.stats["outside"] += int((~self._inside[committed]).sum())
         self.policy.observe(feedback.num_proposed, feedback.num_accepted, feedback.draft_seconds, feedback.target_seconds)

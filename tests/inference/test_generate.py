@@ -96,8 +96,26 @@ def test_draft_vocab_subset_is_token_identical_and_proposes_only_its_tokens(pair
             sp = generate(adapter, p, GenerationConfig(max_new_tokens=30), prop)
             assert sp.output_ids == ar.output_ids
             assert prop.seen and set(prop.seen) <= set(vocab.tolist())
+            key, section = prop.report_section()  # committed tokens the vocabulary could not have drafted
+            outside = [t for t in sp.output_ids if t not in set(vocab.tolist())]
+            assert key == "draft_vocab" and section["size"] == vocab.numel()
+            assert section["committed_tokens"] == len(sp.output_ids)
+            assert section["outside_fraction"] == pytest.approx(len(outside) / len(sp.output_ids))
         if draft_model is target:  # the target's own head over a subset holding its answers: all accepted
             assert sp.acceptance_rate == 1.0
+
+
+def test_the_report_counts_committed_tokens_outside_the_draft_vocabulary(pair):
+    target, weak = pair
+    evens = torch.arange(0, 128, 2)  # [64] a vocabulary without the odd tokens
+    for seed in range(2):
+        prop = DraftModelProposer(weak, DraftLengthPolicy(3), vocab=evens)
+        out = generate(ModelAdapter(target), _prompt(seed), GenerationConfig(max_new_tokens=30), prop).output_ids
+        odd = sum(t % 2 for t in out)
+        assert prop.report_section() == ("draft_vocab", {"size": 64, "committed_tokens": len(out),
+                                                         "outside_fraction": pytest.approx(odd / len(out))})
+        assert 0 < odd < len(out)
+    assert DraftModelProposer(weak).report_section()[1]["size"] == "all"
 
 
 def test_draft_vocab_subset_sampling_distribution_lives_on_the_subset(pair):
