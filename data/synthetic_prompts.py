@@ -131,7 +131,8 @@ def synthesize_prompts(
 
     out.parent.mkdir(parents=True, exist_ok=True)
     out.touch()
-    atomic_write_json(meta_file, meta | {"progress": stats()})
+    stats()
+    atomic_write_json(meta_file, meta)
     from tqdm.auto import tqdm
 
     bar = tqdm(total=count, initial=min(totals["kept"], count), desc="prompts", unit="prompt", disable=not progress,
@@ -159,7 +160,8 @@ def synthesize_prompts(
             append_jsonl(out, rows)
             totals["kept"] += len(rows)
             totals["seconds"] += time.perf_counter() - start
-            atomic_write_json(meta_file, meta | {"progress": stats()})
+            stats()
+            atomic_write_json(meta_file, meta)
             bar.update(len(rows))
     finally:
         bar.close()

@@ -36,7 +36,7 @@ from draftsmith.common.errors import ConfigError, TokenizerMismatchError
 from draftsmith.common.models import QUANTIZATIONS, check_quantization_available, lm_head_rows
 from draftsmith.data.chat import IGNORE_INDEX
 from draftsmith.data.collate import answer_token_counts, draft_vocab_coverage, response_mask
-from draftsmith.inference.proposers.draft_model import draft_vocab_of
+from draftsmith.inference.proposers.draft_model import draft_vocab_of, vocab_mask
 from draftsmith.trainers.base import FrozenTargetTrainer, acceptance_metrics
 from draftsmith.trainers.losses import DIVERGENCES, divergence, divergence_per_token, sequence_kd_nll
 
@@ -237,7 +237,7 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         specials = list(getattr(self.processing_class, "all_special_ids", None) or [])
         counts = answer_token_counts(self.train_dataset, self.vocab_size)  # [V]
         new = refit_vocab(counts, self.draft_ids, int(self.draft_ids.numel()), specials)
-        before, after = (vocab_mask(ids, self.vocab_size) for ids in (self.draft_ids, new))
+        before, after = (vocab_mask(ids.cpu(), self.vocab_size) for ids in (self.draft_ids, new))
         self.vocab_record = {"draft_vocab": "answers", "draft_vocab_size": int(new.numel()),
                              "draft_vocab_replaced": int((after & ~before).sum()),
                              "draft_vocab_heldout_coverage_before": round(draft_vocab_coverage(self.eval_dataset, before), 4),
@@ -392,13 +392,6 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         return {"fused_kernel": self.use_fused_kernel, **self.vocab_record}
 
 
-def vocab_mask(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:  # [K] -> [V] bool
-    """Which of ``vocab_size`` token ids are among ``ids``."""
-    mask = torch.zeros(vocab_size, dtype=torch.bool)
-    mask[ids.cpu()] = True
-    return mask
-
-
 def refit_vocab(counts: torch.Tensor, current: torch.Tensor, size: int, always: list[int] = (),
                 min_count: int = REFIT_MIN_COUNT) -> torch.Tensor:  # [V], [K] -> [size'] ascending
     """A draft vocabulary of ``size`` tokens fitted to answer-token ``counts``: ``always`` (special tokens), then
@@ -406,7 +399,7 @@ def refit_vocab(counts: torch.Tensor, current: torch.Tensor, size: int, always: 
     (the rarer answer tokens first), then the rest by count; ties by id. Rarer answer tokens are a noisy sample,
     so below ``min_count`` the current vocabulary (fitted on more text) ranks first."""
     counts = counts.cpu()
-    inside = vocab_mask(current, counts.numel())
+    inside = vocab_mask(current.cpu(), counts.numel())
     frequent = counts >= min_count
     order = sorted(range(counts.numel()), key=lambda i: (not frequent[i], -int(counts[i]) if frequent[i] else 0,
                                                          not inside[i], -int(counts[i]), i))

@@ -39,6 +39,13 @@ def draft_vocab_of(draft_model) -> torch.Tensor | None:
     return torch.tensor(sorted(ids), dtype=torch.long) if ids else None
 
 
+def vocab_mask(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:  # [K] -> [V] bool, on ids' device
+    """Which of ``vocab_size`` token ids are among ``ids``."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool, device=ids.device)
+    mask[ids] = True
+    return mask
+
+
 def head_rows(lm_head: torch.nn.Module, vocab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(weight [K, H], bias [K] or None)``: the LM head's rows of the ``vocab`` tokens, copied once."""
     bias = getattr(lm_head, "bias", None)
@@ -90,10 +97,7 @@ class DraftModelProposer:
         self._ids = torch.empty(0, dtype=torch.long)
         self.vocab = None if vocab is None else vocab.to(self.adapter.device)  # [K]
         self._head_rows = None if vocab is None else head_rows(self.adapter.lm_head, self.vocab)  # (W [K, H], b)
-        self._inside = None  # [V] bool: which tokens the draft can propose (with a vocabulary)
-        if vocab is not None:
-            self._inside = torch.zeros(self.adapter.vocab_size, dtype=torch.bool, device=self.adapter.device)
-            self._inside[self.vocab] = True
+        self._inside = None if vocab is None else vocab_mask(self.vocab, self.adapter.vocab_size)  # [V] proposable
         self.reset_stats()
 
     def reset_stats(self) -> None:
