@@ -123,6 +123,7 @@ def _builtin() -> dict[str, MethodSpec]:
                        proposer=f"{inference}:draft_model_proposer", artefact_kind="draft_model",
                        models=("target", "draft"), config="draftsmith.trainers.distillspec:DistillSpecConfig",
                        trainer="draftsmith.trainers.distillspec:DistillSpecTrainer",
+                       trainable="draftsmith.trainers.distillspec:build_draft",
                        eval_defaults={"draft_length": 4, "draft_length_mode": "fixed", "confidence_threshold": 0.4}),
             MethodSpec(name="medusa", summary="Medusa-1 heads on the frozen target, static token tree (Cai et al. 2024)",
                        proposer=f"{inference}:medusa_proposer", artefact_kind="heads",

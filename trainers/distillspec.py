@@ -39,6 +39,7 @@ from draftsmith.data.collate import answer_token_counts, draft_vocab_coverage, r
 from draftsmith.inference.proposers.draft_model import draft_vocab_of, vocab_mask
 from draftsmith.trainers.base import FrozenTargetTrainer, acceptance_metrics
 from draftsmith.trainers.losses import DIVERGENCES, divergence, divergence_per_token, sequence_kd_nll
+from draftsmith.trainers.zoo import grow_layers
 
 DATA_MODES = ("fixed", "target", "onpolicy", "mixed")
 MIXED_WITH = ("fixed", "target")
@@ -111,6 +112,14 @@ class DistillSpecConfig:
                        "then the draft's own), so more of what the target says can be drafted at all. Needs "
                        "target_signal=tokens with data_mode=fixed (the answers must be the target's)."),
     )
+    draft_layers: int | None = field(
+        default=None,
+        metadata=_help("Deepen the draft to this many decoder layers before training (unset = as it came): the new "
+                       "layers are the target's next ones with their residual output projections zeroed (LLaMA Pro "
+                       "block expansion), so training starts from exactly the draft's predictions. Needs a draft of "
+                       "the target's width, as the smollm2 zoo's is. A deeper draft agrees more often and costs more "
+                       "per drafted token; the tuner weighs both."),
+    )
     draft_length: int = field(default=4, metadata=_help("Draft length k used to predict tau from the estimated "
                                                         "acceptance at evaluation (and recorded in the artefact)."))
     use_fused_kernel: bool | None = field(
@@ -167,6 +176,8 @@ class DistillSpecConfig:
                               f"{', '.join(EVAL_RESPONSES)}")
         if int(self.draft_length) < 1:
             raise ConfigError(f"draft_length={self.draft_length} must be >= 1")
+        if self.draft_layers is not None and int(self.draft_layers) < 1:
+            raise ConfigError(f"draft_layers={self.draft_layers} must be >= 1 (or unset to keep the draft's depth)")
         if self.kernel_backend not in KERNEL_BACKENDS:
             raise ConfigError(f"kernel_backend={self.kernel_backend!r} is unknown: choose one of "
                               f"{', '.join(KERNEL_BACKENDS)}")
@@ -192,6 +203,18 @@ class DistillSpecConfig:
     def proposer_settings(self) -> dict[str, Any]:
         """The decoding settings the artefact records for its proposer."""
         return {"draft_length": self.draft_length}
+
+
+def build_draft(models: dict, config: DistillSpecConfig):
+    """The draft DistillSpec trains: the loaded one, grown to ``config.draft_layers`` layers when that is set
+    (:func:`draftsmith.trainers.zoo.grow_layers`)."""
+    draft = models["draft"]
+    if config.draft_layers is None or int(config.draft_layers) == draft.config.num_hidden_layers:
+        return draft
+    grown = grow_layers(draft, models["target"], int(config.draft_layers)).train()
+    logger.info(f"draft grown from {draft.config.num_hidden_layers} to {config.draft_layers} layers (the target's "
+                f"layers {draft.config.num_hidden_layers}..{int(config.draft_layers) - 1}, residual writers zeroed)")
+    return grown
 
 
 def check_triton_backend() -> None:

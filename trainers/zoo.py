@@ -215,6 +215,61 @@ def draft_from_target(target: transformers.PreTrainedModel, m) -> transformers.P
     return draft
 
 
+# The projections that write a Llama-style decoder layer's two sublayers back into the residual stream.
+RESIDUAL_WRITERS = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def grow_layers(draft: transformers.PreTrainedModel, target: transformers.PreTrainedModel,
+                layers: int) -> transformers.PreTrainedModel:
+    """The draft deepened to ``layers`` decoder layers by block expansion (LLaMA Pro, Wu et al. 2024, Sec. 2.2):
+    new layer i (``draft layers <= i < layers``) is a copy of the target's layer i with the projections that
+    write into the residual stream zeroed (:data:`RESIDUAL_WRITERS`), so each new block starts as the identity,
+    h_{i+1} = h_i + 0, and the grown draft computes exactly the logits of the draft it grew from. Everything
+    else (embedding, earlier layers, final norm, LM head, ``config.draft_vocab``) is the draft's; which
+    parameters train is the caller's choice (all of them here)."""
+    have, cfg = draft.config.num_hidden_layers, draft.config
+    if layers <= have:
+        raise ConfigError(f"draft_layers={layers} does not grow the draft, which has {have} layers: pass more than "
+                          f"{have}, or leave draft_layers unset")
+    if layers > target.config.num_hidden_layers:
+        raise ConfigError(f"draft_layers={layers} exceeds the target's {target.config.num_hidden_layers} layers, "
+                          "whose layers the new ones copy: pass at most that many")
+    shape = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+    if [getattr(cfg, k) for k in shape] != [getattr(target.config, k) for k in shape]:
+        raise ConfigError("draft_layers grows the draft with the target's own layers, so the draft needs the "
+                          f"target's {'/'.join(shape)}; this draft has a different shape: leave draft_layers unset")
+    settings = {k: v for k, v in cfg.to_dict().items() if k != "quantization_config"}
+    grown = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**{**settings, "num_hidden_layers": layers}))
+    state = {k: v.detach().clone() for k, v in draft.state_dict().items()}
+    prefix = layer_prefix(target)
+    for key, value in target.state_dict().items():
+        if not key.startswith(prefix):
+            continue
+        index, name = key[len(prefix):].split(".", 1)
+        if have <= int(index) < layers:
+            zero = any(name.startswith(w + ".") for w in RESIDUAL_WRITERS)
+            state[key] = torch.zeros_like(value) if zero else value.detach().clone()
+    missing = [f"{prefix}{have}.{w}.weight" for w in RESIDUAL_WRITERS if f"{prefix}{have}.{w}.weight" not in state]
+    if missing:
+        raise ConfigError(f"draft_layers needs Llama-style decoder layers ({', '.join(RESIDUAL_WRITERS)}); the target "
+                          f"has no {missing[0]}: leave draft_layers unset")
+    grown.load_state_dict(state, strict=True)
+    grown.tie_weights()
+    return grown
+
+
+def layer_prefix(model: transformers.PreTrainedModel) -> str:
+    """The state-dict prefix of ``model``'s decoder layers, e.g. ``"model.layers."``."""
+    for key in model.state_dict():
+        parts = key.split(".")
+        if "layers" in parts:
+            at = parts.index("layers")
+            if parts[at + 1].isdigit():
+                return ".".join(parts[:at + 1]) + "."
+    raise ConfigError(f"{type(model).__name__} has no numbered decoder layers: draft_layers cannot grow it")
+
+
 def model_seed(spec: ZooSpec, role: str) -> int:
     """Seed of ``role``'s initialisation and data order (target and draft are independent)."""
     return spec.seed * 1000 + MODEL_ROLES.index(role) + 1

@@ -193,6 +193,29 @@ def test_token_signal_trains_on_the_targets_own_answers_and_refuses_other_data(t
     assert training["draft_vocab_heldout_coverage"] > training["draft_vocab_heldout_coverage_before"]
 
 
+def test_draft_layers_grows_the_draft_the_artefact_then_carries(tiny_pair, tmp_path):
+    import torch
+
+    from draftsmith.inference.adapter import ModelAdapter
+    from draftsmith.inference.generate import GenerationConfig, generate
+    from draftsmith.launch.recipe import run_recipe
+
+    out = tmp_path / "grown"
+    result = run_recipe("distillspec", [*pair_args(tiny_pair, out), "draft_layers=2", "--max_steps", "2"], None)
+    assert result.manifest["training"]["config"]["distillspec"]["draft_layers"] == 2
+    draft = transformers.AutoModelForCausalLM.from_pretrained(out / "artefact" / "draft")
+    assert draft.config.num_hidden_layers == 2
+    assert draft.model.layers[1].mlp.down_proj.weight.abs().sum() > 0  # the zeroed writer trained
+    target = transformers.AutoModelForCausalLM.from_pretrained(tiny_pair["target"])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_pair["target"])
+    proposer, _ = load_artefact(out / "artefact", target, tokenizer)
+    adapter = ModelAdapter(target)
+    prompt = torch.randint(3, 100, (12,), generator=torch.Generator().manual_seed(0))
+    ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=16))
+    sp = generate(adapter, prompt, GenerationConfig(max_new_tokens=16), proposer)
+    assert sp.output_ids == ar.output_ids and sp.num_proposed > 0
+
+
 def test_accelerate_two_cpu_processes(tiny_pair, tmp_path):
     out = tmp_path / "acc"
     cfg = ROOT / "launch" / "configs" / "accelerate" / "cpu_2proc.yaml"

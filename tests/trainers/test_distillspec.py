@@ -60,6 +60,7 @@ def make_trainer(pair, tokenizer, tmp_path, config=None, train_rows=None, eval_r
         ({"beta": -0.1}, "beta"),
         ({"temperature": 0.0}, "temperature"),
         ({"data_mode": "offline"}, "data_mode"),
+        ({"draft_layers": 0}, "draft_layers"),
         ({"lmbda": 2.0}, "lmbda"),
         ({"mixed_with": "onpolicy"}, "mixed_with"),
         ({"max_new_tokens": 0}, "max_new_tokens"),

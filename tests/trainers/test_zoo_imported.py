@@ -15,7 +15,7 @@ from draftsmith.common.io import atomic_write_json, sha256_file
 from draftsmith.data import zoo
 from draftsmith.data.model_import import imported_dir
 from draftsmith.data.tokenizer import train_tokenizer
-from draftsmith.trainers.zoo import build_zoo, draft_from_target
+from draftsmith.trainers.zoo import build_zoo, draft_from_target, grow_layers
 
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "def add(a, b):\n    return a + b\n",
              "What is 12 plus 30? The answer is 42.", "Speculative decoding drafts tokens; the target verifies."]
@@ -115,6 +115,48 @@ def test_draft_from_target_copies_the_first_layers():
     assert draft.get_output_embeddings().weight is draft.get_input_embeddings().weight  # still tied
     with pytest.raises(ConfigError, match="init_from_target"):
         draft_from_target(target, dataclasses.replace(m, hidden=64, heads=4))
+
+
+def test_a_grown_draft_starts_as_the_draft_it_grew_from():
+    target = tiny_llama(300, layers=4)
+    m = zoo.ModelSpec(layers=1, hidden=32, intermediate=64, heads=4, kv_heads=2, tokens=1, lr=1e-3)
+    draft = draft_from_target(target, m)
+    with torch.no_grad():  # a trained draft: its layer and norm no longer the target's
+        for p in draft.model.layers[0].parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    draft.config.draft_vocab = [0, 1, 2, 7, 9]
+    grown = grow_layers(draft, target, 3)
+    assert grown.config.num_hidden_layers == 3 and grown.config.draft_vocab == [0, 1, 2, 7, 9]
+    ids = torch.randint(3, 300, (2, 12))
+    with torch.no_grad():
+        assert torch.allclose(grown(ids).logits, draft(ids).logits, atol=1e-6)  # the new blocks are identities
+    for a, b in zip(grown.model.layers[0].parameters(), draft.model.layers[0].parameters(), strict=True):
+        assert torch.equal(a, b)
+    for i in (1, 2):  # the target's layers 1 and 2, their residual writers zeroed
+        new, old = grown.model.layers[i], target.model.layers[i]
+        assert not new.self_attn.o_proj.weight.any() and not new.mlp.down_proj.weight.any()
+        assert torch.equal(new.self_attn.q_proj.weight, old.self_attn.q_proj.weight)
+        assert torch.equal(new.mlp.up_proj.weight, old.mlp.up_proj.weight)
+        assert torch.equal(new.input_layernorm.weight, old.input_layernorm.weight)
+    assert grown.get_output_embeddings().weight is grown.get_input_embeddings().weight  # still tied
+    # one step of training moves the zeroed writers, after which the new layers compute something
+    loss = torch.nn.functional.cross_entropy(grown(ids).logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    assert grown.model.layers[1].mlp.down_proj.weight.grad.abs().sum() > 0
+
+
+def test_grow_layers_refuses_what_it_cannot_grow():
+    target = tiny_llama(300, layers=3)
+    draft = draft_from_target(target, zoo.ModelSpec(layers=2, hidden=32, intermediate=64, heads=4, kv_heads=2,
+                                                    tokens=1, lr=1e-3))
+    with pytest.raises(ConfigError, match="does not grow the draft"):
+        grow_layers(draft, target, 2)
+    with pytest.raises(ConfigError, match="exceeds the target's 3 layers"):
+        grow_layers(draft, target, 4)
+    narrow = tiny_llama(300, layers=1)
+    narrow.config.hidden_size = 16
+    with pytest.raises(ConfigError, match="target's hidden_size"):
+        grow_layers(narrow, target, 2)
 
 
 def test_frequent_tokens():
