@@ -189,6 +189,13 @@ def imported_target_stage(out: Path, spec: ZooSpec, rows: ZooRows, device: str) 
     }
 
 
+def model_with_layers(config: transformers.PretrainedConfig, layers: int) -> transformers.PreTrainedModel:
+    """A freshly initialised model of ``config``'s architecture with ``layers`` decoder layers (unquantized)."""
+    settings = {k: v for k, v in config.to_dict().items() if k != "quantization_config"}
+    return transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**{**settings, "num_hidden_layers": layers}))
+
+
 def draft_from_target(target: transformers.PreTrainedModel, m) -> transformers.PreTrainedModel:
     """A ``m.layers``-layer model of the target's architecture and width holding the target's embedding (tied
     LM head), first ``m.layers`` decoder layers and final norm; the embedding is frozen when
@@ -199,9 +206,7 @@ def draft_from_target(target: transformers.PreTrainedModel, m) -> transformers.P
         raise ConfigError("draft.init_from_target needs the draft's hidden/intermediate/heads/kv_heads to equal the "
                           f"target's ({cfg.hidden_size}/{cfg.intermediate_size}/{cfg.num_attention_heads}/"
                           f"{cfg.num_key_value_heads})")
-    settings = {k: v for k, v in cfg.to_dict().items() if k != "quantization_config"}
-    config = transformers.AutoConfig.for_model(**{**settings, "num_hidden_layers": m.layers})
-    draft = transformers.AutoModelForCausalLM.from_config(config)
+    draft = model_with_layers(cfg, m.layers)
     keep = {}
     for key, value in target.state_dict().items():
         parts = key.split(".")
@@ -238,9 +243,7 @@ def grow_layers(draft: transformers.PreTrainedModel, target: transformers.PreTra
     if [getattr(cfg, k) for k in shape] != [getattr(target.config, k) for k in shape]:
         raise ConfigError("draft_layers grows the draft with the target's own layers, so the draft needs the "
                           f"target's {'/'.join(shape)}; this draft has a different shape: leave draft_layers unset")
-    settings = {k: v for k, v in cfg.to_dict().items() if k != "quantization_config"}
-    grown = transformers.AutoModelForCausalLM.from_config(
-        transformers.AutoConfig.for_model(**{**settings, "num_hidden_layers": layers}))
+    grown = model_with_layers(cfg, layers)
     state = {k: v.detach().clone() for k, v in draft.state_dict().items()}
     prefix = layer_prefix(target)
     for key, value in target.state_dict().items():
