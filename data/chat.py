@@ -336,9 +336,11 @@ def build_prompt_ids(tokenizer: Any, turns_so_far: Sequence[Mapping[str, str]]) 
     return _render_ids(tokenizer, [turns_so_far], True, _template_options(tokenizer))[0]
 
 
-def user_prefix_ids(tokenizer: Any) -> list[int]:
+def user_prefix_ids(tokenizer: Any, opener: str = "") -> list[int]:
     """The template's token ids before a user turn's content (its system prompt, if it adds one, and the user
-    header): what an instruction-tuned model continues with a user's request (Magpie's pre-query template).
+    header): what an instruction-tuned model continues with a user's request (Magpie's pre-query template). With
+    ``opener``, the ids of that header followed by the first words of the request (tokenized together, so a merge
+    across the boundary is the tokenizer's own).
 
     Rendered with a sentinel content and cut at the sentinel, so the ids are the template's own, not a guess."""
     _require_template(tokenizer)
@@ -348,4 +350,4 @@ def user_prefix_ids(tokenizer: Any) -> list[int]:
     if sentinel not in text:
         raise DataError("the chat template does not render a user turn's content verbatim, so the text before it "
                         "cannot be found; pass prompts instead of synthesizing them")
-    return list(tokenizer(text[: text.index(sentinel)], add_special_tokens=False)["input_ids"])
+    return list(tokenizer(text[: text.index(sentinel)] + opener, add_special_tokens=False)["input_ids"])

@@ -252,16 +252,18 @@ def sampling_settings(temperature: float, top_p: float, seed: int, max_new_token
 
 
 def open_row_file(out_path: str | os.PathLike, settings: Mapping, target: Mapping, overwrite: bool, *,
-                  fmt: str = META_FORMAT, fix: str = FIX) -> tuple[Path, Path, list[dict], dict | None]:
+                  fmt: str = META_FORMAT, fix: str = FIX,
+                  keys: Sequence[str] = SETTINGS) -> tuple[Path, Path, list[dict], dict | None]:
     """``(out, meta_file, rows, meta)`` of a sampled row file about to be (re)started: emptied first with
-    ``overwrite``; its complete rows and meta, after :func:`check_resume` of ``settings`` and ``target``."""
+    ``overwrite``; its complete rows and meta, after :func:`check_resume` of ``keys`` of ``settings`` and
+    ``target``."""
     out, meta_file = Path(out_path), meta_path(out_path)
     if overwrite:
         out.unlink(missing_ok=True)
         meta_file.unlink(missing_ok=True)
     done = recover_rows(out)
     old_meta = read_json(meta_file) if done else None  # no rows yet: start afresh whatever the meta says
-    check_resume(old_meta, settings, target, out, has_rows=bool(done), fmt=fmt, keys=SETTINGS, fix=fix)
+    check_resume(old_meta, settings, target, out, has_rows=bool(done), fmt=fmt, keys=keys, fix=fix)
     return out, meta_file, done, old_meta
 
 

@@ -12,6 +12,12 @@ spacing ignored). Output, one JSON line per kept prompt, a prompt-only chat row 
 
     {"id": "3f2a...", "messages": [{"role": "user", "content": "Can you ..."}], "num_tokens": 23, "attempt": 7}
 
+A Magpie model writes the requests it was aligned on most, which are rarely passages to summarise, texts to
+translate or documents to answer from. ``openers`` steer it across kinds of task: attempt ``a`` starts the user
+turn with ``openers[a % len(openers)]`` (the first words of a request, e.g. ``"Translate into French:"``) and the
+model writes the rest, so each kind gets an equal share of the attempts; :data:`TASK_OPENERS` holds three or four
+openers for each of twelve kinds of request (``--openers tasks``). A kept row then also records its ``opener``.
+
 Sampling is reproducible per attempt: attempt ``a`` draws from its own uniforms seeded with
 :func:`~draftsmith.data.self_distill.row_seed` ``(seed, "attempt-<a>")``, so the file depends on the seed and the
 target only. ``<out>.meta.json`` (written after every batch) records the settings, the target's identity, the
@@ -21,10 +27,13 @@ last recorded attempt; rows a kill left past it are repeats of what the rerun sa
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
 from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -34,6 +43,7 @@ from draftsmith.common.io import append_jsonl, atomic_write_json, environment
 from draftsmith.data.chat import user_prefix_ids
 from draftsmith.data.generation import eos_token_ids, pad_token_id, sample_completions
 from draftsmith.data.self_distill import (
+    SETTINGS,
     check_settings,
     finish_reason,
     open_row_file,
@@ -47,18 +57,42 @@ META_FORMAT = "draftsmith-synthetic-prompts/1"
 FIX = "pass a new --out, or --overwrite to start that file again"
 DROP_REASONS = ("unfinished", "too_short", "repeat")
 
+# The first words of user requests of twelve kinds (writing, roleplay, reasoning, math, coding, extraction, STEM,
+# humanities, summarisation, QA, context QA, translation), for ``openers``: written for this purpose, generic
+# task phrasings rather than any benchmark's questions. No opener ends in a space (the model writes the next word
+# with its own leading space).
+TASK_OPENERS: tuple[str, ...] = (
+    "Write a short story about", "Write a formal email to", "Write a poem about", "Draft a blog post on",
+    "Pretend you are", "You are a pirate captain.", "Let's play a game: you are",
+    "Here is a logic puzzle:", "If all", "Which one does not belong, and why:",
+    "Solve for x:", "A farmer has", "Calculate",
+    "Write a Python function that", "Fix the bug in this code:\n\n", "Explain what this JavaScript code does:\n\n",
+    "Extract every name and date from the text below.\n\n", "From the following text, list",
+    "Turn this description into a JSON object:\n\n",
+    "Explain how", "What is the difference between", "Describe the process of",
+    "Discuss the causes of", "What was the significance of", "Compare the ideas of",
+    "Summarize the following article in three sentences.\n\n", "Give a one-paragraph summary of this text:\n\n",
+    "Condense the passage below into bullet points.\n\n",
+    "Who", "When did", "Why do",
+    "Answer the question using only the context below.\n\nContext:",
+    "Read the passage and answer the question that follows.\n\nPassage:", "Based on the document below,",
+    "Translate into French:", "Translate the following sentence into Spanish:", "How do you say this in German:",
+)
+OPENER_SETS = {"tasks": TASK_OPENERS}
+
 
 def prompt_key(text: str) -> str:
     """What two prompts must share to be repeats: the text case-folded, runs of whitespace as one space."""
     return re.sub(r"\s+", " ", text).strip().casefold()
 
 
-def judge_attempt(tokens: list[int], text: str, eos_ids: list[int], min_words: int, seen: set[str]) -> str | None:
+def judge_attempt(tokens: list[int], text: str, eos_ids: list[int], min_words: int, seen: set[str],
+                  opener: str = "") -> str | None:
     """Why an attempt is dropped (one of :data:`DROP_REASONS`), or None to keep it; a kept prompt's key is added
-    to ``seen``."""
+    to ``seen``. ``text`` is the whole request, ``opener`` included; the model's part must hold ``min_words``."""
     if finish_reason(tokens, eos_ids) != "eos":
         return "unfinished"  # cut at max_new_tokens: the request may be incomplete
-    if len(text.split()) < min_words:
+    if len(text[len(opener):].split()) < min_words:
         return "too_short"
     key = prompt_key(text)
     if key in seen:
@@ -67,10 +101,41 @@ def judge_attempt(tokens: list[int], text: str, eos_ids: list[int], min_words: i
     return None
 
 
-def prompt_row(text: str, tokens: list[int], attempt: int) -> dict:
-    """The output row of a kept attempt: a prompt-only chat row."""
+def prompt_row(text: str, tokens: list[int], attempt: int, opener: int | None = None) -> dict:
+    """The output row of a kept attempt: a prompt-only chat row (with the index of its opener, when one began it)."""
     messages = [{"role": "user", "content": text}]
-    return {"id": prompt_id(messages), "messages": messages, "num_tokens": len(tokens), "attempt": attempt}
+    row = {"id": prompt_id(messages), "messages": messages, "num_tokens": len(tokens), "attempt": attempt}
+    return row if opener is None else {**row, "opener": opener}
+
+
+def resolve_openers(spec: str | None) -> tuple[str, ...]:
+    """The openers ``--openers`` names: a built-in set (:data:`OPENER_SETS`), or a file with one opener per line
+    (a line that starts with ``"`` is a JSON string, for openers that hold line breaks); None: no openers."""
+    if spec is None:
+        return ()
+    if spec in OPENER_SETS:
+        return OPENER_SETS[spec]
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigError(f"--openers {spec!r} is neither a built-in set ({', '.join(OPENER_SETS)}) nor a file: pass "
+                          "one of those or a text file with one opener per line")
+    openers = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            openers.append(json.loads(line) if line.startswith('"') else line)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}:{n}: not a JSON string ({err.msg}): quote it as JSON or drop the leading \"") from None
+    return check_openers(openers, str(path))
+
+
+def check_openers(openers, where: str = "openers") -> tuple[str, ...]:
+    """``openers`` as a tuple of non-empty strings with no trailing spaces (the model writes the next word's space)."""
+    openers = tuple(o.rstrip(" ") if isinstance(o, str) else o for o in openers)
+    if not openers or any(not isinstance(o, str) or not o.strip() for o in openers):
+        raise ConfigError(f"{where}: every opener must be a non-empty string, and there must be at least one")
+    return openers
 
 
 def _check(count: int, batch_size: int, max_new_tokens: int, temperature: float, top_p: float,
@@ -97,20 +162,25 @@ def synthesize_prompts(
     seed: int = 0,
     min_words: int = 3,
     max_attempts: int | None = None,
+    openers: Sequence[str] = (),
     target_name: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict:
     """Write ``count`` prompts sampled from ``model`` into ``out_path`` (see the module docstring), resuming a file
     a killed run left; stop early after ``max_attempts`` attempts (default ``4 * count``). Returns the progress
-    also written to the meta."""
+    also written to the meta. ``openers``: first words of the requests, one per attempt in turn (module docstring)."""
     _check(count, batch_size, max_new_tokens, temperature, top_p, min_words)
     max_attempts = 4 * count if max_attempts is None else max_attempts
-    settings = sampling_settings(temperature, top_p, seed, max_new_tokens)
+    openers = check_openers(openers) if openers else ()
+    # a resumed run must use the same openers (a file from before openers records none)
+    settings = {**sampling_settings(temperature, top_p, seed, max_new_tokens), "openers": list(openers) or None}
     target = writer_identity(model, tokenizer, target_name)
-    out, meta_file, done, old_meta = open_row_file(out_path, settings, target, overwrite, fmt=META_FORMAT, fix=FIX)
+    out, meta_file, done, old_meta = open_row_file(out_path, settings, target, overwrite, fmt=META_FORMAT, fix=FIX,
+                                                   keys=(*SETTINGS, "openers"))
     old = (old_meta or {}).get("progress", {})
     prefix = user_prefix_ids(tokenizer)  # [P]
+    prefixes = [user_prefix_ids(tokenizer, o) for o in openers] or [prefix]  # [P_o] per opener
     eos_ids, pad_id = eos_token_ids(tokenizer, model.config), pad_token_id(tokenizer, model.config)
     if not eos_ids:
         raise ConfigError("the target names no end-of-sequence token, so a sampled request never ends; set "
@@ -141,7 +211,8 @@ def synthesize_prompts(
         while totals["kept"] < count and totals["attempts"] < max_attempts:
             attempts = list(range(totals["attempts"], min(totals["attempts"] + batch_size, max_attempts)))
             start = time.perf_counter()
-            completions = sample_completions(model, [prefix] * len(attempts), max_new_tokens=max_new_tokens,
+            completions = sample_completions(model, [prefixes[a % len(prefixes)] for a in attempts],
+                                             max_new_tokens=max_new_tokens,
                                              pad_token_id=pad_id, eos_ids=eos_ids, temperature=temperature,
                                              top_p=top_p, row_seeds=[row_seed(seed, f"attempt-{a}") for a in attempts])
             rows = []
@@ -149,12 +220,13 @@ def synthesize_prompts(
                 if totals["kept"] + len(rows) == count:
                     break  # the attempts left are not used: a later run with a larger count starts at them
                 body = tokens[:-1] if finish_reason(tokens, eos_ids) == "eos" else tokens
-                text = tokenizer.decode(body, skip_special_tokens=True).strip()
-                reason = judge_attempt(tokens, text, eos_ids, min_words, seen)
+                opener = openers[attempt % len(openers)] if openers else ""
+                text = (opener + tokenizer.decode(body, skip_special_tokens=True)).strip()
+                reason = judge_attempt(tokens, text, eos_ids, min_words, seen, opener.strip())
                 if reason is not None:
                     totals["dropped"][reason] += 1
                 else:
-                    rows.append(prompt_row(text, tokens, attempt))
+                    rows.append(prompt_row(text, tokens, attempt, attempt % len(openers) if openers else None))
                 totals["attempts"] = attempt + 1
                 totals["tokens"] += len(tokens)
             append_jsonl(out, rows)

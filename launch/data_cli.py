@@ -89,6 +89,10 @@ def add_parser(sub) -> None:
     w.add_argument("--max-new-tokens", metavar="N", type=int, default=96,
                    help="longest request in tokens; a longer one is dropped as unfinished (default 96)")
     w.add_argument("--min-words", metavar="N", type=int, default=3, help="shortest request kept (default 3 words)")
+    w.add_argument("--openers", metavar="SET|FILE", default=None,
+                   help="start each request with one of these first words, in turn, to cover kinds of task the target "
+                        "rarely writes unprompted: 'tasks' (built in: 12 kinds, writing to translation) or a file, "
+                        "one opener per line (default: none, plain Magpie)")
     _sampling(w, temperature=1.0, top_p=0.95, unit="attempt")
     _machine(w)
     j = actions.add_parser("jacobi", help="collect the target's Jacobi trajectories (CLLM's data; resumable)",
@@ -224,12 +228,14 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_prompts(args: argparse.Namespace) -> int:
-    from draftsmith.data.synthetic_prompts import synthesize_prompts
+    from draftsmith.data.synthetic_prompts import resolve_openers, synthesize_prompts
 
+    openers = resolve_openers(args.openers)
     model, tokenizer = _target(args)
     stats = synthesize_prompts(model, tokenizer, args.out, count=args.count, batch_size=args.batch_size,
                                max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                               seed=args.seed, min_words=args.min_words, target_name=str(args.target),
+                               seed=args.seed, min_words=args.min_words, openers=openers,
+                               target_name=str(args.target),
                                overwrite=args.overwrite, progress=not args.no_progress)
     dropped = ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in stats["dropped"].items() if n) or "none"
     print(f"{stats['out']}: {stats['kept']} prompts of {stats['attempts']} attempts (dropped: {dropped}), "

@@ -12,13 +12,18 @@ import pytest
 from draftsmith.common.errors import ConfigError, DataError
 from draftsmith.data.chat import user_prefix_ids
 from draftsmith.data.self_distill import dataset_prompts, meta_path, prompt_id
-from draftsmith.data.synthetic_prompts import judge_attempt, prompt_key, synthesize_prompts
+from draftsmith.data.synthetic_prompts import (
+    TASK_OPENERS,
+    judge_attempt,
+    prompt_key,
+    resolve_openers,
+    synthesize_prompts,
+)
 
 from .conftest import build_tokenizer
 
 SETTINGS = {"max_new_tokens": 48, "min_words": 1, "batch_size": 4, "progress": False}
-
-
+OPENERS = ("Write a poem about", "Translate into French:\n\n")
 
 def _rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -58,7 +63,7 @@ def test_prompts_are_a_prompt_set_written_reproducibly(model, tok, tmp_path):
     prompts, report = dataset_prompts(out)  # what `data generate --prompts FILE` reads
     assert prompts == [r["messages"] for r in rows] and not report.skipped
     meta = json.loads(meta_path(out).read_text())
-    assert meta["settings"] == {"temperature": 1.0, "top_p": 0.95, "seed": 3, "max_new_tokens": 48}
+    assert meta["settings"] == {"temperature": 1.0, "top_p": 0.95, "seed": 3, "max_new_tokens": 48, "openers": None}
     assert meta["prefix"] == tok.decode(user_prefix_ids(tok)) and meta["progress"]["kept"] == 5
 
     again = tmp_path / "again.jsonl"
@@ -105,3 +110,43 @@ def test_a_target_that_never_ends_its_request_stops_after_max_attempts(model, to
                                **{**SETTINGS, "max_new_tokens": 1, "min_words": 5})
     assert stats["attempts"] == 6 and stats["kept"] == 0 and not stats["complete"]
     assert sum(stats["dropped"].values()) == 6
+
+
+def test_an_opener_follows_the_user_header_and_its_words_are_not_the_models():
+    eos = [9]
+    assert judge_attempt([5, 9], "Write a poem about cats", eos, 3, set(), "Write a poem about") == "too_short"
+    assert judge_attempt([5, 6, 7, 9], "Write a poem about big fat cats", eos, 3, set(), "Write a poem about") is None
+
+
+def test_each_attempt_starts_with_the_next_opener(model, tok, tmp_path):
+    assert tok.decode(user_prefix_ids(tok, OPENERS[1])) == tok.decode(user_prefix_ids(tok)) + OPENERS[1]
+    out = tmp_path / "p.jsonl"
+    stats = synthesize_prompts(model, tok, out, count=6, openers=OPENERS, **SETTINGS)
+    rows = _rows(out)
+    assert stats["kept"] == len(rows) == 6
+    for row in rows:
+        opener = OPENERS[row["attempt"] % 2]
+        assert row["opener"] == row["attempt"] % 2 and row["messages"][0]["content"].startswith(opener.strip())
+    assert {r["opener"] for r in rows} == {0, 1}
+    assert json.loads(meta_path(out).read_text())["settings"]["openers"] == list(OPENERS)
+    with pytest.raises(ConfigError, match="other settings"):  # a resume must use the same openers
+        synthesize_prompts(model, tok, out, count=8, openers=OPENERS[:1], **SETTINGS)
+    plain = tmp_path / "plain.jsonl"
+    synthesize_prompts(model, tok, plain, count=2, **SETTINGS)
+    assert "opener" not in _rows(plain)[0] and json.loads(meta_path(plain).read_text())["settings"]["openers"] is None
+
+
+def test_openers_come_from_a_built_in_set_or_a_file(tmp_path):
+    assert resolve_openers(None) == () and resolve_openers("tasks") == TASK_OPENERS
+    assert len(TASK_OPENERS) == len(set(TASK_OPENERS)) >= 36 and not any(o.endswith(" ") for o in TASK_OPENERS)
+    f = tmp_path / "openers.txt"
+    f.write_text('Write a haiku about \n\n"Summarize this:\\n\\n"\n')
+    assert resolve_openers(str(f)) == ("Write a haiku about", "Summarize this:\n\n")  # no trailing space kept
+    with pytest.raises(ConfigError, match="neither a built-in set"):
+        resolve_openers(str(tmp_path / "missing.txt"))
+    f.write_text('"unclosed\n')
+    with pytest.raises(ConfigError, match="openers.txt:1: not a JSON string"):
+        resolve_openers(str(f))
+    f.write_text("\n  \n")
+    with pytest.raises(ConfigError, match="at least one"):
+        resolve_openers(str(f))
