@@ -157,3 +157,19 @@ def test_the_target_writes_prompts_then_answers_them_beside_another_set(tiny_pai
     assert main(args) == 0 and _rows(prompts) == mine
     assert main([*args, "--temperature", "0"]) == 2
     assert "greedy" in _one_line_error(capsys)
+
+
+def test_data_prompts_openers_steer_each_request(tiny_pair, tmp_path, capsys):
+    """`--openers tasks` starts every request with a built-in opener in turn; an unknown set is a one-line error."""
+    from draftsmith.data.synthetic_prompts import TASK_OPENERS
+
+    prompts = tmp_path / "tasks.jsonl"
+    args = ["data", "prompts", "--target", str(tiny_pair["target"]), "--out", str(prompts), "--count", "3",
+            "--max-new-tokens", "48", "--min-words", "1", "--threads", "1", "--no-progress"]
+    assert main([*args, "--openers", "tasks"]) == 0
+    for row in _rows(prompts):
+        assert row["opener"] == row["attempt"] % len(TASK_OPENERS)
+        assert row["messages"][0]["content"].startswith(TASK_OPENERS[row["opener"]].strip())
+    capsys.readouterr()
+    assert main([*args, "--out", str(tmp_path / "x.jsonl"), "--openers", "no-such-set"]) == 2
+    assert "neither a built-in set" in _one_line_error(capsys)
