@@ -180,7 +180,8 @@ def synthesize_prompts(
                                                    keys=(*SETTINGS, "openers"))
     old = (old_meta or {}).get("progress", {})
     prefix = user_prefix_ids(tokenizer)  # [P]
-    prefixes = [user_prefix_ids(tokenizer, o) for o in openers] or [prefix]  # [P_o] per opener
+    steer = openers or ("",)  # no openers: every attempt starts at the bare user header
+    prefixes = [user_prefix_ids(tokenizer, o) for o in steer]  # [P_k] per opener
     eos_ids, pad_id = eos_token_ids(tokenizer, model.config), pad_token_id(tokenizer, model.config)
     if not eos_ids:
         raise ConfigError("the target names no end-of-sequence token, so a sampled request never ends; set "
@@ -211,7 +212,7 @@ def synthesize_prompts(
         while totals["kept"] < count and totals["attempts"] < max_attempts:
             attempts = list(range(totals["attempts"], min(totals["attempts"] + batch_size, max_attempts)))
             start = time.perf_counter()
-            completions = sample_completions(model, [prefixes[a % len(prefixes)] for a in attempts],
+            completions = sample_completions(model, [prefixes[a % len(steer)] for a in attempts],
                                              max_new_tokens=max_new_tokens,
                                              pad_token_id=pad_id, eos_ids=eos_ids, temperature=temperature,
                                              top_p=top_p, row_seeds=[row_seed(seed, f"attempt-{a}") for a in attempts])
@@ -220,13 +221,13 @@ def synthesize_prompts(
                 if totals["kept"] + len(rows) == count:
                     break  # the attempts left are not used: a later run with a larger count starts at them
                 body = tokens[:-1] if finish_reason(tokens, eos_ids) == "eos" else tokens
-                opener = openers[attempt % len(openers)] if openers else ""
-                text = (opener + tokenizer.decode(body, skip_special_tokens=True)).strip()
-                reason = judge_attempt(tokens, text, eos_ids, min_words, seen, opener.strip())
+                k = attempt % len(steer)
+                text = (steer[k] + tokenizer.decode(body, skip_special_tokens=True)).strip()
+                reason = judge_attempt(tokens, text, eos_ids, min_words, seen, steer[k].strip())
                 if reason is not None:
                     totals["dropped"][reason] += 1
                 else:
-                    rows.append(prompt_row(text, tokens, attempt, attempt % len(openers) if openers else None))
+                    rows.append(prompt_row(text, tokens, attempt, k if openers else None))
                 totals["attempts"] = attempt + 1
                 totals["tokens"] += len(tokens)
             append_jsonl(out, rows)
