@@ -4,12 +4,14 @@
     draftsmith data generate --target PATH --prompts broad --out broad.jsonl --temperature 0.7 --top-p 0.9
     draftsmith data generate --target PATH --prompts data.jsonl --out answers.jsonl --sequential   # one at a time
     draftsmith data generate --target PATH --prompts corpus --prompts mine.jsonl --limit 2000 --out answers.jsonl
+    draftsmith data generate --target PATH --prompts corpus --prompts mine.jsonl --limit 2000 --limit all --out a.jsonl
     draftsmith data prompts --target PATH --out runs/sd/prompts.jsonl --count 2000
     draftsmith data jacobi --target PATH --prompts corpus --out runs/traj/train.jsonl --block 16 --limit 500
 
 ``generate`` answers every prompt with the target (self-distillation, :mod:`draftsmith.data.self_distill`):
 left-padded batches with a KV cache, greedy or sampled, into chat rows (jsonl) with ``<out>.meta.json`` beside
-them; ``--prompts`` may repeat (the sets are answered together, ``--limit`` applies to each). ``prompts`` has
+them; ``--prompts`` may repeat (the sets are answered together; one ``--limit`` applies to each, or
+give one per set in order, ``all`` for no cut). ``prompts`` has
 the target write user requests itself (Magpie, :mod:`draftsmith.data.synthetic_prompts`), prompts for ``generate``
 that cover what the target's users ask rather than what the corpus holds. ``jacobi`` collects the target's greedy Jacobi trajectories (CLLM's training data,
 :mod:`draftsmith.data.jacobi`): per block, every state from a guess drawn from the context to the fixed point.
@@ -44,7 +46,9 @@ def _target_and_prompts(a) -> None:
     _target_and_out(a)
     a.add_argument("--prompts", metavar="FILE|SET", required=True, action="append",
                    help=PROMPT_SOURCES + "; repeat it to answer several sets together")
-    a.add_argument("--limit", metavar="N", type=int, default=None, help="the first N prompts only (corpus: N with an equal share from every source)")
+    a.add_argument("--limit", metavar="N|all", type=_limit, action="append", default=None,
+                   help="the first N prompts only (corpus: N with an equal share from every source); one value cuts "
+                        "every --prompts set, or repeat it to give one per set in order (all: no cut)")
 
 
 def _machine(a) -> None:
@@ -128,10 +132,33 @@ def _is_question_file(path: Path) -> bool:
     return first is not None and "turns" in first
 
 
-def load_prompt_sets(specs: list[str], limit: int | None = None) -> tuple[list[str], list[list[dict]], str]:
-    """``(ids, prompts, source)`` of every ``--prompts`` set in turn (each cut to ``limit``); a prompt two sets share
-    is answered once, and the sources are joined with ``+``."""
-    sets = [load_prompts(spec, limit) for spec in specs]
+def _limit(text: str) -> int | None:
+    """One ``--limit``: a positive count, or ``all`` (None: no cut)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of prompts or 'all', got {text!r}") from None
+
+
+def per_set_limits(limits: int | None | list[int | None], count: int) -> list[int | None]:
+    """The cut of each of ``count`` prompt sets: one ``--limit`` (or none) for all, else exactly one per set."""
+    if limits is None or isinstance(limits, int):
+        return [limits] * count
+    if len(limits) == 1:
+        return list(limits) * count
+    if len(limits) != count:
+        raise ConfigError(f"{len(limits)} --limit values for {count} --prompts sets; give one --limit for all sets "
+                          f"or one per --prompts, in the same order ('all' for no cut)")
+    return list(limits)
+
+
+def load_prompt_sets(specs: list[str], limit: int | None | list[int | None] = None
+                     ) -> tuple[list[str], list[list[dict]], str]:
+    """``(ids, prompts, source)`` of every ``--prompts`` set in turn (each cut to its ``limit``, see
+    :func:`per_set_limits`); a prompt two sets share is answered once, and the sources are joined with ``+``."""
+    sets = [load_prompts(spec, n) for spec, n in zip(specs, per_set_limits(limit, len(specs)))]
     if len(sets) == 1:
         return sets[0]
     from draftsmith.data.self_distill import unique_prompts

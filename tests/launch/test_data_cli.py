@@ -154,6 +154,14 @@ def test_the_target_writes_prompts_then_answers_them_beside_another_set(tiny_pai
     assert [r["id"] for r in rows[2:]] == [m["id"] for m in mine[:2]] and all(len(r["messages"]) == 2 for r in rows)
     meta = json.loads(Path(f"{out}.meta.json").read_text())
     assert meta["prompts"]["source"] == f"{tiny_pair['dataset']}+{prompts}" and meta["prompts"]["count"] == 4
+    # one --limit per set: the dataset stays cut at 2, the Magpie set is answered whole (the file resumes)
+    assert _generate(tiny_pair["target"], tiny_pair["dataset"], out, "--limit", 2, "--prompts", prompts,
+                     "--limit", "all") == 0
+    assert [r["id"] for r in _rows(out)] == [*(r["id"] for r in rows), mine[2]["id"]]
+    capsys.readouterr()
+    assert _generate(tiny_pair["target"], tiny_pair["dataset"], out, "--limit", 2, "--prompts", prompts,
+                     "--limit", 1, "--limit", 1) == 2
+    assert "3 --limit values for 2 --prompts sets" in _one_line_error(capsys)
     assert main(args) == 0 and _rows(prompts) == mine
     assert main([*args, "--temperature", "0"]) == 2
     assert "greedy" in _one_line_error(capsys)
