@@ -1,5 +1,6 @@
 """Offline hidden-state features: the frozen target's hidden states of chosen layers, computed once and stored, so
-that head methods (EAGLE) train without running the target in every step and every epoch.
+that head methods (EAGLE) and logit distillation (DistillSpec, from the last layer through the target's LM head) train
+without running the target in every step and every epoch.
 
 A cache directory holds ``manifest.json`` (what the cache is of: its key, the layers, the dtype, the shards and
 their rows) and shards ``shard-00000.safetensors`` ...: per shard, the rows' tokens concatenated (``input_ids``,
@@ -36,8 +37,15 @@ from safetensors.torch import load_file, save_file
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.io import atomic_write_json, read_json
+from draftsmith.common.models import target_identity
 from draftsmith.data.chat import IGNORE_INDEX
-from draftsmith.data.generation import sample_completions, sequences_from_generations, split_prompts
+from draftsmith.data.generation import (
+    eos_token_ids,
+    pad_token_id,
+    sample_completions,
+    sequences_from_generations,
+    split_prompts,
+)
 
 FORMAT = "draftsmith-features/1"
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -193,6 +201,24 @@ def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, s
     return directory
 
 
+def feature_datasets(target, tokenizer, datasets: Sequence, root: str | os.PathLike, spec: CacheSpec,
+                     answer: dict | None = None) -> list[FeatureDataset]:
+    """Each of ``datasets`` (rows with ``input_ids`` and ``labels``) as a :class:`FeatureDataset` over its cache under
+    ``root`` (built, finished or reused). ``answer`` (``max_new_tokens``, ``prompt_tokens``) first replaces the rows'
+    answers by the target's own greedy ones (:func:`answer_rows`)."""
+    identity = target_identity(target, tokenizer)
+    out = []
+    for dataset in datasets:
+        rows = [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in dataset]
+        if answer is not None:
+            rows = answer_rows(target, rows, max_new_tokens=int(answer["max_new_tokens"]),
+                               prompt_tokens=int(answer["prompt_tokens"]),
+                               pad_token_id=pad_token_id(tokenizer, target.config),
+                               eos_ids=eos_token_ids(tokenizer, target.config))
+        out.append(FeatureDataset(build_feature_cache(target, rows, root, spec, identity), spec.layers))
+    return out
+
+
 class FeatureDataset(torch.utils.data.Dataset):
     """The rows of a built cache: ``input_ids``, ``labels``, ``attention_mask`` and ``feat_<i>`` ``[T, H]`` per
     layer of ``layers`` (default: every layer the cache keeps). Loads one shard at a time."""
@@ -260,4 +286,4 @@ def features_of(batch: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
 
 
 __all__ = ["CacheSpec", "FeatureCollator", "FeatureDataset", "answer_rows", "build_feature_cache", "bytes_per_token",
-           "cache_key", "covering_cache", "data_key", "features_of"]
+           "cache_key", "covering_cache", "data_key", "feature_datasets", "features_of"]

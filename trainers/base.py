@@ -75,6 +75,47 @@ class TargetAnswers:
             raise ConfigError("max_new_tokens and prompt_tokens must be >= 1")
 
 
+FEATURE_MODES = ("online", "offline")
+
+
+@dataclass
+class FeatureCache:
+    """Where a method reads the frozen target's hidden states from (the fields every such method's config shares)."""
+
+    features: str = field(default="online", metadata={"help": "online = the frozen target runs in every step; "
+                                                              "offline = its hidden states are computed once, into "
+                                                              "a cache on disk (draftsmith.data.feature_cache), "
+                                                              "reused across epochs and runs."})
+    feature_cache_dir: str = field(default="", metadata={"help": "Offline features: the cache root (default "
+                                                                 "$DRAFTSMITH_HOME/features)."})
+    feature_cache_budget_gb: float = field(default=50.0, metadata={"help": "Offline features: refuse to build a "
+                                                                           "cache larger than this."})
+    feature_cache_dtype: str = field(default="float16", metadata={"help": "Offline features: float16, bfloat16 or "
+                                                                          "float32."})
+
+    def check_features(self) -> None:
+        from draftsmith.common.errors import ConfigError
+
+        if self.features not in FEATURE_MODES:
+            raise ConfigError(f"features={self.features!r} is unknown: choose one of {', '.join(FEATURE_MODES)}")
+
+
+def offline_feature_datasets(config: FeatureCache, target, tokenizer, datasets, layers, training_args,
+                             answer: dict | None = None) -> list:
+    """``datasets`` as :class:`~draftsmith.data.feature_cache.FeatureDataset` of the target's ``layers`` under the
+    configured cache root; the main process builds, the others wait and read."""
+    from pathlib import Path
+
+    from draftsmith.data.feature_cache import CacheSpec, feature_datasets
+    from draftsmith.data.zoo import draftsmith_home
+
+    root = Path(config.feature_cache_dir) if config.feature_cache_dir else draftsmith_home() / "features"
+    spec = CacheSpec(layers=tuple(layers), dtype=config.feature_cache_dtype,
+                     budget_gb=float(config.feature_cache_budget_gb))
+    with training_args.main_process_first(desc="building the feature cache"):
+        return feature_datasets(target, tokenizer, datasets, root, spec, answer)
+
+
 FINETUNE_MODES = ("full", "lora")
 
 
@@ -124,6 +165,8 @@ class FrozenTargetTrainer(transformers.Trainer):
         self.loss_is_scaled_for_ga = True
         # the dataset columns the collator and the losses read, whatever the trained module's forward takes
         self._signature_columns = list(BATCH_COLUMNS)
+        layers = getattr(self.train_dataset, "layers", ())  # a FeatureDataset: its feature columns reach the loss
+        self._signature_columns += [f"feat_{i}" for i in layers]
         self.teacher_module = teacher_model.eval().requires_grad_(False)  # the model itself (config, LM head)
         self.teacher = self._place_teacher(self.teacher_module)  # what forward is called on
         self._tokens_pending = torch.zeros((), dtype=torch.long)

@@ -36,8 +36,9 @@ from draftsmith.common.errors import ConfigError, TokenizerMismatchError
 from draftsmith.common.models import QUANTIZATIONS, check_quantization_available, lm_head_rows
 from draftsmith.data.chat import IGNORE_INDEX
 from draftsmith.data.collate import answer_token_counts, draft_vocab_coverage, response_mask
+from draftsmith.data.feature_cache import features_of
 from draftsmith.inference.proposers.draft_model import draft_vocab_of, vocab_mask
-from draftsmith.trainers.base import FrozenTargetTrainer, acceptance_metrics
+from draftsmith.trainers.base import FeatureCache, FrozenTargetTrainer, acceptance_metrics, offline_feature_datasets
 from draftsmith.trainers.losses import DIVERGENCES, divergence, divergence_per_token, sequence_kd_nll
 from draftsmith.trainers.zoo import grow_layers
 
@@ -45,6 +46,7 @@ DATA_MODES = ("fixed", "target", "onpolicy", "mixed")
 MIXED_WITH = ("fixed", "target")
 EVAL_RESPONSES = ("dataset", "target")
 TARGET_SIGNALS = ("logits", "tokens")
+LOGITS_VOCABS = ("full", "draft")
 DRAFT_VOCABS = ("keep", "answers")
 REFIT_MIN_COUNT = 2  # a token seen once in the answers ranks below the draft's own vocabulary
 KERNEL_BACKENDS = ("auto", "reference", "triton")
@@ -59,8 +61,12 @@ def _help(text: str) -> dict:
 
 
 @dataclass
-class DistillSpecConfig:
-    """What DistillSpec optimises and on which data. Training-loop settings live in ``TrainingArguments``."""
+class DistillSpecConfig(FeatureCache):
+    """What DistillSpec optimises and on which data. Training-loop settings live in ``TrainingArguments``.
+
+    ``features=offline`` (with ``target_signal=logits``, ``data_mode=fixed``) caches the target's final-normed last
+    hidden state of every training row once; each step then takes the target's logits as that state through the
+    target's LM head, so the target's decoder layers never run in training (the held-out evaluation still runs it)."""
 
     divergence: str = field(
         default="forward_kl",
@@ -75,6 +81,13 @@ class DistillSpecConfig:
                        "the target idle while training; with data_mode=fixed the dataset must come from "
                        "`draftsmith data generate` with this target). Greedy verification checks exactly those "
                        "tokens, and without the target's forward a step costs several times less."),
+    )
+    logits_vocab: str = field(
+        default="full",
+        metadata=_help("target_signal=logits: the tokens the divergence runs over. full = the whole vocabulary; "
+                       "draft = only the tokens the draft can propose (its config.draft_vocab), both distributions "
+                       "renormalised over them: the draft's proposals are checked against the target's argmax, and "
+                       "both LM heads shrink to the draft vocabulary's rows."),
     )
     beta: float = field(default=0.5, metadata=_help("Generalised JSD weight of the target side, in [0, 1] (jsd only; "
                                                      "0 = forward KL, 1 = reverse KL, 0.5 = symmetric JSD)."))
@@ -148,6 +161,13 @@ class DistillSpecConfig:
         if self.target_signal == "tokens" and self.use_fused_kernel:
             raise ConfigError("use_fused_kernel fuses the target's logits into the loss, and target_signal=tokens "
                               "has none: leave use_fused_kernel unset")
+        if self.logits_vocab not in LOGITS_VOCABS:
+            raise ConfigError(f"logits_vocab={self.logits_vocab!r} is unknown: choose one of {', '.join(LOGITS_VOCABS)}")
+        self.check_features()
+        if self.features == "offline" and (self.target_signal != "logits" or self.data_mode != "fixed"):
+            raise ConfigError(f"features=offline caches the target's hidden states of fixed rows for its logits, and "
+                              f"target_signal={self.target_signal} with data_mode={self.data_mode} needs none: use "
+                              "target_signal=logits with data_mode=fixed, or features=online")
         if self.draft_vocab not in DRAFT_VOCABS:
             raise ConfigError(f"draft_vocab={self.draft_vocab!r} is unknown: choose one of {', '.join(DRAFT_VOCABS)}")
         if self.draft_vocab == "answers" and not self.trains_on_dataset_as_answers:
@@ -247,8 +267,44 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         self.vocab_record: dict[str, Any] = {}
         if self.method_config.draft_vocab == "answers":
             self.draft_ids = self._refit_draft_vocab(model)
+        self.loss_rows = self._resolve_loss_rows()  # [K] the rows the divergence runs over, or None: all
         self.use_fused_kernel = self._resolve_fused_kernel(model, teacher_model)
+        if self.method_config.features == "offline":
+            self._check_offline(teacher_model)
         self._micro_step = (-1, 0)  # (global step, micro batch within it) for the mixed-mode coin
+
+    @classmethod
+    def prepare_datasets(cls, models: dict, config: DistillSpecConfig, train, heldout, tokenizer, training_args):
+        """``features=offline``: the training rows with the target's final-normed last hidden states, cached once
+        (:mod:`draftsmith.data.feature_cache`), and the collator that pads them; the held-out rows stay as they are
+        (the evaluation runs the target). Online: unchanged."""
+        if config.features != "offline":
+            return train, heldout, None
+        from draftsmith.data.feature_cache import FeatureCollator
+        from draftsmith.data.generation import pad_token_id
+
+        target = models["target"]
+        (train,) = offline_feature_datasets(config, target, tokenizer, (train,), (-1,), training_args)
+        return train, heldout, FeatureCollator(pad_token_id(tokenizer, target.config))
+
+    def _resolve_loss_rows(self) -> torch.Tensor | None:  # [K] or None
+        """``logits_vocab``: None for the whole vocabulary, else the draft's vocabulary rows."""
+        if self.method_config.logits_vocab == "full" or self.method_config.target_signal == "tokens":
+            return None
+        if self.draft_ids is None:
+            raise ConfigError("logits_vocab=draft restricts the divergence to the draft's vocabulary, and this draft "
+                              "proposes every token (no config.draft_vocab): use logits_vocab=full")
+        return self.draft_ids
+
+    def _check_offline(self, teacher_model) -> None:
+        """Refuse ``features=offline`` where the cached hidden state through the LM head is not the target's logits."""
+        transform = logit_transform(teacher_model.config)
+        if transform:
+            raise ConfigError(f"features=offline takes the target's logits as its cached last hidden state through its "
+                              f"LM head, and the target also applies {transform}: use features=online")
+        if self._sharded():
+            raise ConfigError("features=offline reads the target's LM head outside its forward, which ZeRO-3 and FSDP "
+                              "shard: use ZeRO-2 / DDP, or features=online")
 
     def _refit_draft_vocab(self, model) -> torch.Tensor:  # [K]
         """``draft_vocab=answers``: the draft's vocabulary refitted to the training answers (:func:`refit_vocab`),
@@ -329,9 +385,27 @@ class DistillSpecTrainer(FrozenTargetTrainer):
 
     # ------------------------------------------------------------------------------------------------ loss
 
+    def _teacher_hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:  # [B, T, Ht]
+        """The target's final-normed last hidden state (its LM head's input): from the batch's cached features when it
+        has them, else from a frozen forward."""
+        cached = features_of(inputs)
+        if -1 in cached:
+            return cached[-1].to(self.teacher_module.get_output_embeddings().weight.dtype)
+        with torch.no_grad():
+            return self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
+
     def _teacher_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:  # [B, T, V]
         with torch.no_grad():
+            if features_of(inputs):
+                return self.teacher_module.get_output_embeddings()(self._teacher_hidden(inputs))
             return self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+
+    def _loss_columns(self, logits: torch.Tensor) -> torch.Tensor:  # [N, >=V] -> [N, V] or [N, K]
+        """The vocabulary columns the divergence compares (``logits_vocab``)."""
+        if self.loss_rows is None:
+            return logits[:, : self.vocab_size]
+        return logits[:, self.loss_rows.to(logits.device)]
 
     def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
         """Sum of the divergence over response positions (DistillSpec eq. 2 / GKD eq. 2, before the mean the base
@@ -341,11 +415,14 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         mask = response_mask(inputs["labels"])  # [B, T-1]
         if cfg.target_signal == "tokens":
             return self._token_loss(model, inputs, mask), {"student": None, "teacher": None}
+        if cfg.features == "offline" and not features_of(inputs):
+            raise ConfigError("features=offline but the batch holds no cached features: build the trainer through the "
+                              "recipe runner (DistillSpecTrainer.prepare_datasets), or train with features=online")
         if self.use_fused_kernel:
             return self._fused_loss(model, inputs, mask), {"student": None, "teacher": None}
-        teacher = self._teacher_logits(inputs)[:, :-1][mask][:, : self.vocab_size]  # [N, V]
+        teacher = self._loss_columns(self._teacher_logits(inputs)[:, :-1][mask])  # [N, V]
         out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
-        student = out.logits[:, :-1][mask][:, : self.vocab_size]  # [N, V]
+        student = self._loss_columns(out.logits[:, :-1][mask])  # [N, V]
         loss = divergence(student, teacher, kind=cfg.divergence, beta=cfg.beta, temperature=cfg.temperature,
                           reduction="sum")
         return loss, {"student": student, "teacher": teacher}
@@ -362,30 +439,29 @@ class DistillSpecTrainer(FrozenTargetTrainer):
             logits = model(**batch).logits[:, :-1][mask][:, rows]  # [N, K]
         else:
             hidden = model(**batch, output_hidden_states=True, logits_to_keep=1).hidden_states[-1][:, :-1][mask]  # [N, H]
-            head = self.accelerator.unwrap_model(model).get_output_embeddings()
-            logits = hidden @ head.weight[rows].T  # [N, K]
-            if getattr(head, "bias", None) is not None:
-                logits = logits + head.bias[rows]
+            weight, bias = head_rows(self.accelerator.unwrap_model(model).get_output_embeddings(), self.vocab_size,
+                                     rows)  # [K, H], [K]
+            logits = hidden @ weight.T if bias is None else hidden @ weight.T + bias  # [N, K]
         return sequence_kd_nll(logits, draft_labels(labels, rows, self.vocab_size))
 
     def _fused_loss(self, model, inputs: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
         """The same sum through draftsmith.kernels: both models' last hidden states (the LM heads' inputs) and
-        LM heads go in, chunks of ``[C, V]`` logits are the only vocabulary-sized buffers."""
-        cfg, v = self.method_config, self.vocab_size
-        kwargs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"],
-                  "output_hidden_states": True, "logits_to_keep": 1}
-        with torch.no_grad():
-            t_hidden = self.teacher(**kwargs).hidden_states[-1][:, :-1]  # [B, T-1, Ht]
-        hidden = model(**kwargs).hidden_states[-1][:, :-1]  # [B, T-1, H]
-        head = self.accelerator.unwrap_model(model).get_output_embeddings()
-        t_head = self.teacher_module.get_output_embeddings()
+        LM heads (their ``logits_vocab`` rows) go in, chunks of ``[C, V]`` logits are the only vocabulary-sized
+        buffers."""
+        cfg = self.method_config
+        t_hidden = self._teacher_hidden(inputs)[:, :-1]  # [B, T-1, Ht]
+        hidden = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                       output_hidden_states=True, logits_to_keep=1).hidden_states[-1][:, :-1]  # [B, T-1, H]
+        weight, bias = head_rows(self.accelerator.unwrap_model(model).get_output_embeddings(), self.vocab_size,
+                                 self.loss_rows)  # [V, H], [V]
+        t_weight, t_bias = head_rows(self.teacher_module.get_output_embeddings(), self.vocab_size, self.loss_rows,
+                                     hidden.dtype)  # [V, Ht], [V]
         from draftsmith.kernels import fused_linear_divergence
 
         return fused_linear_divergence(
-            hidden, head.weight[:v], bias=_head_bias(head, v), teacher_hidden=t_hidden.to(hidden.dtype),
-            teacher_weight=t_head.weight[:v].to(hidden.dtype), teacher_bias=_head_bias(t_head, v, hidden.dtype),
-            kind=cfg.divergence, beta=cfg.beta, temperature=cfg.temperature, mask=mask, reduction="sum",
-            chunk_size=cfg.kernel_chunk_size, backend=cfg.kernel_backend,
+            hidden, weight, bias=bias, teacher_hidden=t_hidden.to(hidden.dtype), teacher_weight=t_weight,
+            teacher_bias=t_bias, kind=cfg.divergence, beta=cfg.beta, temperature=cfg.temperature, mask=mask,
+            reduction="sum", chunk_size=cfg.kernel_chunk_size, backend=cfg.kernel_backend,
         )
 
     # ---------------------------------------------------------------------------------------------- eval
@@ -402,7 +478,8 @@ class DistillSpecTrainer(FrozenTargetTrainer):
             student = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
             student = student[:, :-1][mask][:, : self.vocab_size]  # [N, V]
             cfg = self.method_config
-            loss = divergence(student, teacher, kind=cfg.divergence, beta=cfg.beta, temperature=cfg.temperature)
+            loss = divergence(self._loss_columns(student), self._loss_columns(teacher), kind=cfg.divergence,
+                              beta=cfg.beta, temperature=cfg.temperature)
             tvd = divergence_per_token(student, teacher, "tvd")  # [N], temperature 1: what sampling sees
             agree = (draft_argmax(student, self.draft_ids) == teacher.argmax(-1)).float()  # [N], greedy acceptance
             self.add_eval_sums(torch.stack([tvd.sum(), agree.sum(), torch.tensor(float(tvd.numel()), device=tvd.device)]))
@@ -463,8 +540,13 @@ def logit_transform(config) -> str | None:
     return None
 
 
-def _head_bias(head, vocab: int, dtype: torch.dtype | None = None) -> torch.Tensor | None:
-    bias = getattr(head, "bias", None)
-    if bias is None:
-        return None
-    return bias[:vocab] if dtype is None else bias[:vocab].to(dtype)
+def head_rows(head, vocab: int, rows: torch.Tensor | None = None,
+              dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:  # [V|K, H], [V|K]
+    """An LM head's weight and bias (None without one) restricted to ``rows`` (token ids), or to the first ``vocab``
+    rows when ``rows`` is None (a padded head's extra rows are no tokens), optionally cast to ``dtype``."""
+    pick = (lambda t: t[:vocab]) if rows is None else (lambda t: t[rows.to(t.device)])
+    weight, bias = pick(head.weight), getattr(head, "bias", None)
+    bias = None if bias is None else pick(bias)
+    if dtype is not None:
+        weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
+    return weight, bias

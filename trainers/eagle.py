@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,7 +47,7 @@ from draftsmith.common.errors import ConfigError
 from draftsmith.data.collate import answer_token_counts, draft_vocab_coverage
 from draftsmith.data.feature_cache import features_of
 from draftsmith.inference.eagle import Eagle3Head, EagleHead, GrowingCache, aux_layers, draft_vocab
-from draftsmith.trainers.base import FrozenTargetTrainer, TargetAnswers
+from draftsmith.trainers.base import FeatureCache, FrozenTargetTrainer, TargetAnswers, offline_feature_datasets
 from draftsmith.trainers.base import help_text as _help
 
 VARIANTS = ("eagle1", "eagle3")
@@ -57,7 +56,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class EagleConfig(TargetAnswers):
+class EagleConfig(TargetAnswers, FeatureCache):
     """EAGLE-1/-3 settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
 
     variant: str = field(default="eagle1", metadata=_help("eagle1 (last-layer features, feature regression) or eagle3 "
@@ -75,16 +74,6 @@ class EagleConfig(TargetAnswers):
     cls_weight: float = field(default=0.1, metadata=_help("Weight of the token cross-entropy (EAGLE: 0.1)."))
     noise: float = field(default=0.1, metadata=_help("Uniform noise U(-noise, noise) on the input features (EAGLE: "
                                                      "0.1; 0 = off)."))
-    features: str = field(default="online", metadata=_help("online = the frozen target computes the features in "
-                                                           "every step; offline = once, into a cache on disk "
-                                                           "(draftsmith.data.feature_cache), reused across epochs and "
-                                                           "runs."))
-    feature_cache_dir: str = field(default="", metadata=_help("Offline features: the cache root (default "
-                                                              "$DRAFTSMITH_HOME/features)."))
-    feature_cache_budget_gb: float = field(default=50.0, metadata=_help("Offline features: refuse to build a cache "
-                                                                        "larger than this."))
-    feature_cache_dtype: str = field(default="float16", metadata=_help("Offline features: float16, bfloat16 or "
-                                                                       "float32."))
     draft_length: int = field(default=5, metadata=_help("Evaluation: tokens the head drafts per step (chain)."))
     tree: str = field(default="dynamic", metadata=_help("Evaluation: dynamic (EAGLE-2's tree) or chain."))
     tree_depth: int = field(default=5, metadata=_help("Dynamic tree: levels the head expands."))
@@ -92,8 +81,7 @@ class EagleConfig(TargetAnswers):
     tree_nodes: int = field(default=32, metadata=_help("Dynamic tree: tokens kept for verification (total_tokens)."))
 
     def __post_init__(self) -> None:
-        if self.features not in ("online", "offline"):
-            raise ConfigError(f"features={self.features!r} is unknown: choose online or offline")
+        self.check_features()
         if self.variant not in VARIANTS:
             raise ConfigError(f"variant={self.variant!r} is unknown: choose one of {', '.join(VARIANTS)}")
         if int(self.ttt_steps) < 1 or int(self.draft_vocab_size) < 1 or not 0.0 < float(self.step_decay) <= 1.0:
@@ -251,38 +239,18 @@ class EagleTrainer(FrozenTargetTrainer):
         and collator the trainer uses. Online: unchanged."""
         if config.features != "offline":
             return train, heldout, None
-        from draftsmith.common.models import target_identity
-        from draftsmith.data.feature_cache import (
-            CacheSpec,
-            FeatureCollator,
-            FeatureDataset,
-            answer_rows,
-            build_feature_cache,
-        )
-        from draftsmith.data.generation import eos_token_ids, pad_token_id
-        from draftsmith.data.zoo import draftsmith_home
+        from draftsmith.data.feature_cache import FeatureCollator
+        from draftsmith.data.generation import pad_token_id
 
         target = models["target"]
-        pad = pad_token_id(tokenizer, target.config)
-        root = Path(config.feature_cache_dir) if config.feature_cache_dir else draftsmith_home() / "features"
-        spec = CacheSpec(layers=feature_layers(config, target), dtype=config.feature_cache_dtype,
-                         budget_gb=float(config.feature_cache_budget_gb))
-        identity = target_identity(target, tokenizer)
-        out = []
-        with training_args.main_process_first(desc="building the feature cache"):
-            for dataset in (train, heldout):
-                rows = [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in dataset]
-                if config.data_mode == "target":
-                    rows = answer_rows(target, rows, max_new_tokens=config.max_new_tokens,
-                                       prompt_tokens=config.prompt_tokens, pad_token_id=pad,
-                                       eos_ids=eos_token_ids(tokenizer, target.config))
-                out.append(FeatureDataset(build_feature_cache(target, rows, root, spec, identity), spec.layers))
-        return out[0], out[1], FeatureCollator(pad)
+        answer = {"max_new_tokens": config.max_new_tokens, "prompt_tokens": config.prompt_tokens}
+        train, heldout = offline_feature_datasets(config, target, tokenizer, (train, heldout),
+                                                  feature_layers(config, target), training_args,
+                                                  answer if config.data_mode == "target" else None)
+        return train, heldout, FeatureCollator(pad_token_id(tokenizer, target.config))
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        layers = getattr(self.train_dataset, "layers", ())  # a FeatureDataset: its columns reach the loss
-        self._signature_columns = list(self._signature_columns) + [f"feat_{i}" for i in layers]
         t2d = getattr(self.model, "t2d", None)  # EAGLE-3: how much of the held-out answers can a draft propose?
         self.vocab_coverage = None
         if t2d is not None and self.eval_dataset is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections import Counter
@@ -49,6 +50,19 @@ def make_trainer(pair, tokenizer, tmp_path, config=None, train_rows=None, eval_r
     )
 
 
+@contextlib.contextmanager
+def target_refused(target):
+    """Fail the test if ``target``'s forward runs inside the block."""
+    def refuse(*_):
+        raise AssertionError("the target ran")
+
+    hook = target.register_forward_pre_hook(refuse)
+    try:
+        yield
+    finally:
+        hook.remove()
+
+
 # ------------------------------------------------------------------------------------------------- config
 
 
@@ -78,6 +92,10 @@ def make_trainer(pair, tokenizer, tmp_path, config=None, train_rows=None, eval_r
         ({"target_signal": "tokens", "data_mode": "mixed"}, "data_mode=mixed"),
         ({"target_signal": "tokens", "use_fused_kernel": True}, "leave use_fused_kernel unset"),
         ({"draft_vocab": "corpus"}, "draft_vocab"),
+        ({"logits_vocab": "answers"}, "logits_vocab"),
+        ({"features": "disk"}, "features"),
+        ({"features": "offline", "target_signal": "tokens"}, "features=offline.*target_signal=tokens"),
+        ({"features": "offline", "data_mode": "onpolicy"}, "features=offline.*data_mode=onpolicy"),
         ({"draft_vocab": "answers"}, "target_signal=tokens and data_mode=fixed"),
         ({"draft_vocab": "answers", "target_signal": "tokens", "data_mode": "target"}, "data_mode=fixed"),
     ],
@@ -168,6 +186,73 @@ def test_fused_kernel_steps_aside_for_a_soft_capped_head_unless_required(pair, t
         make_trainer((target, draft), tokenizer, tmp_path, DistillSpecConfig(use_fused_kernel=True))
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_logits_vocab_draft_is_the_divergence_between_the_distributions_over_the_drafts_rows(pair, tokenizer, tmp_path,
+                                                                                            fused):
+    target, draft = pair
+    draft = copy.deepcopy(draft)
+    rows = [3, 5, 6, 7, 9, 40]
+    draft.config.draft_vocab = rows
+    cfg = DistillSpecConfig(divergence="forward_kl", logits_vocab="draft", use_fused_kernel=fused)
+    trainer = make_trainer((target, draft), tokenizer, tmp_path, cfg)
+    batch = PadCollator(0)([{"input_ids": [1, 5, 6, 7, 8, 9], "labels": [-100, -100, 6, 7, 8, 9]}])
+    loss = trainer.compute_loss(draft, batch)
+    with torch.no_grad():
+        t_logits = target(input_ids=batch["input_ids"]).logits[0]  # [T, V]
+        s_logits = draft(input_ids=batch["input_ids"]).logits[0]
+    values = [hand_divergence(t_logits[t, rows], s_logits[t, rows], "forward_kl", 0.5, 1.0) for t in range(1, 5)]
+    assert loss.item() == pytest.approx(sum(values) / 4, rel=1e-4)
+    full = make_trainer((target, draft), tokenizer, tmp_path, DistillSpecConfig(use_fused_kernel=fused))
+    assert full.compute_loss(draft, batch).item() != pytest.approx(loss.item(), rel=1e-2)  # the default: every token
+    draft.config.draft_vocab = None
+    with pytest.raises(ConfigError, match="proposes every token.*logits_vocab=full"):
+        make_trainer((target, draft), tokenizer, tmp_path, cfg)
+
+
+def cached_batch(pair, tokenizer, tmp_path, rows: list[dict], dtype: str = "float32") -> dict[str, torch.Tensor]:
+    """``rows`` collated as ``features=offline`` training sees them: through the recipe's cache of the target's
+    final-normed last hidden state."""
+    cfg = DistillSpecConfig(features="offline", feature_cache_dir=str(tmp_path / "cache"), feature_cache_dtype=dtype)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    train, _, collator = DistillSpecTrainer.prepare_datasets({"target": pair[0]}, cfg, datasets.Dataset.from_list(rows),
+                                                             None, tokenizer, args)
+    assert train.layers == (-1,)
+    return collator([train[i] for i in range(len(train))])
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_offline_features_give_the_online_loss_and_gradients_without_the_targets_layers(pair, tokenizer, tmp_path,
+                                                                                       fused):
+    target, draft = pair
+    rows = [{"input_ids": [1, 5, 6, 7, 8, 9], "labels": [-100, -100, 6, 7, 8, 9]},
+            {"input_ids": [1, 10, 11, 12], "labels": [-100, -100, -100, 12]}]
+    plain = PadCollator(0)(rows)
+    cached = cached_batch(pair, tokenizer, tmp_path, rows)
+    assert cached["feat_-1"].shape == (2, 6, target.config.hidden_size)
+    results = {}
+    for features, batch in (("online", plain), ("offline", cached)):
+        cfg = DistillSpecConfig(divergence="jsd", features=features, use_fused_kernel=fused)
+        trainer = make_trainer(pair, tokenizer, tmp_path, cfg)
+        draft.zero_grad()
+        with target_refused(target) if features == "offline" else contextlib.nullcontext():
+            loss = trainer.compute_loss(draft, batch)
+        loss.backward()
+        results[features] = (loss.item(), [p.grad.clone() for p in draft.parameters()])
+    assert results["offline"][0] == pytest.approx(results["online"][0], rel=1e-5)
+    for a, b in zip(results["online"][1], results["offline"][1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+    offline = make_trainer(pair, tokenizer, tmp_path, DistillSpecConfig(features="offline", use_fused_kernel=fused))
+    with pytest.raises(ConfigError, match="no cached features.*prepare_datasets.*features=online"):
+        offline.compute_loss(draft, plain)
+
+
+def test_offline_features_are_refused_where_the_lm_head_is_not_the_whole_logit(pair, tokenizer, tmp_path):
+    target = copy.deepcopy(pair[0])
+    target.config.final_logit_softcapping = 30.0
+    with pytest.raises(ConfigError, match="final_logit_softcapping=30.0: use features=online"):
+        make_trainer((target, pair[1]), tokenizer, tmp_path, DistillSpecConfig(features="offline"))
+
+
 def test_token_signal_is_the_cross_entropy_over_the_drafts_vocabulary_without_the_target(pair, tokenizer, tmp_path):
     target, draft = pair
     draft = copy.deepcopy(draft)
@@ -178,15 +263,8 @@ def test_token_signal_is_the_cross_entropy_over_the_drafts_vocabulary_without_th
         {"input_ids": [1, 5, 6, 7, 8, 9], "labels": [-100, -100, 6, 7, 8, 9]},
         {"input_ids": [1, 10, 11, 40], "labels": [-100, -100, -100, 40]},
     ])
-
-    def refuse(*_):
-        raise AssertionError("the target ran")
-
-    hook = target.register_forward_pre_hook(refuse)
-    try:
+    with target_refused(target):
         total, _ = trainer.loss_sum(draft, batch)
-    finally:
-        hook.remove()
     with torch.no_grad():
         logits = draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     rows = [3, 5, 6, 7, 9, 40]
