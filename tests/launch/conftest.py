@@ -96,3 +96,31 @@ class ZooIdentity:
 @pytest.fixture
 def zoo_identity(tmp_path) -> ZooIdentity:
     return ZooIdentity(tmp_path)
+
+
+@pytest.fixture
+def offline_matches_online(tmp_path):
+    """``offline_matches_online(method, args)``: trains ``method`` 4 steps three times, ``args(out)`` plus the target's
+    features online, from a float32 cache and from a float16 cache (under ``tmp_path / "cache"``, returned), and
+    checks the loss curves: float32 features give the online losses, float16 ones stay within half-precision
+    rounding and differ (they were the ones trained on)."""
+    import json
+
+    from draftsmith.launch.recipe import run_recipe
+
+    def check(method: str, args) -> Path:
+        cache, curves = tmp_path / "cache", {}
+        for mode, dtype in (("online", "float32"), ("offline", "float32"), ("offline", "float16")):
+            out = tmp_path / f"{mode}-{dtype}"
+            run_recipe(method, [*args(out), f"features={mode}", f"feature_cache_dtype={dtype}",
+                                f"feature_cache_dir={cache}", "max_steps=4", "eval_steps=4", "save_steps=4"], None)
+            state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+            curves[(mode, dtype)] = [h["loss"] for h in state["log_history"] if "loss" in h]
+        online = curves[("online", "float32")]
+        assert len(online) == 4
+        assert curves[("offline", "float32")] == pytest.approx(online, rel=1e-4)
+        assert curves[("offline", "float16")] == pytest.approx(online, rel=2e-2)
+        assert curves[("offline", "float16")] != online
+        return cache
+
+    return check

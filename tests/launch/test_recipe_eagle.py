@@ -123,27 +123,16 @@ def test_eagle3_under_deepspeed_zero2_two_cpu_processes(tiny_pair, tmp_path):
 
 
 @pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
-def test_offline_and_online_features_train_to_the_same_loss_curve(tiny_pair, tmp_path, variant):
-    """The same rows (data_mode=fixed), the same seed: features from the cache (float32) or from the target in every
-    step give the same training losses; a float16 cache stays within half-precision rounding."""
+def test_offline_and_online_features_train_to_the_same_loss_curve(tiny_pair, tmp_path, offline_matches_online, variant):
+    """The same rows (data_mode=fixed), the same seed: features from the cache or from the target in every step
+    (conftest's ``offline_matches_online``)."""
     torch.set_num_threads(1)
     target = tiny_pair["target"] if variant == "eagle1" else _target_with_layers(tiny_pair, tmp_path, 4)
-    curves = {}
-    for mode, dtype in (("online", "float32"), ("offline", "float32"), ("offline", "float16")):
-        out = tmp_path / f"{mode}-{dtype}"
-        run_recipe("eagle", [
-            "--config", str(ROOT / "recipes" / "configs" / "eagle_test.yaml"), f"variant={variant}", "ttt_steps=2",
-            "draft_vocab_size=64", "data_mode=fixed", f"features={mode}", f"feature_cache_dtype={dtype}",
-            f"feature_cache_dir={tmp_path / 'cache'}", "max_steps=4", "eval_steps=4", "save_steps=4",
-            "--target", str(target), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out)])
-        state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
-        curves[(mode, dtype)] = [h["loss"] for h in state["log_history"] if "loss" in h]
-    online = curves[("online", "float32")]
-    assert len(online) == 4
-    assert curves[("offline", "float32")] == pytest.approx(online, rel=1e-4)
-    assert curves[("offline", "float16")] == pytest.approx(online, rel=2e-2)
-    assert curves[("offline", "float16")] != online  # the half-precision features were the ones trained on
-    assert len(list((tmp_path / "cache").iterdir())) == 4  # train and held-out, float32 and float16
+    cache = offline_matches_online("eagle", lambda out: [
+        "--config", str(ROOT / "recipes" / "configs" / "eagle_test.yaml"), f"variant={variant}", "ttt_steps=2",
+        "draft_vocab_size=64", "data_mode=fixed", "--target", str(target), "--dataset", str(tiny_pair["dataset"]),
+        "--output_dir", str(out)])
+    assert len(list(cache.iterdir())) == 4  # train and held-out, float32 and float16
 
 
 @pytest.mark.slow

@@ -193,25 +193,11 @@ def test_token_signal_trains_on_the_targets_own_answers_and_refuses_other_data(t
     assert training["draft_vocab_heldout_coverage"] > training["draft_vocab_heldout_coverage_before"]
 
 
-def test_offline_and_online_target_features_train_to_the_same_loss_curve(tiny_pair, tmp_path):
-    """The same rows and seed: the target's logits from its cached last hidden state (float32) or from its forward in
-    every step give the same training losses; a float16 cache stays within half-precision rounding."""
-    from draftsmith.launch.recipe import run_recipe
-
-    curves = {}
-    for mode, dtype in (("online", "float32"), ("offline", "float32"), ("offline", "float16")):
-        out = tmp_path / f"{mode}-{dtype}"
-        run_recipe("distillspec", [*pair_args(tiny_pair, out), f"features={mode}", f"feature_cache_dtype={dtype}",
-                                   f"feature_cache_dir={tmp_path / 'cache'}", "max_steps=4", "eval_steps=4",
-                                   "save_steps=4"], None)
-        state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
-        curves[(mode, dtype)] = [h["loss"] for h in state["log_history"] if "loss" in h]
-    online = curves[("online", "float32")]
-    assert len(online) == 4
-    assert curves[("offline", "float32")] == pytest.approx(online, rel=1e-4)
-    assert curves[("offline", "float16")] == pytest.approx(online, rel=2e-2)
-    assert curves[("offline", "float16")] != online  # the half-precision features were the ones trained on
-    assert len(list((tmp_path / "cache").iterdir())) == 2  # the training rows, in float32 and in float16
+def test_offline_and_online_target_features_train_to_the_same_loss_curve(tiny_pair, offline_matches_online):
+    """The same rows and seed: the target's logits from its cached last hidden state or from its forward in every step
+    (conftest's ``offline_matches_online``)."""
+    cache = offline_matches_online("distillspec", lambda out: pair_args(tiny_pair, out))
+    assert len(list(cache.iterdir())) == 2  # the training rows, in float32 and in float16
 
 
 def test_draft_layers_grows_the_draft_the_artefact_then_carries(tiny_pair, tmp_path):
