@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -34,6 +36,19 @@ def test_rows_come_back_with_the_targets_features(tmp_path):
     batch = FeatureCollator(0)([data[0], data[1]])
     assert batch["feat_-1"].shape == (2, 9, 32) and batch["input_ids"].shape == (2, 9)
     assert bool((batch["feat_-1"][0, 5:] == 0).all()) and batch["attention_mask"][0].tolist() == [1] * 5 + [0] * 4
+
+
+def test_rows_read_in_any_order_and_after_pickling_are_the_same(tmp_path):
+    target = random_model("llama", seed=0, layers=3)
+    spec = CacheSpec(layers=(1, -1), dtype="float16", shard_rows=2, batch_size=2)
+    data = FeatureDataset(build_feature_cache(target, ROWS, tmp_path, spec, IDENTITY, progress=False))
+    first = [data[i] for i in range(len(data))]
+    again = pickle.loads(pickle.dumps(data))  # as a worker process gets it: no open shard travels
+    for i in (4, 0, 3, 1, 2, 4):  # across the three shards, back and forth
+        row = again[i]
+        assert row["input_ids"] == first[i]["input_ids"] and row["labels"] == first[i]["labels"]
+        assert row["feat_1"].dtype == torch.float16 and torch.equal(row["feat_1"], first[i]["feat_1"])
+        assert torch.equal(row["feat_-1"], first[i]["feat_-1"]) and row["feat_-1"].shape == (len(row["input_ids"]), 32)
 
 
 def test_a_matching_cache_is_reused_and_another_gets_its_own_key(tmp_path):
