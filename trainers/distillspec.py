@@ -402,7 +402,9 @@ class DistillSpecTrainer(FrozenTargetTrainer):
             return self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
 
     def _loss_columns(self, logits: torch.Tensor) -> torch.Tensor:  # [N, >=V] -> [N, V] or [N, K]
-        """The vocabulary columns the divergence compares (``logits_vocab``)."""
+        """The vocabulary columns the divergence compares (``logits_vocab``). A softmax over the draft's ``K`` columns
+        is the distribution restricted to them and renormalised, ``p_K(v) = p(v) / sum_{u in K} p(u)``, so
+        ``draft`` minimises ``D(p_K || q_K)``."""
         if self.loss_rows is None:
             return logits[:, : self.vocab_size]
         return logits[:, self.loss_rows.to(logits.device)]
