@@ -141,6 +141,21 @@ def _features(target, rows: Sequence[dict], layers: Sequence[int], dtype: torch.
     return {f"layer_{i}": out.hidden_states[i][keep].to(dtype).cpu() for i in layers}  # right padding: row order
 
 
+def _shard_features(target, rows: Sequence[dict], spec: CacheSpec, bar) -> dict[str, torch.Tensor]:
+    """``layer_<i>`` ``[N, H]`` of ``rows`` in row order, computed in batches of rows of similar length (sorted by
+    length, so batches carry little padding) and put back in order."""
+    order = sorted(range(len(rows)), key=lambda r: len(rows[r]["input_ids"]))
+    per_row: list[dict[str, torch.Tensor]] = [{} for _ in rows]
+    for s in range(0, len(order), spec.batch_size):
+        picked = order[s: s + spec.batch_size]
+        lengths = [len(rows[r]["input_ids"]) for r in picked]
+        for name, value in _features(target, [rows[r] for r in picked], spec.layers, DTYPES[spec.dtype]).items():
+            for r, part in zip(picked, value.split(lengths)):
+                per_row[r][name] = part
+        bar.update(len(picked))
+    return {f"layer_{i}": torch.cat([row[f"layer_{i}"] for row in per_row]) for i in spec.layers}
+
+
 def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, spec: CacheSpec, identity: dict,
                         progress: bool = True) -> Path:
     """The cache of ``rows`` under ``root`` (built, or finished, or reused as it is); see the module docstring."""
@@ -180,15 +195,9 @@ def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, s
         if path.is_file():  # written (atomically) by an earlier, interrupted build
             bar.update(b - a)
             continue
-        part: dict[str, list[torch.Tensor]] = {f"layer_{i}": [] for i in spec.layers}
-        for s in range(a, b, spec.batch_size):
-            for name, value in _features(target, rows[s: min(b, s + spec.batch_size)], spec.layers,
-                                         DTYPES[spec.dtype]).items():
-                part[name].append(value)
-            bar.update(min(b, s + spec.batch_size) - s)
         chunk = rows[a:b]
+        tensors = _shard_features(target, chunk, spec, bar)
         lengths = torch.tensor([len(r["input_ids"]) for r in chunk], dtype=torch.long)
-        tensors = {name: torch.cat(values) for name, values in part.items()}
         tensors["input_ids"] = torch.tensor([t for r in chunk for t in r["input_ids"]], dtype=torch.int32)
         tensors["labels"] = torch.tensor([t for r in chunk for t in r["labels"]], dtype=torch.int32)
         tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])

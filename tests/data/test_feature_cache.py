@@ -27,12 +27,13 @@ def test_rows_come_back_with_the_targets_features(tmp_path):
     spec = CacheSpec(layers=(1, -1), dtype="float32", shard_rows=2, batch_size=2)
     data = FeatureDataset(build_feature_cache(target, ROWS, tmp_path, spec, IDENTITY, progress=False))
     assert len(data) == 5 and data.layers == (1, -1)
-    with torch.no_grad():
-        out = target(input_ids=torch.tensor([ROWS[3]["input_ids"]]), output_hidden_states=True)
-    row = data[3]
-    assert row["input_ids"] == ROWS[3]["input_ids"] and row["labels"] == ROWS[3]["labels"]
-    assert torch.allclose(row["feat_1"], out.hidden_states[1][0], atol=1e-5)
-    assert torch.allclose(row["feat_-1"], out.hidden_states[-1][0], atol=1e-5)
+    for i, source in enumerate(ROWS):  # batched by length inside each shard, read back in row order
+        with torch.no_grad():
+            out = target(input_ids=torch.tensor([source["input_ids"]]), output_hidden_states=True)
+        row = data[i]
+        assert row["input_ids"] == source["input_ids"] and row["labels"] == source["labels"]
+        assert torch.allclose(row["feat_1"], out.hidden_states[1][0], atol=1e-5)
+        assert torch.allclose(row["feat_-1"], out.hidden_states[-1][0], atol=1e-5)
     batch = FeatureCollator(0)([data[0], data[1]])
     assert batch["feat_-1"].shape == (2, 9, 32) and batch["input_ids"].shape == (2, 9)
     assert bool((batch["feat_-1"][0, 5:] == 0).all()) and batch["attention_mask"][0].tolist() == [1] * 5 + [0] * 4
