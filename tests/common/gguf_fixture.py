@@ -6,15 +6,8 @@ does: llama.cpp tensor names, the q/k projections permuted into llama.cpp's rota
 GGUF loader permutes them back), and the tokenizer as ``tokenizer.ggml.*`` metadata (``gpt2`` model, tokens,
 token types, merges, special ids, chat template). Loading the file back gives the source model exactly.
 
-Not a test module, and ``tests/`` is no package: test modules load it by path, once per session::
-
-    def _gguf_fixture():
-        name = "draftsmith_tests_gguf_fixture"
-        if name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "common" / "gguf_fixture.py")
-            sys.modules[name] = module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        return sys.modules[name]
+Not a test module: pytest puts ``tests/common`` on the path (pyproject's ``pythonpath``), so test modules
+``import gguf_fixture as gg``.
 """
 
 from __future__ import annotations

@@ -3,10 +3,7 @@ load_model / load_tokenizer give back the source model and tokenizer, and errors
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import gguf_fixture as gg
 import numpy as np
 import pytest
 import torch
@@ -24,29 +21,11 @@ from draftsmith.common.models import (
     tokenizer_sha256,
 )
 
-
-def _gguf_fixture():
-    name = "draftsmith_tests_gguf_fixture"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "common" / "gguf_fixture.py")
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-gg = _gguf_fixture()
+pytestmark = pytest.mark.usefixtures("one_thread")
 TEXTS = ["What is the capital of France?", "Hello world, how are you today?", "<|user|>hi<|eos|> <|endoftext|>",
          "  spaces\tand\nnewlines, ünïcödé 🙂"]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"},
             {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And of Italy?"}]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

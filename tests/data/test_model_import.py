@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import datetime
 import errno
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
+import gguf_fixture as gg
 import pytest
 import torch
 
@@ -39,26 +38,8 @@ from draftsmith.data.model_import import (
     pip_download,
 )
 
-
-def _gguf_fixture():
-    name = "draftsmith_tests_gguf_fixture"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "common" / "gguf_fixture.py")
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-gg = _gguf_fixture()
+pytestmark = pytest.mark.usefixtures("one_thread")
 NAME = "smollm2-135m"  # the spec passed in replaces its pins; the name only labels messages
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from draftsmith.data.tiny_models import random_model
 from draftsmith.data.tokenizer import train_tokenizer
@@ -24,15 +23,6 @@ QUESTIONS = [
     {"question_id": 2, "category": "code", "turns": ["def add(a, b):"]},
     {"question_id": 3, "category": "math", "turns": ["What is 12 plus 30?"], "reference": ["42"]},
 ]
-
-
-@pytest.fixture
-def one_thread():
-    """Tiny models run fastest on one thread, and much faster on a machine shared with other jobs."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

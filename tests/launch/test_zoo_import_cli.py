@@ -3,37 +3,16 @@ pins of smollm2-135m are replaced by the fake wheel's for the test): output, exi
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
+import gguf_fixture as gg
 import pytest
-import torch
 
 from draftsmith.data.model_import import IMPORTS, MANIFEST, models_dir
 from draftsmith.launch.cli import main
 
-
-def _gguf_fixture():
-    name = "draftsmith_tests_gguf_fixture"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "common" / "gguf_fixture.py")
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-gg = _gguf_fixture()
+pytestmark = pytest.mark.usefixtures("one_thread")
 NAME = "smollm2-135m"
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
