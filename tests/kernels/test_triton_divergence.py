@@ -43,7 +43,8 @@ def interpreted_results() -> dict:
     pytest.importorskip("triton")
     script = Path(__file__).with_name("triton_interpreter_checks.py")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    cases = json.dumps({"rows": ROW_CASES, "fused": FUSED_CASES, "dtypes": DTYPES})
+    out = subprocess.run([sys.executable, str(script), cases], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -3,8 +3,8 @@
 Not a test module: ``test_triton_divergence.py`` runs ``python triton_interpreter_checks.py``, which
 sets the environment variable *before* anything imports triton (``@triton.jit`` — including triton's own
 ``tl.max``/``tl.sum`` helpers — picks compiled or interpreted at decoration time, and in a full test
-session transformers imports triton early). It prints one JSON object of measured errors; the
-assertions and tolerances live in the test module.
+session transformers imports triton early). It takes the cases as one JSON argument and prints one JSON
+object of measured errors; the cases, assertions and tolerances live in the test module.
 """
 
 from __future__ import annotations
@@ -24,18 +24,6 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from draftsmith.kernels import fused_linear_divergence, triton_divergence  # noqa: E402
 from draftsmith.kernels.reference import reference_divergence_rows  # noqa: E402
 from draftsmith.kernels.triton_divergence import triton_divergence_rows  # noqa: E402
-
-ROW_CASES = [
-    ("forward_kl", 0.5),
-    ("reverse_kl", 0.5),
-    ("jsd", 0.5),
-    ("jsd", 0.2),
-    ("jsd", 0.0),
-    ("jsd", 1.0),
-    ("tvd", 0.5),
-]
-FUSED_CASES = [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.3), ("tvd", 0.5)]
-DTYPES = ("float32", "bfloat16")
 
 
 def _errors(got, want) -> dict:
@@ -94,19 +82,20 @@ def fused_case(kind: str, beta: float, dtype) -> dict:
     }
 
 
-def main() -> int:
+def main(cases: dict) -> int:
+    """``cases``: {"rows": [[kind, beta], ...], "fused": [[kind, beta], ...], "dtypes": [name, ...]}, the test's."""
     warnings.simplefilter("ignore", RuntimeWarning)  # numpy evaluates both branches of tl.where
     torch.set_num_threads(1)
     results = {"interpreted": isinstance(triton_divergence._divergence_rows_kernel, InterpretedFunction)}
-    for name in DTYPES:
+    for name in cases["dtypes"]:
         dtype = getattr(torch, name)
-        for kind, beta in ROW_CASES:
+        for kind, beta in cases["rows"]:
             results[f"rows-{kind}-{beta}-{name}"] = rows_case(kind, beta, dtype)
-        for kind, beta in FUSED_CASES:
+        for kind, beta in cases["fused"]:
             results[f"fused-{kind}-{beta}-{name}"] = fused_case(kind, beta, dtype)
     print(json.dumps(results))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(json.loads(sys.argv[1])))
