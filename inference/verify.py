@@ -32,6 +32,7 @@ the verification forward, after the tree: BiTA's mask tokens, Jacobi blocks).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -297,6 +298,23 @@ def _to_host(
     return Verdict(path, host[1], tokens=[toks[i] for i in path])
 
 
+def _accept(
+    passed: torch.Tensor,  # [n] bool: each node passes its own test
+    draft: Draft,
+    tokens: torch.Tensor,  # [n] the draft's tokens, on the target's device
+    next_token: Callable[[torch.Tensor], torch.Tensor],  # verification row [1] -> the token after the branch
+) -> Verdict:
+    """The accepted branch — a chain's leading run of passing nodes; in a tree the first passing child of each
+    node, followed from the root — and the token after it, in one device-to-host transfer."""
+    if draft.is_chain:
+        length = chain_path(passed)
+        return _to_host(length, next_token(length[None]), tokens)
+    device = tokens.device
+    ok = first_in_siblings(passed, draft.parents.to(device))  # [n]
+    length, row, on_path = accepted_path(ok, draft.ancestors.to(device), draft.depths.to(device))
+    return _to_host(length, next_token(row[None]), tokens, on_path)
+
+
 def verify_greedy(
     target_logits: torch.Tensor,  # [1 + n, V]
     draft: Draft,
@@ -307,13 +325,8 @@ def verify_greedy(
     if len(draft) == 0:
         return Verdict([], int(choice[0]), tokens=[])
     tokens = draft.tokens.to(device)  # [n]
-    if draft.is_chain:
-        length = chain_path(tokens == choice[:-1])
-        return _to_host(length, choice.index_select(0, length[None]), tokens)
-    parents = draft.parents.to(device)  # [n]
-    ok = first_in_siblings(tokens == choice[parents + 1], parents)  # [n]
-    length, row, on_path = accepted_path(ok, draft.ancestors.to(device), draft.depths.to(device))
-    return _to_host(length, choice.index_select(0, row[None]), tokens, on_path)
+    wanted = choice[:-1] if draft.is_chain else choice[draft.parents.to(device) + 1]  # [n] the argmax at each parent
+    return _accept(tokens == wanted, draft, tokens, lambda row: choice.index_select(0, row))
 
 
 def _node_q(draft: Draft, vocab: int, device: torch.device) -> torch.Tensor:  # [n, V]
@@ -352,18 +365,12 @@ def verify_sampling(
     if len(draft) == 0:
         return Verdict([], int(draw(probs[0], generator)), tokens=[])
     tokens = draft.tokens.to(device)  # [n]
-    parents = draft.parents.to(device)  # [n]
     q = _node_q(draft, probs.shape[-1], device)  # [n, V]
     tried, left = sibling_residuals(probs, q, draft)
     x = tokens[:, None]  # [n, 1]
     ratio = tried.gather(1, x)[:, 0] / q.gather(1, x)[:, 0].clamp_min(1e-30)  # [n]
     passed = uniform((len(draft),), generator, device) < ratio  # [n]
-    if draft.is_chain:
-        length = chain_path(passed)
-        return _to_host(length, draw(left.index_select(0, length[None])[0], generator), tokens)
-    ok = first_in_siblings(passed, parents)
-    length, row, on_path = accepted_path(ok, draft.ancestors.to(device), draft.depths.to(device))
-    return _to_host(length, draw(left.index_select(0, row[None])[0], generator), tokens, on_path)
+    return _accept(passed, draft, tokens, lambda row: draw(left.index_select(0, row)[0], generator))
 
 
 def typical_verifier(epsilon: float = 0.09, delta: float = 0.3):
@@ -388,12 +395,7 @@ def typical_verifier(epsilon: float = 0.09, delta: float = 0.3):
         parents = draft.parents.to(device)  # [n]
         rows = parents + 1  # [n] each node's verification row
         passed = probs[rows, tokens] > threshold[rows]  # [n]
-        if draft.is_chain:
-            length = chain_path(passed)
-            return _to_host(length, draw(probs.index_select(0, length[None])[0], generator), tokens)
-        ok = first_in_siblings(passed, parents)
-        length, row, on_path = accepted_path(ok, draft.ancestors.to(device), draft.depths.to(device))
-        return _to_host(length, draw(probs.index_select(0, row[None])[0], generator), tokens, on_path)
+        return _accept(passed, draft, tokens, lambda row: draw(probs.index_select(0, row)[0], generator))
 
     verify_typical.__name__ = f"typical_acceptance(epsilon={epsilon}, delta={delta})"
     return verify_typical
