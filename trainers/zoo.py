@@ -123,17 +123,19 @@ def start_over(out: Path) -> None:
 def build_tokenizer_stage(out: Path, spec: ZooSpec, train: list[dict]) -> dict:
     """Train the tokenizer, publish it to ``out/tokenizer`` and return its record."""
     started = time.perf_counter()
-    tokenizer = train_zoo_tokenizer(spec, train)
+    record = _publish_tokenizer(out, train_zoo_tokenizer(spec, train))
+    return {**record, "train_seconds": round(time.perf_counter() - started, 3)}
+
+
+def _publish_tokenizer(out: Path, tokenizer) -> dict:
+    """Save ``tokenizer`` to ``out/tokenizer`` atomically (a temporary directory, then published) and return the
+    record's path, size and hash."""
     tmp = out / ".build" / "tokenizer.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tokenizer.save_pretrained(tmp)
     publish_dir(tmp, out / "tokenizer")
-    return {
-        "path": "tokenizer",
-        "vocab_size": len(tokenizer),
-        "sha256": sha256_file(out / "tokenizer" / "tokenizer.json"),
-        "train_seconds": round(time.perf_counter() - started, 3),
-    }
+    return {"path": "tokenizer", "vocab_size": len(tokenizer),
+            "sha256": sha256_file(out / "tokenizer" / "tokenizer.json")}
 
 
 def imported_tokenizer_stage(out: Path, spec: ZooSpec) -> dict:
@@ -144,18 +146,8 @@ def imported_tokenizer_stage(out: Path, spec: ZooSpec) -> dict:
 
     started = time.perf_counter()
     source = ensure_imported(spec.target_import, out.parent.parent)
-    tokenizer = load_tokenizer(source)
-    tmp = out / ".build" / "tokenizer.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tokenizer.save_pretrained(tmp)
-    publish_dir(tmp, out / "tokenizer")
-    return {
-        "path": "tokenizer",
-        "source": spec.target_import,
-        "vocab_size": len(tokenizer),
-        "sha256": sha256_file(out / "tokenizer" / "tokenizer.json"),
-        "train_seconds": round(time.perf_counter() - started, 3),
-    }
+    record = _publish_tokenizer(out, load_tokenizer(source))
+    return {**record, "source": spec.target_import, "train_seconds": round(time.perf_counter() - started, 3)}
 
 
 def imported_target_stage(out: Path, spec: ZooSpec, rows: ZooRows, device: str) -> dict:
