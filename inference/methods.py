@@ -154,18 +154,24 @@ def skip_layer_proposer(ctx: ProposerContext):
 
 
 def prompt_lookup_proposer(ctx: ProposerContext):
-    """Prompt lookup: longest-match-first n-gram copying with an acceptance-adaptive draft length."""
+    """Prompt lookup: longest-match-first n-gram copying with an acceptance-adaptive draft length, as one voted
+    chain (``--tree chain``, default) or as a tree of the several occurrences' candidates (``--tree dynamic``)."""
     from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer
 
     length = ctx.option("pld_length", "adaptive")
     if length not in ("adaptive", "fixed"):
         raise ConfigError(f"prompt lookup draft length must be adaptive or fixed, got {length!r}")
+    tree = str(ctx.option("tree", "chain"))
+    if tree not in ("chain", "dynamic"):
+        raise ConfigError(f"prompt lookup --tree {tree}: give chain (one voted chain) or dynamic (the candidates of "
+                          "several occurrences as a token tree)")
     try:
         return PromptLookupProposer(num_draft_tokens=int(ctx.option("pld_tokens", 24)),
                                     max_ngram=int(ctx.option("pld_max_ngram", 4)),
                                     min_ngram=int(ctx.option("pld_min_ngram", 2)),
                                     adaptive=length == "adaptive",
-                                    threshold=float(ctx.option("pld_threshold", 0.15)))
+                                    threshold=float(ctx.option("pld_threshold", 0.15)),
+                                    tree=tree == "dynamic")
     except ValueError as e:
         raise ConfigError(f"prompt lookup: {e}") from None
 

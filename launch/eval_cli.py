@@ -93,7 +93,9 @@ def add_parser(sub) -> None:
                         "0 = always draft --draft-length tokens)")
     g.add_argument("--tree", metavar="auto|chain|FILE", default=None,
                    help="head drafters: medusa's static token tree: auto (grown from the heads' measured "
-                        "accuracies; default), chain (the top-1 of each head) or a JSON file of choice paths; eagle: chain or dynamic (EAGLE-2)")
+                        "accuracies; default), chain (the top-1 of each head) or a JSON file of choice paths; eagle: chain or dynamic (EAGLE-2); "
+                        "pld: chain (one chain voted from the earlier occurrences; default) or dynamic (their candidates as a "
+                        "token tree, at most --pld-tokens nodes)")
     g.add_argument("--skip-attention", metavar="L,L", default=None,
                    help="draft-verify: the layers whose attention the draft skips (e.g. 1,3,5)")
     g.add_argument("--skip-mlp", metavar="L,L", default=None, help="draft-verify: the layers whose MLP the draft skips")

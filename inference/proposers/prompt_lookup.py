@@ -22,6 +22,14 @@ Training-free and deterministic. At every step the proposer
    estimates of :class:`~draftsmith.inference.draft_length.DraftLengthPolicy`. ``adaptive=False`` always
    drafts up to ``num_draft_tokens``.
 
+With ``tree=True`` the candidates are not voted into one chain but drafted as a small token tree, verified
+in the same single forward: the trie of the occurrences' continuations, each node scored by its estimated
+chance of acceptance, ``alpha ** depth * share`` (``share``: the fraction of the occurrences whose
+continuation passes through it), keeping the nodes that score at least ``threshold`` — the chain's length
+rule, node by node — and at most ``num_draft_tokens`` of the best (EAGLE-2's rerank). Where the occurrences
+agree the tree is the chain; where they split, the likelier branches of the split replace the chain's least
+likely deep tokens, so the rows verified buy more expected accepted tokens.
+
 The n-gram table is built incrementally from the committed tokens (each new token indexes
 ``max_ngram - min_ngram + 1`` n-grams), so a proposal costs a few dictionary look-ups however long the
 context. Proposals are a deterministic function of the committed tokens and of the acceptance counts,
@@ -37,6 +45,7 @@ import torch
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.sampling import SamplingParams
+from draftsmith.inference.trees import rerank
 from draftsmith.inference.verify import Draft
 
 DEFAULT_NUM_DRAFT_TOKENS = 24
@@ -113,6 +122,67 @@ def continuation(tokens: list[int], starts: list[int], length: int, max_candidat
     return out
 
 
+def continuations(tokens: list[int], starts: list[int], length: int, max_candidates: int = 8) -> list[list[int]]:
+    """The next ``length`` tokens after each of the ``max_candidates`` most recent occurrences ending right before
+    ``starts`` (ascending positions < ``len(tokens)``), most recent first. An occurrence whose continuation runs
+    past the end of ``tokens`` goes on copying its own continuation (position ``len(tokens) + j`` is its ``j``-th
+    token), as :func:`continuation` does for the chain."""
+    end = len(tokens)
+    out = []
+    for s in starts[::-1][:max_candidates]:
+        c: list[int] = []
+        for d in range(length):
+            p = s + d
+            c.append(tokens[p] if p < end else c[p - end])  # p - end < d since s < end
+        out.append(c)
+    return out
+
+
+def copy_trie(conts: list[list[int]]) -> tuple[list[int], list[int], list[int], list[int]]:
+    """The trie of ``conts``: ``(tokens, parents, depths, counts)`` per node, in creation order (parents first,
+    siblings in the order their first continuation came: most recent first). ``parents`` -1 = the root (the
+    pending token), ``depths`` 1 = a child of the root, ``counts`` = continuations through the node."""
+    index: dict[tuple[int, int], int] = {}
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    counts: list[int] = []
+    for c in conts:
+        node = -1
+        for d, t in enumerate(c):
+            j = index.get((node, t))
+            if j is None:
+                j = index[(node, t)] = len(tokens)
+                tokens.append(t)
+                parents.append(node)
+                depths.append(d + 1)
+                counts.append(0)
+            counts[j] += 1
+            node = j
+    return tokens, parents, depths, counts
+
+
+def candidate_tree(conts: list[list[int]], alpha: float, threshold: float, max_nodes: int) -> tuple[list[int], list[int]]:
+    """The copy candidates as a token tree: of the trie of ``conts`` (:func:`copy_trie`), the nodes whose estimated
+    chance of acceptance ``alpha ** depth * count / len(conts)`` is at least ``threshold`` (always the best first
+    token), at most ``max_nodes`` of the likeliest. A node never scores above its parent (``alpha <= 1``), so the
+    kept nodes are closed under parents. Returns ``(tokens, parents)`` in topological order (``parents`` index
+    into the kept nodes, -1 = the root)."""
+    tokens, parents, depths, counts = copy_trie(conts)
+    if not tokens:
+        return [], []
+    # log of the estimated acceptance chance; -inf drops a node below the threshold
+    log_alpha = math.log(alpha) if alpha > 0 else -math.inf
+    score = [d * log_alpha + math.log(c / len(conts)) for d, c in zip(depths, counts, strict=True)]
+    floor = math.log(threshold) if threshold > 0 else -math.inf
+    best_first = max((i for i, d in enumerate(depths) if d == 1), key=lambda i: (score[i], -i))
+    score = [x if x >= floor or i == best_first else -math.inf for i, x in enumerate(score)]
+    total = min(max_nodes, sum(x > -math.inf for x in score))
+    keep, new_parents = rerank(torch.tensor(score, dtype=torch.float64), torch.tensor(parents),
+                               torch.tensor(depths), total)
+    return [tokens[i] for i in keep.tolist()], new_parents.tolist()
+
+
 class CopyAcceptance:
     """Per match class: decayed counts of accepted copied tokens and of rejections -> the per-token
     acceptance ``alpha`` of a geometric model, and the draft length ``floor(log(threshold) / log(alpha))``."""
@@ -138,15 +208,23 @@ class CopyAcceptance:
         return max(1, min(self.max_length, int(math.log(self.threshold) / math.log(a))))
 
     def observe(self, cls: int, proposed: int, accepted: int) -> None:
+        """A chain of ``proposed`` copies of which the first ``accepted`` were accepted."""
+        self.record(cls, accepted, accepted < proposed)
+
+    def record(self, cls: int, accepted: int, rejected: bool) -> None:
+        """``accepted`` copied tokens accepted, and whether the draft met a rejection (a tree: the accepted branch
+        stopped at a node that had children)."""
         a, r = self.counts.get(cls, (0.0, 0.0))
-        self.counts[cls] = (a * self.decay + accepted, r * self.decay + (accepted < proposed))
+        self.counts[cls] = (a * self.decay + accepted, r * self.decay + rejected)
 
 
 class PromptLookupProposer:
     """Prompt lookup (see the module docstring). ``num_draft_tokens``: the longest draft; ``max_ngram`` /
     ``min_ngram``: the n-gram lengths matched, longest first; ``adaptive``: the draft length follows the
     acceptance of copies (else always ``num_draft_tokens``); ``threshold``: the acceptance chance below
-    which a copied token is not drafted (lower it where verifying more tokens costs little, on GPUs)."""
+    which a copied token is not drafted (lower it where verifying more tokens costs little, on GPUs);
+    ``tree``: draft the candidates of the several occurrences as a token tree of at most ``num_draft_tokens``
+    nodes instead of one voted chain."""
 
     name = "pld"
     lossless = True
@@ -161,6 +239,7 @@ class PromptLookupProposer:
         adaptive: bool = True,
         threshold: float = DEFAULT_THRESHOLD,
         max_candidates: int = 8,
+        tree: bool = False,
     ) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ConfigError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
@@ -174,9 +253,11 @@ class PromptLookupProposer:
         self.adaptive = adaptive
         self.threshold = threshold
         self.max_candidates = max_candidates
+        self.tree = tree
         self.acceptance = CopyAcceptance(num_draft_tokens, threshold)
         self._table = NgramTable(min_ngram, max_ngram)
         self._last_n = 0  # match length behind the pending proposal (0: none)
+        self._inner: set[int] = set()  # nodes of the pending tree proposal that have children (-1: the root)
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         """Start a sequence: index the prompt. The acceptance estimates carry over."""
@@ -198,18 +279,45 @@ class PromptLookupProposer:
         k = self.draft_length(n) if max_tokens is None else min(self.draft_length(n), max_tokens)
         return n, continuation(self._table.tokens, starts, k, self.max_candidates)
 
+    def lookup_tree(self, tokens: torch.Tensor | list[int], max_depth: int | None = None) -> tuple[int, list[int],
+                                                                                                  list[int]]:
+        """``(n, tokens, parents)``: the match length and the candidate tree drafted after ``tokens``, at most
+        ``max_depth`` deep (``(0, [], [])``: no match)."""
+        toks = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+        self._table.sync(toks)
+        n, starts = self._table.occurrences()
+        if not starts:
+            return 0, [], []
+        depth = self.draft_length(n) if max_depth is None else min(self.draft_length(n), max_depth)
+        conts = continuations(self._table.tokens, starts, depth, self.max_candidates)
+        # the fixed length scores nodes by their share alone and fills the node budget
+        alpha, threshold = (self.acceptance.alpha(n), self.threshold) if self.adaptive else (1.0, 0.0)
+        nodes, parents = candidate_tree(conts, alpha, threshold, self.num_draft_tokens)
+        return n, nodes, parents
+
     def propose(self, tokens, max_tokens, sampling: SamplingParams, generator=None) -> Draft:
         self._last_n = 0
         if max_tokens <= 0:
             return Draft.empty()
-        n, chain = self.lookup(tokens, max_tokens)
-        if not chain:
+        if self.tree:
+            n, nodes, parents = self.lookup_tree(tokens, max_tokens)
+        else:
+            n, nodes = self.lookup(tokens, max_tokens)
+            parents = list(range(-1, len(nodes) - 1))
+        if not nodes:
             return Draft.empty()
-        self._last_n = n
-        return Draft.chain(torch.tensor(chain, dtype=torch.long, device=tokens.device))
+        self._last_n, self._inner = n, set(parents)
+        return Draft(tokens=torch.tensor(nodes, dtype=torch.long, device=tokens.device),
+                     parents=torch.tensor(parents, dtype=torch.long))
 
     def observe(self, feedback) -> None:
-        """Count the step's accepted copies and its rejection (if any) for the match length it drafted from."""
+        """Count the step's accepted copies and its rejection (if any) for the match length it drafted from: the
+        accepted branch stopped at a node with children (in a chain: before its last token)."""
         n, self._last_n = self._last_n, 0
-        if n and feedback.num_proposed > 0:
+        if not n or feedback.num_proposed <= 0:
+            return
+        if self.tree:
+            last = feedback.accepted[-1] if feedback.accepted else -1
+            self.acceptance.record(n, feedback.num_accepted, last in self._inner)
+        else:
             self.acceptance.observe(n, feedback.num_proposed, feedback.num_accepted)

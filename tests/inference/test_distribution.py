@@ -134,6 +134,8 @@ def test_missing_residual_fails(peaky_pair):
 def test_prompt_lookup_and_heuristic_lengths_pass(peaky_pair, sampling):
     _, draft = peaky_pair
     assert _check(peaky_pair, sampling, factory=lambda: PromptLookupProposer(num_draft_tokens=3)).passed
+    tree = lambda: PromptLookupProposer(num_draft_tokens=4, min_ngram=1, tree=True, threshold=0.05)  # noqa: E731
+    assert _check(peaky_pair, sampling, factory=tree).passed
     heuristic = lambda: DraftModelProposer(draft, DraftLengthPolicy(length=2, mode="heuristic"))  # noqa: E731
     assert _check(peaky_pair, sampling, factory=heuristic).passed
 

@@ -1,4 +1,5 @@
-"""Prompt lookup: candidates on hand-made contexts, the adaptive draft length, and greedy identity with AR."""
+"""Prompt lookup: candidates on hand-made contexts (a voted chain or a tree), the adaptive draft length, and greedy
+identity with AR."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ from draftsmith.inference.adapter import ModelAdapter
 from draftsmith.inference.generate import GenerationConfig, generate
 from draftsmith.inference.methods import ProposerContext, prompt_lookup_proposer
 from draftsmith.inference.proposers.base import StepFeedback
-from draftsmith.inference.proposers.prompt_lookup import CopyAcceptance, NgramTable, PromptLookupProposer, continuation
+from draftsmith.inference.proposers.prompt_lookup import (
+    CopyAcceptance,
+    NgramTable,
+    PromptLookupProposer,
+    candidate_tree,
+    continuation,
+    continuations,
+    copy_trie,
+)
 from draftsmith.inference.sampling import SamplingParams
 
 GREEDY = SamplingParams()
@@ -25,8 +34,21 @@ def _propose(proposer: PromptLookupProposer, tokens: list[int], max_tokens: int 
     return draft.tokens.tolist()
 
 
-def _feedback(proposed: int, accepted: int) -> StepFeedback:
-    return StepFeedback(num_proposed=proposed, num_accepted=accepted, draft_seconds=0.0, target_seconds=0.0)
+def _feedback(proposed: int, accepted: int, path: list[int] | None = None) -> StepFeedback:
+    return StepFeedback(num_proposed=proposed, num_accepted=accepted, draft_seconds=0.0, target_seconds=0.0,
+                        accepted=path if path is not None else list(range(accepted)))
+
+
+def _propose_tree(proposer: PromptLookupProposer, tokens: list[int], max_tokens: int = 100) -> list[tuple[int, ...]]:
+    """The drafted tree as its root-to-node token paths, in the draft's order."""
+    proposer.reset(torch.tensor(tokens[:1]))
+    draft = proposer.propose(torch.tensor(tokens), max_tokens, GREEDY)
+    assert draft.q is None
+    paths: list[tuple[int, ...]] = []
+    for t, parent in zip(draft.tokens.tolist(), draft.parents.tolist(), strict=True):
+        assert parent < len(paths)  # topological: the parent came first
+        paths.append((paths[parent] if parent >= 0 else ()) + (t,))
+    return paths
 
 
 def fixed(k: int = 4, **kw) -> PromptLookupProposer:
@@ -121,6 +143,81 @@ def test_invalid_settings_are_refused():
             PromptLookupProposer(**kw)
 
 
+# ---------------------------------------------------------------------------------------------- candidate tree
+
+
+SPLIT = [1, 2, 30, 50, 9, 1, 2, 40, 41, 9, 1, 2, 30, 60, 9, 1, 2]  # after "1 2": 30 50 9 / 40 41 9 / 30 60 9
+
+
+def test_continuations_run_on_past_the_end_of_the_context():
+    assert continuations(SPLIT, [2, 7, 12], 3) == [[30, 60, 9], [40, 41, 9], [30, 50, 9]]  # most recent first
+    assert continuations(SPLIT, [2, 7, 12], 3, max_candidates=2) == [[30, 60, 9], [40, 41, 9]]
+    ctx = [9, 1, 2, 3, 1, 2]  # "1 2" at 1..2 is followed by 3 1 2, then by its own copy again
+    assert continuations(ctx, [3], 7) == [[3, 1, 2, 3, 1, 2, 3]]
+
+
+def test_copy_trie_merges_shared_prefixes():
+    tokens, parents, depths, counts = copy_trie([[30, 60, 9], [40, 41, 9], [30, 50, 9]])
+    assert tokens == [30, 60, 9, 40, 41, 9, 50, 9]
+    assert parents == [-1, 0, 1, -1, 3, 4, 0, 6]
+    assert depths == [1, 2, 3, 1, 2, 3, 2, 3]
+    assert counts == [2, 1, 1, 1, 1, 1, 1, 1]
+
+
+def _brute_force_scores(conts: list[list[int]], alpha: float) -> dict[tuple[int, ...], float]:
+    """Every distinct prefix of the continuations -> alpha ** len * (share of the continuations it starts)."""
+    prefixes = {tuple(c[:d]) for c in conts for d in range(1, len(c) + 1)}
+    return {p: alpha ** len(p) * sum(tuple(c[: len(p)]) == p for c in conts) / len(conts) for p in prefixes}
+
+
+@pytest.mark.parametrize("alpha,threshold,max_nodes", [(1.0, 0.0, 5), (0.9, 0.15, 24), (0.8, 0.3, 24), (0.95, 0.1, 6)])
+def test_candidate_tree_keeps_the_likeliest_nodes_closed_under_parents(alpha, threshold, max_nodes):
+    gen = torch.Generator().manual_seed(0)
+    conts = [torch.randint(0, 3, (6,), generator=gen).tolist() for _ in range(8)]  # small alphabet: many splits
+    tokens, parents = candidate_tree(conts, alpha, threshold, max_nodes)
+    paths: list[tuple[int, ...]] = []
+    for t, parent in zip(tokens, parents, strict=True):
+        assert -1 <= parent < len(paths)
+        paths.append((paths[parent] if parent >= 0 else ()) + (t,))
+    assert len(set(paths)) == len(paths) <= max_nodes  # siblings differ
+    scores = _brute_force_scores(conts, alpha)
+    eligible = sorted((x for x in scores.values() if x >= threshold), reverse=True)[:max_nodes]
+    assert sorted((scores[p] for p in paths), reverse=True) == pytest.approx(eligible)  # the best ones
+
+
+def test_candidate_tree_is_the_chain_where_the_occurrences_agree():
+    conts = [[5, 6, 7, 8]] * 3
+    assert candidate_tree(conts, 1.0, 0.0, 10) == ([5, 6, 7, 8], [-1, 0, 1, 2])
+    assert candidate_tree(conts, 0.5, 0.2, 10) == ([5, 6], [-1, 0])  # 0.5 ** 3 < 0.2
+    # always the best first token, even below the threshold (the chain drafts at least one)
+    assert candidate_tree([[5, 6], [7, 6], [7, 8]], 0.1, 0.5, 10) == ([7], [-1])
+
+
+def test_the_proposer_drafts_both_sides_of_a_split():
+    p = fixed(4, max_ngram=2, tree=True)
+    # 30 (2 of 3) and 40 (1 of 3) at depth 1, then the branches below them, ties going to the shallower, then the
+    # more recent occurrence
+    assert _propose_tree(p, SPLIT) == [(30,), (40,), (30, 60), (40, 41)]
+    assert _propose_tree(fixed(4, max_ngram=2), SPLIT) == [(30,), (30, 60), (30, 60, 9), (30, 60, 9, 1)]  # the chain
+    assert max(len(path) for path in _propose_tree(p, SPLIT, max_tokens=1)) == 1
+    # one occurrence: the tree is the chain
+    ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2]
+    assert _propose_tree(fixed(4, tree=True), ctx) == [(3,), (3, 4), (3, 4, 5), (3, 4, 5, 6)]
+
+
+def test_a_tree_counts_a_rejection_only_where_the_accepted_branch_had_children():
+    p = PromptLookupProposer(num_draft_tokens=8, max_ngram=2, tree=True, threshold=0.05)
+    paths = _propose_tree(p, SPLIT)
+    leaf = max(range(len(paths)), key=lambda i: len(paths[i]))  # the deepest node has no children
+    branch = [i for i in range(len(paths)) if paths[i] == paths[leaf][: len(paths[i])]]
+    p.observe(_feedback(len(paths), len(branch), branch))
+    assert p.acceptance.counts[2] == (len(branch), 0.0)
+    _propose_tree(p, SPLIT)
+    p.observe(_feedback(len(paths), 1, [0]))  # stopped at the first node, which has children
+    accepted, rejected = p.acceptance.counts[2]
+    assert rejected == 1.0 and accepted == pytest.approx(len(branch) * p.acceptance.decay + 1)
+
+
 # ---------------------------------------------------------------------------------------------- adaptive length
 
 
@@ -197,6 +294,10 @@ def test_builder_reads_the_pld_options():
         prompt_lookup_proposer(ProposerContext(target_model=target, options={"pld_min_ngram": 5, "pld_max_ngram": 3}))
     with pytest.raises(ConfigError):
         prompt_lookup_proposer(ProposerContext(target_model=target, options={"pld_length": "sometimes"}))
+    assert not p.tree
+    assert prompt_lookup_proposer(ProposerContext(target_model=target, options={"tree": "dynamic"})).tree
+    with pytest.raises(ConfigError, match="chain .* or dynamic"):
+        prompt_lookup_proposer(ProposerContext(target_model=target, options={"tree": "auto"}))
 
 
 # ---------------------------------------------------------------------------------------------- end to end
@@ -212,7 +313,9 @@ def _prompt(seed: int, n: int = 8) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("proposer", [PromptLookupProposer(), PromptLookupProposer(num_draft_tokens=5, min_ngram=1),
-                                      fixed(10)], ids=["default", "min1", "fixed10"])
+                                      fixed(10), PromptLookupProposer(tree=True, min_ngram=1, threshold=0.05),
+                                      fixed(10, min_ngram=1, tree=True)],
+                         ids=["default", "min1", "fixed10", "tree", "tree-fixed10"])
 def test_greedy_is_token_identical_to_ar(target, proposer, one_thread):
     drafted = 0
     for seed in range(4):  # one proposer across sequences, as the evaluator uses it
@@ -225,9 +328,30 @@ def test_greedy_is_token_identical_to_ar(target, proposer, one_thread):
     assert drafted > 0
 
 
-def test_sampling_runs_with_one_hot_drafts(target, one_thread):
+class _BranchCounter(PromptLookupProposer):
+    """Counts the drafts that branched (some node with two children)."""
+
+    branched = 0
+
+    def propose(self, tokens, max_tokens, sampling, generator=None):
+        draft = super().propose(tokens, max_tokens, sampling, generator)
+        self.branched += len(set(draft.parents.tolist())) < len(draft)
+        return draft
+
+
+def test_branching_trees_are_token_identical_to_ar(target, one_thread):
+    proposer = _BranchCounter(tree=True, min_ngram=1, threshold=0.05)
+    for seed in range(4):
+        p = torch.cat([_prompt(seed)] * 3)
+        ar = generate(target, p, GenerationConfig(max_new_tokens=40))
+        assert generate(target, p, GenerationConfig(max_new_tokens=40), proposer).output_ids == ar.output_ids
+    assert proposer.branched > 0
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_sampling_runs_with_one_hot_drafts(target, one_thread, tree):
     p = torch.cat([_prompt(0)] * 3)
     g = torch.Generator().manual_seed(0)
     res = generate(target, p, GenerationConfig(max_new_tokens=30, sampling=SamplingParams(temperature=0.8)),
-                   PromptLookupProposer(), generator=g)
+                   PromptLookupProposer(tree=tree, min_ngram=1), generator=g)
     assert len(res.output_ids) == 30 and res.num_proposed > 0
