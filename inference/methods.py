@@ -154,24 +154,27 @@ def skip_layer_proposer(ctx: ProposerContext):
 
 
 def prompt_lookup_proposer(ctx: ProposerContext):
-    """Prompt lookup: longest-match-first n-gram copying with an acceptance-adaptive draft length, as one voted
-    chain (``--tree chain``, default) or as a tree of the several occurrences' candidates (``--tree dynamic``)."""
+    """Prompt lookup: longest-match-first n-gram copying with an acceptance-adaptive draft length (``--pld-length
+    cost``: sized on the target's verification cost, measured now), as one voted chain (``--tree chain``, default)
+    or as a tree of the several occurrences' candidates (``--tree dynamic``)."""
     from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer
 
     length = ctx.option("pld_length", "adaptive")
-    if length not in ("adaptive", "fixed"):
-        raise ConfigError(f"prompt lookup draft length must be adaptive or fixed, got {length!r}")
+    if length not in ("adaptive", "fixed", "cost"):
+        raise ConfigError(f"prompt lookup draft length must be adaptive, fixed or cost, got {length!r}")
     tree = str(ctx.option("tree", "chain"))
     if tree not in ("chain", "dynamic"):
         raise ConfigError(f"prompt lookup --tree {tree}: give chain (one voted chain) or dynamic (the candidates of "
                           "several occurrences as a token tree)")
+    tokens = int(ctx.option("pld_tokens", 24))
+    cost = tree_verify_cost(ctx.target_model, tokens) if length == "cost" else None  # measured now
     try:
-        return PromptLookupProposer(num_draft_tokens=int(ctx.option("pld_tokens", 24)),
+        return PromptLookupProposer(num_draft_tokens=tokens,
                                     max_ngram=int(ctx.option("pld_max_ngram", 4)),
                                     min_ngram=int(ctx.option("pld_min_ngram", 2)),
-                                    adaptive=length == "adaptive",
+                                    adaptive=length != "fixed",
                                     threshold=float(ctx.option("pld_threshold", 0.15)),
-                                    tree=tree == "dynamic")
+                                    tree=tree == "dynamic", verify_cost=cost)
     except ValueError as e:
         raise ConfigError(f"prompt lookup: {e}") from None
 

@@ -125,9 +125,11 @@ def add_parser(sub) -> None:
     g.add_argument("--pld-min-ngram", metavar="N", type=int, default=None,
                    help=f"prompt lookup: shortest n-gram matched (default {pld['pld_min_ngram']}; 1 also copies after a "
                         "lone matching token)")
-    g.add_argument("--pld-length", choices=["adaptive", "fixed"], default=None,
-                   help="prompt lookup: draft length that follows how often copies are accepted, or always --pld-tokens "
-                        f"(default {pld['pld_length']})")
+    g.add_argument("--pld-length", choices=["adaptive", "fixed", "cost"], default=None,
+                   help="prompt lookup: draft length that follows how often copies are accepted (adaptive), always "
+                        "--pld-tokens (fixed), or, from the same acceptance estimates, the size that commits the most "
+                        f"tokens per second on the target's verification cost, measured at the start (cost) (default "
+                        f"{pld['pld_length']})")
     g.add_argument("--pld-threshold", metavar="P", type=float, default=None,
                    help="prompt lookup, adaptive length: draft a copied token only while its estimated chance of "
                         f"acceptance is at least P (default {pld['pld_threshold']}; lower where verifying more tokens "

@@ -30,6 +30,14 @@ rule, node by node — and at most ``num_draft_tokens`` of the best (EAGLE-2's r
 agree the tree is the chain; where they split, the likelier branches of the split replace the chain's least
 likely deep tokens, so the rows verified buy more expected accepted tokens.
 
+With a measured verification cost (``verify_cost``, a :class:`~draftsmith.inference.cost.CostModel`; ``draftsmith
+eval --pld-length cost``) the size of each step's draft comes from the cost model instead of the fixed threshold:
+of the candidates (the chain's tokens, each accepted with chance ``alpha ** depth``, or the tree's nodes, scored
+as above) it keeps the ``n`` likeliest that maximise the expected tokens committed per unit of verification time,
+``(1 + sum of their chances) / V(n + 1)`` (:func:`~draftsmith.inference.trees.size_for_step`; copying itself costs
+nothing next to a target forward), so a target whose forward over 16 tokens costs what one does drafts long, and
+this CPU, where it costs about twice as much, drafts short.
+
 The n-gram table is built incrementally from the committed tokens (each new token indexes
 ``max_ngram - min_ngram + 1`` n-grams), so a proposal costs a few dictionary look-ups however long the
 context. Proposals are a deterministic function of the committed tokens and of the acceptance counts,
@@ -45,7 +53,7 @@ import torch
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.sampling import SamplingParams
-from draftsmith.inference.trees import rerank
+from draftsmith.inference.trees import rerank, size_for_step
 from draftsmith.inference.verify import Draft
 
 DEFAULT_NUM_DRAFT_TOKENS = 24
@@ -162,12 +170,14 @@ def copy_trie(conts: list[list[int]]) -> tuple[list[int], list[int], list[int], 
     return tokens, parents, depths, counts
 
 
-def candidate_tree(conts: list[list[int]], alpha: float, threshold: float, max_nodes: int) -> tuple[list[int], list[int]]:
+def candidate_tree(conts: list[list[int]], alpha: float, threshold: float, max_nodes: int,
+                   step_cost: torch.Tensor | None = None) -> tuple[list[int], list[int]]:
     """The copy candidates as a token tree: of the trie of ``conts`` (:func:`copy_trie`), the nodes whose estimated
     chance of acceptance ``alpha ** depth * count / len(conts)`` is at least ``threshold`` (always the best first
-    token), at most ``max_nodes`` of the likeliest. A node never scores above its parent (``alpha <= 1``), so the
-    kept nodes are closed under parents. Returns ``(tokens, parents)`` in topological order (``parents`` index
-    into the kept nodes, -1 = the root)."""
+    token), at most ``max_nodes`` of the likeliest — and with ``step_cost`` (``[N]``, the relative cost of verifying
+    ``n = 1 .. N`` nodes) as many of them as :func:`~draftsmith.inference.trees.size_for_step` finds best. A node
+    never scores above its parent (``alpha <= 1``), so the kept nodes are closed under parents. Returns ``(tokens,
+    parents)`` in topological order (``parents`` index into the kept nodes, -1 = the root)."""
     tokens, parents, depths, counts = copy_trie(conts)
     if not tokens:
         return [], []
@@ -177,9 +187,11 @@ def candidate_tree(conts: list[list[int]], alpha: float, threshold: float, max_n
     floor = math.log(threshold) if threshold > 0 else -math.inf
     best_first = max((i for i, d in enumerate(depths) if d == 1), key=lambda i: (score[i], -i))
     score = [x if x >= floor or i == best_first else -math.inf for i, x in enumerate(score)]
-    total = min(max_nodes, sum(x > -math.inf for x in score))
-    keep, new_parents = rerank(torch.tensor(score, dtype=torch.float64), torch.tensor(parents),
-                               torch.tensor(depths), total)
+    scores = torch.tensor(score, dtype=torch.float64)  # [c]
+    total = min(max_nodes, int(torch.isfinite(scores).sum()))
+    if step_cost is not None:
+        total = min(total, size_for_step(scores[torch.isfinite(scores)].exp(), step_cost))
+    keep, new_parents = rerank(scores, torch.tensor(parents), torch.tensor(depths), total)
     return [tokens[i] for i in keep.tolist()], new_parents.tolist()
 
 
@@ -224,7 +236,8 @@ class PromptLookupProposer:
     acceptance of copies (else always ``num_draft_tokens``); ``threshold``: the acceptance chance below
     which a copied token is not drafted (lower it where verifying more tokens costs little, on GPUs);
     ``tree``: draft the candidates of the several occurrences as a token tree of at most ``num_draft_tokens``
-    nodes instead of one voted chain."""
+    nodes instead of one voted chain; ``verify_cost``: size each draft on this measured cost model rather than by
+    ``threshold`` (see the module docstring; the acceptance estimates still adapt)."""
 
     name = "pld"
     lossless = True
@@ -240,6 +253,7 @@ class PromptLookupProposer:
         threshold: float = DEFAULT_THRESHOLD,
         max_candidates: int = 8,
         tree: bool = False,
+        verify_cost=None,
     ) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ConfigError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
@@ -254,6 +268,11 @@ class PromptLookupProposer:
         self.threshold = threshold
         self.max_candidates = max_candidates
         self.tree = tree
+        self.verify_cost = verify_cost
+        self._step_cost = None  # [N] V(n + 1) / V(1) for n = 1 .. num_draft_tokens drafted tokens
+        if verify_cost is not None:
+            self._step_cost = torch.tensor([verify_cost.relative_verify(n + 1) for n in range(1, num_draft_tokens + 1)],
+                                           dtype=torch.float64)
         self.acceptance = CopyAcceptance(num_draft_tokens, threshold)
         self._table = NgramTable(min_ngram, max_ngram)
         self._last_n = 0  # match length behind the pending proposal (0: none)
@@ -266,8 +285,15 @@ class PromptLookupProposer:
         self._table.sync(prompt_ids.reshape(-1).tolist())
 
     def draft_length(self, n: int) -> int:
-        """The draft length for a match of ``n`` tokens."""
-        return self.acceptance.length(n) if self.adaptive else self.num_draft_tokens
+        """The longest draft for a match of ``n`` tokens (sized on the cost model: up to ``num_draft_tokens``)."""
+        return self.acceptance.length(n) if self.adaptive and self.verify_cost is None else self.num_draft_tokens
+
+    def _scoring(self, n: int) -> tuple[float, float]:
+        """``(alpha, threshold)`` that score a match of ``n`` tokens' candidates: the fixed length ranks them by share
+        alone and fills the node budget; the cost model sizes them with no threshold."""
+        if not self.adaptive:
+            return 1.0, 0.0
+        return self.acceptance.alpha(n), (0.0 if self.verify_cost is not None else self.threshold)
 
     def lookup(self, tokens: torch.Tensor | list[int], max_tokens: int | None = None) -> tuple[int, list[int]]:
         """``(n, chain)``: the match length and the chain drafted after ``tokens`` (``(0, [])``: no match)."""
@@ -277,7 +303,11 @@ class PromptLookupProposer:
         if not starts:
             return 0, []
         k = self.draft_length(n) if max_tokens is None else min(self.draft_length(n), max_tokens)
-        return n, continuation(self._table.tokens, starts, k, self.max_candidates)
+        chain = continuation(self._table.tokens, starts, k, self.max_candidates)
+        if self._step_cost is not None and chain:  # token d of the chain is accepted with chance alpha ** d
+            chances = self.acceptance.alpha(n) ** torch.arange(1, len(chain) + 1, dtype=torch.float64)
+            chain = chain[: size_for_step(chances, self._step_cost)]
+        return n, chain
 
     def lookup_tree(self, tokens: torch.Tensor | list[int], max_depth: int | None = None) -> tuple[int, list[int],
                                                                                                   list[int]]:
@@ -290,9 +320,7 @@ class PromptLookupProposer:
             return 0, [], []
         depth = self.draft_length(n) if max_depth is None else min(self.draft_length(n), max_depth)
         conts = continuations(self._table.tokens, starts, depth, self.max_candidates)
-        # the fixed length scores nodes by their share alone and fills the node budget
-        alpha, threshold = (self.acceptance.alpha(n), self.threshold) if self.adaptive else (1.0, 0.0)
-        nodes, parents = candidate_tree(conts, alpha, threshold, self.num_draft_tokens)
+        nodes, parents = candidate_tree(conts, *self._scoring(n), self.num_draft_tokens, self._step_cost)
         return n, nodes, parents
 
     def propose(self, tokens, max_tokens, sampling: SamplingParams, generator=None) -> Draft:

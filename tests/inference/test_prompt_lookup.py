@@ -218,6 +218,42 @@ def test_a_tree_counts_a_rejection_only_where_the_accepted_branch_had_children()
     assert rejected == 1.0 and accepted == pytest.approx(len(branch) * p.acceptance.decay + 1)
 
 
+class _Cost:
+    """A synthetic target whose forward over ``n`` tokens costs ``1 + slope * (n - 1)`` plain steps."""
+
+    def __init__(self, slope: float) -> None:
+        self.slope = slope
+
+    def relative_verify(self, n: float) -> float:
+        return 1.0 + self.slope * (n - 1)
+
+
+def test_the_cost_model_sizes_the_chain():
+    ctx = list(range(10, 40)) + [10, 11]  # one occurrence: 28 tokens to copy
+    flat = PromptLookupProposer(num_draft_tokens=12, verify_cost=_Cost(0.0))
+    assert len(_propose(flat, ctx)) == 12  # verifying more costs nothing: draft all the budget
+    steep = PromptLookupProposer(num_draft_tokens=12, verify_cost=_Cost(1.0))
+    assert len(_propose(steep, ctx)) == 1  # each token costs a whole step: only the likeliest pays
+    # alpha 0.8 (the prior) and a forward over n tokens costing 1 + 0.1 (n - 1) steps: the best n by brute force
+    mid = PromptLookupProposer(num_draft_tokens=12, verify_cost=_Cost(0.1))
+    alpha = mid.acceptance.alpha(2)
+    rate = [(1 + sum(alpha ** d for d in range(1, n + 1))) / (1 + 0.1 * n) for n in range(1, 13)]
+    assert len(_propose(mid, ctx)) == rate.index(max(rate)) + 1
+
+
+def test_the_cost_model_sizes_the_tree():
+    flat = PromptLookupProposer(num_draft_tokens=6, max_ngram=2, tree=True, verify_cost=_Cost(0.0))
+    assert len(_propose_tree(flat, SPLIT)) == 6
+    steep = PromptLookupProposer(num_draft_tokens=6, max_ngram=2, tree=True, verify_cost=_Cost(1.0))
+    assert _propose_tree(steep, SPLIT) == [(30,)]  # the likeliest node alone
+    # candidate_tree with a cost keeps the likeliest nodes the brute-force rate prefers
+    conts = continuations(SPLIT, [2, 7, 12], 3)
+    scores = sorted(_brute_force_scores(conts, 0.9).values(), reverse=True)
+    cost = torch.tensor([1.0 + 0.3 * n for n in range(1, 9)], dtype=torch.float64)
+    rate = [(1 + sum(scores[:n])) / float(cost[n - 1]) for n in range(1, len(scores) + 1)]
+    assert len(candidate_tree(conts, 0.9, 0.0, 8, cost)[0]) == rate.index(max(rate)) + 1
+
+
 # ---------------------------------------------------------------------------------------------- adaptive length
 
 
@@ -294,7 +330,9 @@ def test_builder_reads_the_pld_options():
         prompt_lookup_proposer(ProposerContext(target_model=target, options={"pld_min_ngram": 5, "pld_max_ngram": 3}))
     with pytest.raises(ConfigError):
         prompt_lookup_proposer(ProposerContext(target_model=target, options={"pld_length": "sometimes"}))
-    assert not p.tree
+    assert not p.tree and p.verify_cost is None
+    costed = prompt_lookup_proposer(ProposerContext(target_model=target, options={"pld_length": "cost", "pld_tokens": 5}))
+    assert costed.adaptive and costed.verify_cost.relative_verify(6) > 0  # measured on the target now
     assert prompt_lookup_proposer(ProposerContext(target_model=target, options={"tree": "dynamic"})).tree
     with pytest.raises(ConfigError, match="chain .* or dynamic"):
         prompt_lookup_proposer(ProposerContext(target_model=target, options={"tree": "auto"}))
@@ -314,8 +352,9 @@ def _prompt(seed: int, n: int = 8) -> torch.Tensor:
 
 @pytest.mark.parametrize("proposer", [PromptLookupProposer(), PromptLookupProposer(num_draft_tokens=5, min_ngram=1),
                                       fixed(10), PromptLookupProposer(tree=True, min_ngram=1, threshold=0.05),
-                                      fixed(10, min_ngram=1, tree=True)],
-                         ids=["default", "min1", "fixed10", "tree", "tree-fixed10"])
+                                      fixed(10, min_ngram=1, tree=True),
+                                      PromptLookupProposer(tree=True, min_ngram=1, verify_cost=_Cost(0.05))],
+                         ids=["default", "min1", "fixed10", "tree", "tree-fixed10", "tree-cost"])
 def test_greedy_is_token_identical_to_ar(target, proposer, one_thread):
     drafted = 0
     for seed in range(4):  # one proposer across sequences, as the evaluator uses it
