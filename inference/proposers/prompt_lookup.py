@@ -277,6 +277,21 @@ class PromptLookupProposer:
         self._table = NgramTable(min_ngram, max_ngram)
         self._last_n = 0  # match length behind the pending proposal (0: none)
         self._inner: set[int] = set()  # nodes of the pending tree proposal that have children (-1: the root)
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self.stats = {"drafts": 0, "nodes": 0, "branched": 0}  # branched: drafts with a node of two children
+
+    def report_section(self) -> tuple[str, dict]:
+        """``("prompt_lookup", {...})``: the draft's shape (chain or tree) and sizing rule (threshold, fixed or the
+        measured cost), and per draft the mean nodes and the share that branched."""
+        s = self.stats
+        rule = "fixed" if not self.adaptive else ("cost" if self.verify_cost is not None else "threshold")
+        section = {"shape": "tree" if self.tree else "chain", "size_rule": rule, "drafts": s["drafts"],
+                   "mean_nodes": s["nodes"] / max(1, s["drafts"]), "branched_fraction": s["branched"] / max(1, s["drafts"])}
+        if self._step_cost is not None:  # V(n + 1) / V(1) for n = 1 .. num_draft_tokens, as measured
+            section["relative_verify"] = [round(float(x), 4) for x in self._step_cost]
+        return "prompt_lookup", section
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         """Start a sequence: index the prompt. The acceptance estimates carry over."""
@@ -335,6 +350,9 @@ class PromptLookupProposer:
         if not nodes:
             return Draft.empty()
         self._last_n, self._inner = n, set(parents)
+        self.stats["drafts"] += 1
+        self.stats["nodes"] += len(nodes)
+        self.stats["branched"] += len(self._inner) < len(parents)
         return Draft(tokens=torch.tensor(nodes, dtype=torch.long, device=tokens.device),
                      parents=torch.tensor(parents, dtype=torch.long))
 

@@ -385,6 +385,11 @@ def test_branching_trees_are_token_identical_to_ar(target, one_thread):
         ar = generate(target, p, GenerationConfig(max_new_tokens=40))
         assert generate(target, p, GenerationConfig(max_new_tokens=40), proposer).output_ids == ar.output_ids
     assert proposer.branched > 0
+    key, section = proposer.report_section()
+    assert key == "prompt_lookup" and section["shape"] == "tree" and section["size_rule"] == "threshold"
+    assert section["drafts"] >= proposer.branched and 0 < section["branched_fraction"] <= 1
+    proposer.reset_stats()
+    assert proposer.report_section()[1]["drafts"] == 0
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
