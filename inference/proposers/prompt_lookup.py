@@ -104,29 +104,16 @@ def continuation(tokens: list[int], starts: list[int], length: int, max_candidat
     """One chain of up to ``length`` tokens continuing the occurrences that end right before ``starts``
     (ascending positions < ``len(tokens)``): at each depth the token most still-agreeing occurrences
     continue with, ties going to the most recent; only the ``max_candidates`` most recent occurrences
-    vote. Positions at or past the end of ``tokens`` continue with the chain itself."""
-    if not starts or length <= 0:
-        return []
-    end = len(tokens)
-    alive = starts[::-1][:max_candidates]  # most recent first
+    vote. Positions at or past the end of ``tokens`` continue with the chain itself (an occurrence still
+    agreeing with the chain continues with its own copy, which is the chain, :func:`continuations`)."""
+    alive = continuations(tokens, starts, length, max_candidates)  # most recent first
     out: list[int] = []
-
-    def at(p: int) -> int:
-        return tokens[p] if p < end else out[p - end]  # p - end < len(out) since every start < end
-
-    for d in range(length):
-        if len(alive) == 1:
-            s = alive[0]
-            while len(out) < length:  # a lone occurrence: copy it
-                out.append(at(s + len(out)))
-            break
+    for d in range(length if alive else 0):
         votes: dict[int, int] = {}
-        for s in alive:  # insertion order = recency, so max() keeps the most recent among equals
-            t = at(s + d)
-            votes[t] = votes.get(t, 0) + 1
-        tok = max(votes, key=votes.__getitem__)
-        out.append(tok)
-        alive = [s for s in alive if at(s + d) == tok]
+        for c in alive:  # insertion order = recency, so max() keeps the most recent among equals
+            votes[c[d]] = votes.get(c[d], 0) + 1
+        out.append(max(votes, key=votes.__getitem__))
+        alive = [c for c in alive if c[d] == out[-1]]
     return out
 
 

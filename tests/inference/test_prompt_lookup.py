@@ -164,6 +164,26 @@ def test_copy_trie_merges_shared_prefixes():
     assert counts == [2, 1, 1, 1, 1, 1, 1, 1]
 
 
+def test_the_voted_chain_is_the_trie_path_most_occurrences_take():
+    rng = torch.Generator().manual_seed(1)
+    for _ in range(300):
+        toks = torch.randint(0, 3, (int(torch.randint(4, 30, (1,), generator=rng)),), generator=rng).tolist()
+        table = NgramTable(1, 3)
+        table.sync(toks)
+        _, starts = table.occurrences()
+        if not starts:
+            continue
+        tokens, parents, _, counts = copy_trie(continuations(toks, starts, 6))
+        path, node = [], -1
+        while True:  # the child most continuations pass through; ties: the first created (the most recent)
+            children = [i for i, q in enumerate(parents) if q == node]
+            if not children:
+                break
+            node = max(children, key=lambda i: (counts[i], -i))
+            path.append(tokens[node])
+        assert continuation(toks, starts, 6) == path
+
+
 def _brute_force_scores(conts: list[list[int]], alpha: float) -> dict[tuple[int, ...], float]:
     """Every distinct prefix of the continuations -> alpha ** len * (share of the continuations it starts)."""
     prefixes = {tuple(c[:d]) for c in conts for d in range(1, len(c) + 1)}
