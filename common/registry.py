@@ -104,7 +104,7 @@ def _builtin() -> dict[str, MethodSpec]:
             MethodSpec(name="pld", summary="prompt lookup decoding (training-free n-gram copying)",
                        proposer=f"{inference}:prompt_lookup_proposer", eval_method=True,
                        eval_defaults={"pld_tokens": 24, "pld_max_ngram": 4, "pld_min_ngram": 2,
-                                      "pld_length": "adaptive", "pld_threshold": 0.15}),
+                                      "pld_length": "cost", "pld_threshold": 0.15}),
             MethodSpec(name="early-exit", summary="the target's first E layers draft for it, verified by the rest "
                        "with the draft's cache reused (LayerSkip, Elhoushi et al. 2024)",
                        proposer=f"{inference}:early_exit_proposer", eval_method=True,

@@ -154,12 +154,13 @@ def skip_layer_proposer(ctx: ProposerContext):
 
 
 def prompt_lookup_proposer(ctx: ProposerContext):
-    """Prompt lookup: longest-match-first n-gram copying with an acceptance-adaptive draft length (``--pld-length
-    cost``: sized on the target's verification cost, measured now), as one voted chain (``--tree chain``, default)
-    or as a tree of the several occurrences' candidates (``--tree dynamic``)."""
+    """Prompt lookup: longest-match-first n-gram copying, each draft sized from the copies' measured acceptance on the
+    target's verification cost, measured now (``--pld-length cost``, default; ``adaptive``: a fixed acceptance
+    threshold instead; ``fixed``: always ``--pld-tokens``), as one voted chain (``--tree chain``, default) or as a
+    tree of the several occurrences' candidates (``--tree dynamic``)."""
     from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer
 
-    length = ctx.option("pld_length", "adaptive")
+    length = ctx.option("pld_length", "cost")
     if length not in ("adaptive", "fixed", "cost"):
         raise ConfigError(f"prompt lookup draft length must be adaptive, fixed or cost, got {length!r}")
     tree = str(ctx.option("tree", "chain"))

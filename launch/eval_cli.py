@@ -126,14 +126,14 @@ def add_parser(sub) -> None:
                    help=f"prompt lookup: shortest n-gram matched (default {pld['pld_min_ngram']}; 1 also copies after a "
                         "lone matching token)")
     g.add_argument("--pld-length", choices=["adaptive", "fixed", "cost"], default=None,
-                   help="prompt lookup: draft length that follows how often copies are accepted (adaptive), always "
-                        "--pld-tokens (fixed), or, from the same acceptance estimates, the size that commits the most "
-                        f"tokens per second on the target's verification cost, measured at the start (cost) (default "
+                   help="prompt lookup: from how often copies are accepted, the draft size that commits the most tokens "
+                        "per second on the target's verification cost, measured at the start (cost), or the longest draft "
+                        "whose copies stay above --pld-threshold (adaptive), or always --pld-tokens (fixed) (default "
                         f"{pld['pld_length']})")
     g.add_argument("--pld-threshold", metavar="P", type=float, default=None,
-                   help="prompt lookup, adaptive length: draft a copied token only while its estimated chance of "
-                        f"acceptance is at least P (default {pld['pld_threshold']}; lower where verifying more tokens "
-                        "is cheap, e.g. on a GPU)")
+                   help="prompt lookup, --pld-length adaptive: draft a copied token (a tree node) only while its "
+                        f"estimated chance of acceptance is at least P (default {pld['pld_threshold']}; lower where "
+                        "verifying more tokens is cheap, e.g. on a GPU)")
     g = p.add_argument_group("output")
     g.add_argument("--compare", choices=["hf"], default=None, help="also run transformers' assisted generation and prompt lookup")
     g.add_argument("--out", metavar="FILE", default=None, help=f"report JSON path; .md and .png files go beside it (default {DEFAULT_OUT}); while it runs, "

@@ -351,8 +351,9 @@ def test_builder_reads_the_pld_options():
     with pytest.raises(ConfigError):
         prompt_lookup_proposer(ProposerContext(target_model=target, options={"pld_length": "sometimes"}))
     assert not p.tree and p.verify_cost is None
-    costed = prompt_lookup_proposer(ProposerContext(target_model=target, options={"pld_length": "cost", "pld_tokens": 5}))
+    costed = prompt_lookup_proposer(ProposerContext(target_model=target, options={"pld_tokens": 5}))  # the default
     assert costed.adaptive and costed.verify_cost.relative_verify(6) > 0  # measured on the target now
+    assert prompt_lookup_proposer(ProposerContext(target_model=target, options={"pld_length": "adaptive"})).verify_cost is None
     assert prompt_lookup_proposer(ProposerContext(target_model=target, options={"tree": "dynamic"})).tree
     with pytest.raises(ConfigError, match="chain .* or dynamic"):
         prompt_lookup_proposer(ProposerContext(target_model=target, options={"tree": "auto"}))
