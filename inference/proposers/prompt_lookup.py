@@ -297,14 +297,19 @@ class PromptLookupProposer:
             return 1.0, 0.0
         return self.acceptance.alpha(n), (0.0 if self.verify_cost is not None else self.threshold)
 
+    def _match(self, tokens: torch.Tensor | list[int], max_depth: int | None) -> tuple[int, list[int], int]:
+        """``(n, starts, depth)``: the longest match after ``tokens`` (:meth:`NgramTable.occurrences`; ``n = 0``: none)
+        and how deep to draft from it, at most ``max_depth``."""
+        self._table.sync(tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens))
+        n, starts = self._table.occurrences()
+        depth = self.draft_length(n) if max_depth is None else min(self.draft_length(n), max_depth)
+        return n, starts, depth
+
     def lookup(self, tokens: torch.Tensor | list[int], max_tokens: int | None = None) -> tuple[int, list[int]]:
         """``(n, chain)``: the match length and the chain drafted after ``tokens`` (``(0, [])``: no match)."""
-        toks = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
-        self._table.sync(toks)
-        n, starts = self._table.occurrences()
+        n, starts, k = self._match(tokens, max_tokens)
         if not starts:
             return 0, []
-        k = self.draft_length(n) if max_tokens is None else min(self.draft_length(n), max_tokens)
         chain = continuation(self._table.tokens, starts, k, self.max_candidates)
         if self._step_cost is not None and chain:  # token d of the chain is accepted with chance alpha ** d
             chances = self.acceptance.alpha(n) ** torch.arange(1, len(chain) + 1, dtype=torch.float64)
@@ -315,12 +320,9 @@ class PromptLookupProposer:
                                                                                                   list[int]]:
         """``(n, tokens, parents)``: the match length and the candidate tree drafted after ``tokens``, at most
         ``max_depth`` deep (``(0, [], [])``: no match)."""
-        toks = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
-        self._table.sync(toks)
-        n, starts = self._table.occurrences()
+        n, starts, depth = self._match(tokens, max_depth)
         if not starts:
             return 0, [], []
-        depth = self.draft_length(n) if max_depth is None else min(self.draft_length(n), max_depth)
         conts = continuations(self._table.tokens, starts, depth, self.max_candidates)
         nodes, parents = candidate_tree(conts, *self._scoring(n), self.num_draft_tokens, self._step_cost)
         return n, nodes, parents
