@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.draftsmith-installed
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test test-slow lint zoo bench bench-grid clean
+.PHONY: help install demo test test-slow lint zoo bench bench-grid clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,35 +14,38 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) ## create .venv and install torch (CPU) and draftsmith[dev]
 
-lint: install
+lint: install ## ruff and import-linter (the layer contract)
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 
-test: install lint
+test: install lint ## lint, then the default test suite
 	$(PY) -m pytest -q --timeout=900
 
-test-slow: install
+test-slow: install ## the long tests (@pytest.mark.slow)
 	$(PY) -m pytest -q -m slow --timeout=7200
 
-demo: install
+demo: install ## build the tiny zoo, distil its draft (300 steps), print the evaluator's summary
 	$(VENV)/bin/draftsmith demo
 	$(PY) recipes/distillspec.py max_steps=300 max_train_examples=4000 output_dir=runs/distillspec_demo
 
-zoo: install
+zoo: install ## build the tiny model zoo
 	$(VENV)/bin/draftsmith zoo build --size tiny
 
 # The figures of docs/BENCHMARKS.md (about 10 minutes on 2 idle cores once the zoo exists); bench-grid is the
 # DistillSpec divergence x data grid (about 45 minutes).
-bench: install
+bench: install ## the side-by-side figures of docs/BENCHMARKS.md (~10 min once the zoo exists)
 	$(VENV)/bin/draftsmith eval --method draft --compare hf --limit 20 --max-new-tokens 64 --threads 1 \
 		--out runs/bench/compare_hf/report.json
 	$(PY) tests/benchmarks/bench_gkd.py --steps 100 --repeats 2 --json runs/bench/gkd.json
 	$(PY) tests/benchmarks/bench_kernel_memory.py --json runs/bench/kernel_memory.json
 
-bench-grid: install
+bench-grid: install ## the DistillSpec divergence x data grid (~45 min)
 	$(PY) tests/benchmarks/bench_distillspec_grid.py --out-dir runs/distillspec_grid --steps 300 --jobs 2
 
-clean:
+clean: ## remove build outputs and runs/
 	rm -rf build dist *.egg-info runs
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)

@@ -30,3 +30,7 @@ class UnsupportedModelError(DraftsmithError, ValueError):
 
 class ProposerError(DraftsmithError, ValueError):
     """A proposer broke the draft contract (malformed draft, target cache left inconsistent)."""
+
+
+class EngineError(DraftsmithError, RuntimeError):
+    """A serving engine (vLLM) is missing, broken, or failed on a request."""

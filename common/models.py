@@ -148,7 +148,7 @@ def load_model(name_or_path: str | os.PathLike, dtype: Any = "float32", device: 
     ``attn_implementation``: transformers' attention (``sdpa`` when None) or a name registered in its
     ``AttentionInterface`` beforehand (GGUF files too), such as the tree attention's:
     ``load_model(path, attn_implementation=draftsmith.kernels.tree_attention.register_tree_attention())`` runs
-    ``sdpa`` everywhere except the tree steps of :class:`~draftsmith.inference.adapter.ModelAdapter` on CUDA, which
+    ``sdpa`` everywhere except the tree steps of :class:`~draftsmith.inference.core.adapter.ModelAdapter` on CUDA, which
     run the Triton tree-attention kernel."""
     import transformers
 

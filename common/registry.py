@@ -25,8 +25,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftsmith.common.errors import ConfigError
+from draftsmith.common.eval_options import (
+    DRAFT_LENGTH,
+    SEED,
+    TREE,
+    TREE_NODES,
+    TREE_TOP_K,
+    EvalOption,
+    draft_model_options,
+    merge_options,
+    self_drafting_options,
+)
 
-# What an artefact directory holds besides manifest.json (DESIGN.md "Artefact kinds").
+# What an artefact directory holds besides manifest.json (docs/ARCHITECTURE.md; docs/EXPORT.md for the exports).
 ARTEFACT_KINDS = {
     "draft_model": "a plain Hugging Face draft model directory (draft/)",
     "heads": "head weights in safetensors (heads.safetensors) plus their config",
@@ -61,8 +72,14 @@ class MethodSpec:
     (target, tokenizer, artefact directory and manifest or None, command-line options, draft model if any)
     and returns the proposer (None = plain AR). ``trainable`` (trained methods) is called as
     ``trainable(models, config)`` with the loaded models by role (and ``train_dataset=`` the tokenized training
-    set, when its signature takes it) and returns the module the trainer optimises (default: the draft model). ``eval_defaults`` fill the options neither the command line nor the artefact
-    set."""
+    set, when its signature takes it) and returns the module the trainer optimises (default: the draft model).
+    ``eval_options`` declare the proposer's decoding settings (:mod:`draftsmith.common.eval_options`): ``draftsmith
+    eval`` makes its method flags from them and ``ProposerContext.option`` resolves each (command line, else the
+    artefact's, else the declared default). ``export_formats`` name the ``draftsmith export`` formats of the
+    method's artefacts and their exporters; ``commands`` the method's own ``draftsmith`` subcommands (name -> module
+    with ``add_parser(subparsers)``), ``data_commands`` its ``draftsmith data`` actions (the same protocol), and
+    ``train`` a ``main(argv) -> int`` that ``draftsmith train NAME`` runs instead of the recipe runner (methods
+    whose artefact comes from a search, not a trainer)."""
 
     name: str
     summary: str
@@ -72,8 +89,13 @@ class MethodSpec:
     trainer: Ref | None = None  # a FrozenTargetTrainer subclass (trained methods)
     models: tuple[str, ...] = ("target",)  # roles the recipe loads; "draft" = a separate draft model
     trainable: Ref | None = None
-    eval_defaults: dict[str, Any] = field(default_factory=dict)
+    eval_options: tuple[EvalOption, ...] = ()  # the proposer's decoding settings (`draftsmith eval` flags)
     eval_method: bool = False  # runnable as `draftsmith eval --method NAME` with no artefact
+    # export format -> exporter(artefact_dir, manifest, fmt, out, target_model) -> Path (`draftsmith export`)
+    export_formats: dict[str, Ref] = field(default_factory=dict)
+    commands: dict[str, str] = field(default_factory=dict)  # `draftsmith NAME` -> module with add_parser(sub)
+    data_commands: dict[str, str] = field(default_factory=dict)  # `draftsmith data NAME` -> module with add_parser
+    train: Ref | None = None  # main(argv) -> int for `draftsmith train NAME` when the method has no trainer
 
     def __post_init__(self) -> None:
         if self.artefact_kind not in ARTEFACT_KINDS:
@@ -84,10 +106,58 @@ class MethodSpec:
             raise ConfigError(f"method {self.name!r}: models={self.models!r} must include 'target' and may add 'draft'")
         if (self.config is None) != (self.trainer is None):
             raise ConfigError(f"method {self.name!r}: give both config and trainer (a trained method) or neither")
+        names = [o.name for o in self.eval_options]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"method {self.name!r}: evaluation options declared twice: {sorted(names)}")
 
     @property
     def trained(self) -> bool:
         return self.trainer is not None
+
+    @property
+    def trainable_by_command(self) -> bool:
+        """``draftsmith train NAME`` runs it: the recipe runner (a trainer) or the method's own ``train``."""
+        return self.trained or self.train is not None
+
+    def option_declarations(self) -> dict[str, EvalOption]:
+        return {o.name: o for o in self.eval_options}
+
+
+# -- method-specific evaluation options (the shared ones: draftsmith.common.eval_options) ------------------------
+
+PROMPT_LOOKUP_OPTIONS = (
+    EvalOption("pld_tokens", int, 24, metavar="N", help="prompt lookup: longest draft, tokens copied per step"),
+    EvalOption("pld_max_ngram", int, 4, metavar="N", help="prompt lookup: longest n-gram matched, tried first"),
+    EvalOption("pld_min_ngram", int, 2, metavar="N",
+               help="prompt lookup: shortest n-gram matched (1 also copies after a lone matching token)"),
+    EvalOption("pld_length", str, "cost", choices=("adaptive", "fixed", "cost"),
+               help="prompt lookup: from how often copies are accepted, the draft size that commits the most tokens "
+                    "per second on the target's verification cost, measured at the start (cost), or the longest draft "
+                    "whose copies stay above --pld-threshold (adaptive), or always --pld-tokens (fixed)"),
+    EvalOption("pld_threshold", float, 0.15, metavar="P",
+               help="prompt lookup, --pld-length adaptive: draft a copied token (a tree node) only while its estimated "
+                    "chance of acceptance is at least P (lower where verifying more tokens is cheap, e.g. on a GPU)"),
+    TREE.default_to("chain"),
+)
+EXIT_LAYER = EvalOption("exit_layer", int, metavar="E",
+                        help="early exit: draft with the target's first E layers (LayerSkip self-speculation; a "
+                             "LayerSkip artefact's chosen E, else a quarter of the layers)")
+SKIP_ATTENTION = EvalOption("skip_attention", str, metavar="L,L",
+                            help="draft-verify: the layers whose attention the draft skips (e.g. 1,3,5)")
+SKIP_MLP = EvalOption("skip_mlp", str, metavar="L,L", help="draft-verify: the layers whose MLP the draft skips")
+ADAPTIVE_THRESHOLD = EvalOption("threshold", dict, flag=None)  # the searched artefact's adaptive-exit rule
+MEDUSA_OPTIONS = (
+    TREE.default_to("auto"), TREE_NODES.default_to(32),
+    EvalOption("acceptance", str, "exact", choices=("exact", "typical"),
+               help="head drafters: exact (lossless) or typical (Medusa's typical acceptance: LOSSY under sampling, "
+                    "labelled so in the report)"),
+    EvalOption("typical_epsilon", float, 0.09, metavar="E", help="typical acceptance: epsilon"),
+    EvalOption("typical_delta", float, 0.3, metavar="D", help="typical acceptance: delta"),
+)
+EAGLE_OPTIONS = (
+    TREE.default_to("dynamic"), TREE_NODES.default_to(32), DRAFT_LENGTH.default_to(5), TREE_TOP_K.default_to(8),
+    EvalOption("tree_depth", int, 5, metavar="D", help="eagle --tree dynamic: levels the head expands"),
+)
 
 
 def _builtin() -> dict[str, MethodSpec]:
@@ -100,58 +170,63 @@ def _builtin() -> dict[str, MethodSpec]:
             MethodSpec(name="draft", summary="a separate draft model, untrained (Leviathan et al. 2023)",
                        proposer=f"{inference}:draft_model_proposer", artefact_kind="draft_model",
                        models=("target", "draft"), eval_method=True,
-                       eval_defaults={"draft_length": 4, "draft_length_mode": "fixed", "confidence_threshold": 0.4}),
+                       eval_options=draft_model_options(length=4, confidence=0.4)),
             MethodSpec(name="pld", summary="prompt lookup decoding (training-free n-gram copying)",
                        proposer=f"{inference}:prompt_lookup_proposer", eval_method=True,
-                       eval_defaults={"pld_tokens": 24, "pld_max_ngram": 4, "pld_min_ngram": 2,
-                                      "pld_length": "cost", "pld_threshold": 0.15}),
+                       eval_options=PROMPT_LOOKUP_OPTIONS),
             MethodSpec(name="early-exit", summary="the target's first E layers draft for it, verified by the rest "
                        "with the draft's cache reused (LayerSkip, Elhoushi et al. 2024)",
                        proposer=f"{inference}:early_exit_proposer", eval_method=True,
-                       eval_defaults={"draft_length": 4, "draft_length_mode": "fixed"}),
+                       eval_options=(EXIT_LAYER, *self_drafting_options(4))),
             MethodSpec(name="layerskip", summary="layer dropout and early-exit losses so the target drafts with its "
                        "first layers (LayerSkip, Elhoushi et al. 2024)",
                        proposer=f"{inference}:early_exit_proposer", artefact_kind="adapted_target",
                        config="draftsmith.trainers.layerskip:LayerSkipConfig",
                        trainer="draftsmith.trainers.layerskip:LayerSkipTrainer",
                        trainable="draftsmith.trainers.layerskip:build_layerskip_model",
-                       eval_defaults={"draft_length": 4, "draft_length_mode": "fixed"}),
+                       commands={"exit-layer": "draftsmith.launch.exit_cli"},
+                       eval_options=(EXIT_LAYER, *self_drafting_options(4))),
             MethodSpec(name="draft-verify", summary="the target drafts with searched attention/MLP sublayers skipped "
-                       "(Draft & Verify, Zhang et al. 2023)", proposer=f"{inference}:skip_layer_proposer",
-                       artefact_kind="none", eval_method=True, eval_defaults={"draft_length": 8}),
+                       "(Draft & Verify, Zhang et al. 2023)", proposer=f"{inference}:draft_verify_proposer",
+                       artefact_kind="none", eval_method=True,
+                       eval_options=(SKIP_ATTENTION, SKIP_MLP, DRAFT_LENGTH.default_to(8), ADAPTIVE_THRESHOLD),
+                       train="draftsmith.launch.draft_verify:main"),
             MethodSpec(name="distillspec", summary="a draft model distilled into its target (Zhou et al. 2023)",
                        proposer=f"{inference}:draft_model_proposer", artefact_kind="draft_model",
                        models=("target", "draft"), config="draftsmith.trainers.distillspec:DistillSpecConfig",
                        trainer="draftsmith.trainers.distillspec:DistillSpecTrainer",
                        trainable="draftsmith.trainers.distillspec:build_draft",
-                       eval_defaults={"draft_length": 4, "draft_length_mode": "fixed", "confidence_threshold": 0.4}),
+                       eval_options=draft_model_options(length=4, confidence=0.4)),
             MethodSpec(name="medusa", summary="Medusa-1 heads on the frozen target, static token tree (Cai et al. 2024)",
                        proposer=f"{inference}:medusa_proposer", artefact_kind="heads",
                        config="draftsmith.trainers.medusa:MedusaConfig",
                        trainer="draftsmith.trainers.medusa:MedusaTrainer",
                        trainable="draftsmith.trainers.medusa:build_heads",
-                       eval_defaults={"tree": "auto", "tree_nodes": 32}),
+                       export_formats={"vllm-medusa": "draftsmith.inference.artefacts.medusa:export_medusa_artefact"},
+                       eval_options=MEDUSA_OPTIONS),
             MethodSpec(name="eagle", summary="EAGLE-1 feature-level draft head on the frozen target (Li et al. 2024)",
                        proposer=f"{inference}:eagle_proposer", artefact_kind="heads",
                        config="draftsmith.trainers.eagle:EagleConfig",
                        trainer="draftsmith.trainers.eagle:EagleTrainer",
                        trainable="draftsmith.trainers.eagle:build_eagle_head",
-                       eval_defaults={"tree": "dynamic", "tree_depth": 5, "tree_top_k": 8, "tree_nodes": 32,
-                                      "draft_length": 5}),
+                       export_formats={fmt: "draftsmith.inference.artefacts.eagle:export_eagle_artefact"
+                                       for fmt in ("eagle3", "vllm-eagle", "sglang-eagle")},
+                       eval_options=EAGLE_OPTIONS),
             MethodSpec(name="bita", summary="prompt and mask tokens tuned on the frozen target, which drafts and verifies "
                        "in one forward (BiTA, Lin et al. 2024); without an artefact: untrained embeddings",
                        proposer=f"{inference}:bita_proposer", artefact_kind="embeddings",
                        config="draftsmith.trainers.bita:BitaConfig", trainer="draftsmith.trainers.bita:BitaTrainer",
                        trainable="draftsmith.trainers.bita:build_bita", eval_method=True,
-                       eval_defaults={"tree": "chain", "tree_top_k": 5}),
+                       eval_options=(TREE.default_to("chain"), TREE_TOP_K.default_to(5), SEED)),
             MethodSpec(name="jacobi", summary="Jacobi decoding: the target refines a guess of the next block in the "
                        "forward that verifies it (Santilli et al. 2023)", proposer=f"{inference}:jacobi_proposer",
-                       eval_method=True, eval_defaults={"draft_length": 16}),
+                       eval_method=True, eval_options=(DRAFT_LENGTH.default_to(16), SEED)),
             MethodSpec(name="cllm", summary="consistency training on the target's Jacobi trajectories so Jacobi decoding "
                        "converges in few steps (CLLM, Kou et al. 2024)", proposer=f"{inference}:jacobi_proposer",
                        artefact_kind="adapted_target", config="draftsmith.trainers.cllm:CllmConfig",
                        trainer="draftsmith.trainers.cllm:CllmTrainer",
-                       trainable="draftsmith.trainers.cllm:build_cllm_model", eval_defaults={"draft_length": 16}),
+                       trainable="draftsmith.trainers.cllm:build_cllm_model",
+                       data_commands={"jacobi": "draftsmith.launch.jacobi_cli"}, eval_options=(DRAFT_LENGTH.default_to(16), SEED)),
         )
     }
 
@@ -182,6 +257,27 @@ class Registry:
 
 
 REGISTRY = Registry()
+
+
+def eval_flags() -> dict:
+    """Every method's command-line evaluation options, one per name (:func:`merge_options`)."""
+    return merge_options((name, REGISTRY.get(name).eval_options) for name in REGISTRY.names())
+
+
+def method_commands(field_name: str = "commands") -> dict[str, str]:
+    """The subcommands the registered methods add (``commands``, or ``data_commands`` for ``draftsmith data``):
+    name -> module."""
+    found: dict[str, str] = {}
+    for name in REGISTRY.names():
+        for command, module in getattr(REGISTRY.get(name), field_name).items():
+            if found.setdefault(command, module) != module:
+                raise ConfigError(f"method {name!r} adds the command {command!r}, which another method adds too")
+    return found
+
+
+def export_formats() -> dict[str, str]:
+    """Every export format the registered methods offer -> the method whose artefacts it exports."""
+    return {fmt: name for name in REGISTRY.names() for fmt in REGISTRY.get(name).export_formats}
 
 
 def get_method(name: str) -> MethodSpec:

@@ -41,20 +41,3 @@ class PadCollator:
 def response_mask(labels: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T-1] bool
     """Which logits positions are trained: position ``t`` predicts token ``t + 1``, which counts when labelled."""
     return labels[:, 1:] != IGNORE_INDEX
-
-
-def answer_token_counts(dataset, vocab_size: int) -> torch.Tensor:  # [V] long
-    """How often each target token is a labelled (answer) token of the tokenized ``dataset``."""
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for row in dataset if dataset is not None else ():
-        labels = torch.as_tensor(row.get("labels", row["input_ids"]), dtype=torch.long)
-        labels = labels[(labels >= 0) & (labels < vocab_size)]
-        counts += torch.bincount(labels, minlength=vocab_size)
-    return counts
-
-
-def draft_vocab_coverage(dataset, t2d: torch.Tensor) -> float:  # t2d [V] bool
-    """The share of ``dataset``'s answer tokens inside the draft vocabulary ``t2d`` (which target ids are in): on
-    held-out answers, the most of a target's tokens a draft with that vocabulary could ever propose."""
-    counts = answer_token_counts(dataset, int(t2d.numel()))
-    return float(counts[t2d.to(counts.device)].sum()) / max(1, int(counts.sum()))

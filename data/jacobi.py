@@ -40,7 +40,7 @@ from draftsmith.common import __version__
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.io import append_jsonl, atomic_write_json, atomic_write_text, environment, read_json
 from draftsmith.common.models import cache_keyword
-from draftsmith.data.self_distill import check_resume, meta_path, recover_rows, weights_sample_sha256
+from draftsmith.data.row_files import check_resume, meta_path, recover_rows, row_seed, weights_sample_sha256
 
 META_FORMAT = "draftsmith-jacobi/1"
 SETTINGS = ("block", "max_new_tokens", "seed")
@@ -80,8 +80,6 @@ def batch_trajectories(model, row_ids: Sequence[str], prompts: Sequence[Sequence
     end-of-sequence token stops there (it rides along, unrecorded, while the others go on). Returns each prompt's
     rows."""
     from transformers import DynamicCache
-
-    from draftsmith.data.self_distill import row_seed
 
     device = next(model.parameters()).device
     n, b_size = int(block), len(prompts)

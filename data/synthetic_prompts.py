@@ -19,7 +19,7 @@ model writes the rest, so each kind gets an equal share of the attempts; :data:`
 openers for each of twelve kinds of request (``--openers tasks``). A kept row then also records its ``opener``.
 
 Sampling is reproducible per attempt: attempt ``a`` draws from its own uniforms seeded with
-:func:`~draftsmith.data.self_distill.row_seed` ``(seed, "attempt-<a>")``, so the file depends on the seed and the
+:func:`~draftsmith.data.row_files.row_seed` ``(seed, "attempt-<a>")``, so the file depends on the seed and the
 target only. ``<out>.meta.json`` (written after every batch) records the settings, the target's identity, the
 template prefix and the progress (kept, attempts, dropped by reason). Rerunning the same call resumes after the
 last recorded attempt; rows a kill left past it are repeats of what the rerun samples and are dropped as such.
@@ -42,16 +42,15 @@ from draftsmith.common.errors import ConfigError
 from draftsmith.common.io import append_jsonl, atomic_write_json, environment
 from draftsmith.data.chat import user_prefix_ids
 from draftsmith.data.generation import eos_token_ids, pad_token_id, sample_completions
-from draftsmith.data.self_distill import (
+from draftsmith.data.row_files import (
     SETTINGS,
     check_settings,
-    finish_reason,
     open_row_file,
-    prompt_id,
     row_seed,
     sampling_settings,
     writer_identity,
 )
+from draftsmith.data.self_distill import finish_reason, prompt_id
 
 META_FORMAT = "draftsmith-synthetic-prompts/1"
 FIX = "pass a new --out, or --overwrite to start that file again"

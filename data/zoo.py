@@ -1,7 +1,7 @@
-"""The built-in model zoo, the data side: what a zoo is (specs and sizes), where it lives, the tokenizer stage,
+"""The built-in model zoo, the data side: what a zoo is (specs and sizes), the tokenizer stage,
 the packed rows its models train and are scored on, and reading a built zoo.
 
-A zoo of ``size`` lives in ``$DRAFTSMITH_HOME/zoo/<size>/`` (default ``~/.cache/draftsmith``):
+A zoo of ``size`` lives in ``$DRAFTSMITH_HOME/zoo/<size>/`` (:func:`draftsmith.common.paths.zoo_dir`):
 
 - ``tokenizer/`` byte-level BPE with a chat template (:mod:`draftsmith.data.tokenizer`);
 - ``target/`` and ``draft/`` Llama models (ordinary Hugging Face directories, safetensors);
@@ -18,7 +18,6 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +25,9 @@ import transformers
 
 from draftsmith.common.errors import ConfigError, DraftsmithError
 from draftsmith.common.io import read_json
+from draftsmith.common.paths import zoo_path
 from draftsmith.data.corpus import corpus_splits, example_texts
+from draftsmith.data.draft_vocab import draft_vocabulary
 from draftsmith.data.tokenizer import encode_examples, train_tokenizer
 
 MANIFEST_FORMAT = "draftsmith-zoo/1"
@@ -186,11 +187,11 @@ def zoo_size_for_target(target: str | None) -> str | None:
 
 
 def frequent_tokens(rows: torch.Tensor, vocab_size: int, n: int, always: list[int] = ()) -> tuple[list[int], float]:
-    """``(ids, coverage)``: the ``n`` most frequent token ids of ``rows`` plus ``always`` (special tokens), sorted,
-    and the fraction of the tokens of ``rows`` they cover."""
+    """``(ids, coverage)``: the zoo draft's vocabulary, the ``n`` most frequent token ids of ``rows`` ``[N, T]``
+    (:func:`draftsmith.data.draft_vocab.draft_vocabulary`) plus ``always`` (special tokens), sorted, and the fraction
+    of the tokens of ``rows`` they cover."""
     counts = torch.bincount(rows.flatten(), minlength=vocab_size)  # [V]
-    top = counts.topk(min(n, vocab_size)).indices.tolist()
-    ids = sorted(set(top) | set(always))
+    ids = sorted(set(draft_vocabulary(counts, n).tolist()) | set(always))
     return ids, float(counts[ids].sum()) / max(1, int(counts.sum()))
 
 
@@ -199,20 +200,6 @@ def zoo_spec(size: str) -> ZooSpec:
     if size not in ZOO_SIZES:
         raise ConfigError(f"unknown zoo size {size!r}; use one of {', '.join(ZOO_SIZES)}")
     return ZOO_SIZES[size]()
-
-
-def draftsmith_home(home: str | os.PathLike | None = None) -> Path:
-    """``home``, else ``$DRAFTSMITH_HOME``, else ``~/.cache/draftsmith``."""
-    if home is not None:
-        return Path(home).expanduser()
-    return Path(os.environ.get("DRAFTSMITH_HOME") or Path.home() / ".cache" / "draftsmith").expanduser()
-
-
-def zoo_dir(size: str = "tiny", home: str | os.PathLike | None = None) -> Path:
-    """Where the zoo of ``size`` lives: ``<home>/zoo/<size>`` (it may not be built yet)."""
-    if not size or "/" in size or size.startswith("."):
-        raise ConfigError(f"invalid zoo size {size!r}; use one of {', '.join(ZOO_SIZES)}")
-    return draftsmith_home(home) / "zoo" / size
 
 
 # ----------------------------------------------------------------------------------------------------- models
@@ -320,7 +307,7 @@ def zoo_rows(
 
 def read_zoo_manifest(size: str = "tiny", home: str | os.PathLike | None = None) -> dict:
     """The manifest of a built zoo (raises :class:`DraftsmithError` if it is not built)."""
-    path = zoo_dir(size, home) / "manifest.json"
+    path = zoo_path(size, "manifest.json", home)
     manifest = read_json(path)
     if manifest is None:
         raise DraftsmithError(f"no zoo manifest at {path}; build it with `draftsmith zoo build --size {size}`")
@@ -333,10 +320,9 @@ def load_zoo(
     """``(tokenizer, target, draft)`` of the built zoo of ``size`` in eval mode (raises :class:`DraftsmithError`
     if it is not built; :func:`draftsmith.trainers.zoo.ensure_zoo` builds it)."""
     read_zoo_manifest(size, home)
-    out = zoo_dir(size, home)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(out / "tokenizer")
-    target = transformers.AutoModelForCausalLM.from_pretrained(out / "target").eval()
-    draft = transformers.AutoModelForCausalLM.from_pretrained(out / "draft").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(zoo_path(size, "tokenizer", home))
+    target = transformers.AutoModelForCausalLM.from_pretrained(zoo_path(size, "target", home)).eval()
+    draft = transformers.AutoModelForCausalLM.from_pretrained(zoo_path(size, "draft", home)).eval()
     return tokenizer, target, draft
 
 
@@ -348,8 +334,6 @@ __all__ = [
     "frequent_tokens",
     "ZOO_FOR_TARGET",
     "zoo_size_for_target",
-    "draftsmith_home",
-    "zoo_dir",
     "llama_config",
     "param_count",
     "zoo_examples",

@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.common.errors import ArtefactError, ConfigError
+from draftsmith.common.eval_options import resolve_option
 from draftsmith.common.models import load_model
+from draftsmith.common.registry import REGISTRY, resolve
+from draftsmith.inference.artefacts.manifest import check_target, read_manifest
 
 AUTO_TREE_TOKENS = 64  # the most tokens a cost-sized EAGLE tree (--tree-nodes auto) verifies in one forward
 
@@ -23,21 +26,43 @@ class ProposerContext:
     """What a proposer builder may use."""
 
     target_model: Any
+    method: str  # the registry name whose evaluation options the builder reads
     tokenizer: Any = None
     artefact_dir: Path | None = None
     manifest: dict | None = None  # the artefact's, when there is one
     options: dict[str, Any] = field(default_factory=dict)  # command-line settings; None = not given
-    defaults: dict[str, Any] = field(default_factory=dict)  # the method's evaluation defaults
     draft_model: Any = None  # a draft model given by the caller (wins over the artefact's)
 
-    def option(self, name: str, default: Any = None) -> Any:
-        """Command line, else the artefact's proposer settings, else the method's default, else ``default``."""
-        value = self.options.get(name)
-        if value is None and self.manifest is not None:
-            value = self.manifest.get("proposer", {}).get(name)
-        if value is None:
-            value = self.defaults.get(name, default)
-        return value
+    def option(self, name: str) -> Any:
+        """Command line, else the artefact's proposer settings, else the method's declared default (its
+        ``EvalOption`` in the registry entry)."""
+        declared = REGISTRY.get(self.method).option_declarations()
+        return resolve_option(name, declared, self.options, self.manifest, self.method)
+
+
+def load_artefact(
+    directory: str | Path,
+    target_model,
+    target_tokenizer=None,
+    allow_target_mismatch: bool = False,
+    draft_model=None,
+    **options,
+):
+    """Read and check an artefact, and build its proposer for ``target_model`` through the method registry
+    (``options``: command-line decoding settings, None = the artefact's own; ``draft_model`` replaces the
+    artefact's draft, e.g. the draft before training).
+
+    Returns ``(proposer, manifest)``."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    check_target(manifest, target_model, target_tokenizer, allow_target_mismatch)
+    if manifest["method"] not in REGISTRY.names():
+        raise ArtefactError(f"artefact method {manifest['method']!r} is not known to this draftsmith "
+                            f"({', '.join(REGISTRY.names())}): upgrade draftsmith")
+    spec = REGISTRY.get(manifest["method"])
+    ctx = ProposerContext(target_model=target_model, method=spec.name, tokenizer=target_tokenizer, artefact_dir=directory,
+                          manifest=manifest, options=options, draft_model=draft_model)
+    return resolve(spec.proposer)(ctx), manifest
 
 
 def no_proposer(ctx: ProposerContext) -> None:
@@ -57,7 +82,7 @@ def _artefact_draft(ctx: ProposerContext):
 def draft_model_proposer(ctx: ProposerContext):
     """A separate draft model: the caller's, else the artefact's; refused unless it shares the target's
     vocabulary."""
-    from draftsmith.inference.draft_length import DraftLengthPolicy
+    from draftsmith.inference.core.draft_length import DraftLengthPolicy
     from draftsmith.inference.proposers.draft_model import DraftModelProposer, check_same_tokenizer, draft_vocab_of
 
     if ctx.draft_model is not None:
@@ -69,23 +94,23 @@ def draft_model_proposer(ctx: ProposerContext):
         raise ConfigError("the draft method needs a draft model: pass --draft PATH (a draft sharing the target's "
                           "tokenizer)")
     check_same_tokenizer(ctx.target_model, draft, draft_name=name)
-    length = int(ctx.option("draft_length", 4))
+    length = int(ctx.option("draft_length"))
     if length < 1:
         raise ConfigError(f"draft length must be at least 1, got {length}")
-    policy = DraftLengthPolicy(length=length, mode=ctx.option("draft_length_mode", "fixed"),
+    policy = DraftLengthPolicy(length=length, mode=ctx.option("draft_length_mode"),
                                max_length=_max_length(ctx, length), relative_verify=_relative_verify(ctx))
-    vocab = ctx.option("draft_vocab", "auto")
+    vocab = ctx.option("draft_vocab")
     if vocab not in ("auto", "full"):
         raise ConfigError(f"draft vocabulary must be auto (the draft's config.draft_vocab when it has one) or full, "
                           f"got {vocab!r}")
-    return DraftModelProposer(draft, policy, confidence_threshold=float(ctx.option("confidence_threshold", 0.0)),
+    return DraftModelProposer(draft, policy, confidence_threshold=float(ctx.option("confidence_threshold")),
                               vocab=draft_vocab_of(draft) if vocab == "auto" else None)
 
 
 def _max_length(ctx: ProposerContext, length: int) -> int:
     """The longest draft an adaptive length policy may grow to: ``draft_max_length`` (what ``draftsmith tune``
     profiled), default 16."""
-    top = ctx.option("draft_max_length", None)
+    top = ctx.option("draft_max_length")
     top = 16 if top is None else int(top)
     if top < length:
         raise ConfigError(f"draft max length {top} is below the draft length {length}: raise --draft-max-length")
@@ -95,7 +120,7 @@ def _max_length(ctx: ProposerContext, length: int) -> int:
 def _relative_verify(ctx: ProposerContext):
     """The artefact's measured verification curve (recorded by ``draftsmith tune``) for the Leviathan length
     rule, or None."""
-    from draftsmith.inference.cost import CostModel
+    from draftsmith.inference.evaluation.cost import CostModel
 
     recorded = ((ctx.manifest or {}).get("tuning") or {}).get("cost_model")
     return CostModel.from_dict(recorded).relative_verify if recorded else None
@@ -104,19 +129,19 @@ def _relative_verify(ctx: ProposerContext):
 def early_exit_proposer(ctx: ProposerContext):
     """LayerSkip's self-speculation on any Llama-style or GPT-2 target: the first ``exit_layer`` layers draft a chain
     of ``draft_length`` tokens, the verification runs the remaining layers only, reusing the draft's cache."""
-    from draftsmith.inference.adapter import ModelAdapter
-    from draftsmith.inference.draft_length import DraftLengthPolicy
-    from draftsmith.inference.proposers.self_spec import EarlyExitProposer
+    from draftsmith.inference.core.adapter import ModelAdapter
+    from draftsmith.inference.core.draft_length import DraftLengthPolicy
+    from draftsmith.inference.proposers.layerskip import EarlyExitProposer
 
-    exit_layer = ctx.option("exit_layer", None)
+    exit_layer = ctx.option("exit_layer")
     if exit_layer is None and ctx.manifest is not None:  # a LayerSkip artefact trained without a chosen E
         exit_layer = max(1, ModelAdapter(ctx.target_model).num_layers // 4)
     if exit_layer is None:
         raise ConfigError("early-exit drafts with the target's first E layers: pass --exit-layer E")
-    length = int(ctx.option("draft_length", 4))
+    length = int(ctx.option("draft_length"))
     if length < 1:
         raise ConfigError(f"draft length must be at least 1, got {length}")
-    policy = DraftLengthPolicy(length=length, mode=ctx.option("draft_length_mode", "fixed"),
+    policy = DraftLengthPolicy(length=length, mode=ctx.option("draft_length_mode"),
                                max_length=_max_length(ctx, length), relative_verify=_relative_verify(ctx))
     return EarlyExitProposer(int(exit_layer), policy)
 
@@ -133,22 +158,22 @@ def _layer_list(value) -> list[int]:
     return [int(x) for x in value]
 
 
-def skip_layer_proposer(ctx: ProposerContext):
-    """Draft & Verify's self-speculation from a searched artefact (``recipes/layer_skip_search.py``) or from skip lists
+def draft_verify_proposer(ctx: ProposerContext):
+    """Draft & Verify's self-speculation from a searched artefact (``recipes/draft_verify.py``) or from skip lists
     on the command line: the target minus its skip set drafts, stopping adaptively by the artefact's threshold rule
     or, without one, the paper's default rule, which the search's own baselines use too."""
-    from draftsmith.inference.draft_length import DraftLengthPolicy
-    from draftsmith.inference.proposers.self_spec import AdaptiveThreshold, SkipLayerProposer
+    from draftsmith.inference.core.draft_length import DraftLengthPolicy
+    from draftsmith.inference.proposers.draft_verify import AdaptiveThreshold, DraftVerifyProposer
 
-    attention, mlp = _layer_list(ctx.option("skip_attention", None)), _layer_list(ctx.option("skip_mlp", None))
+    attention, mlp = _layer_list(ctx.option("skip_attention")), _layer_list(ctx.option("skip_mlp"))
     if not attention and not mlp:
         if ctx.manifest is not None:  # the search found no skip set faster than plain decoding on this target
             return None
-        raise ConfigError("draft-verify needs a skip set: pass --artefact DIR (from recipes/layer_skip_search.py), or "
+        raise ConfigError("draft-verify needs a skip set: pass --artefact DIR (from recipes/draft_verify.py), or "
                           "--skip-attention/--skip-mlp with layer numbers")
-    length = int(ctx.option("draft_length", 8))
-    threshold = ctx.option("threshold", None)
-    return SkipLayerProposer(skip_attention=attention or (), skip_mlp=mlp or (),
+    length = int(ctx.option("draft_length"))
+    threshold = ctx.option("threshold")
+    return DraftVerifyProposer(skip_attention=attention or (), skip_mlp=mlp or (),
                              policy=DraftLengthPolicy(length=length, max_length=max(16, length)),
                              stop=AdaptiveThreshold(**(threshold or {})))
 
@@ -160,21 +185,21 @@ def prompt_lookup_proposer(ctx: ProposerContext):
     tree of the several occurrences' candidates (``--tree dynamic``)."""
     from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer
 
-    length = ctx.option("pld_length", "cost")
+    length = ctx.option("pld_length")
     if length not in ("adaptive", "fixed", "cost"):
         raise ConfigError(f"prompt lookup draft length must be adaptive, fixed or cost, got {length!r}")
-    tree = str(ctx.option("tree", "chain"))
+    tree = str(ctx.option("tree"))
     if tree not in ("chain", "dynamic"):
         raise ConfigError(f"prompt lookup --tree {tree}: give chain (one voted chain) or dynamic (the candidates of "
                           "several occurrences as a token tree)")
-    tokens = int(ctx.option("pld_tokens", 24))
+    tokens = int(ctx.option("pld_tokens"))
     cost = tree_verify_cost(ctx.target_model, tokens) if length == "cost" else None  # measured now
     try:
         return PromptLookupProposer(num_draft_tokens=tokens,
-                                    max_ngram=int(ctx.option("pld_max_ngram", 4)),
-                                    min_ngram=int(ctx.option("pld_min_ngram", 2)),
+                                    max_ngram=int(ctx.option("pld_max_ngram")),
+                                    min_ngram=int(ctx.option("pld_min_ngram")),
                                     adaptive=length != "fixed",
-                                    threshold=float(ctx.option("pld_threshold", 0.15)),
+                                    threshold=float(ctx.option("pld_threshold")),
                                     tree=tree == "dynamic", verify_cost=cost)
     except ValueError as e:
         raise ConfigError(f"prompt lookup: {e}") from None
@@ -189,10 +214,10 @@ def medusa_tree(ctx: ProposerContext, heads: int):
 
     import torch
 
-    from draftsmith.inference.trees import chain_choices, default_accuracy, greedy_choices, tree_from_choices
+    from draftsmith.inference.core.trees import chain_choices, default_accuracy, greedy_choices, tree_from_choices
 
-    tree = str(ctx.option("tree", "auto"))
-    nodes = ctx.option("tree_nodes", 32)
+    tree = str(ctx.option("tree"))
+    nodes = ctx.option("tree_nodes")
     if tree == "chain":
         return tree_from_choices(chain_choices(heads))
     if tree == "auto":
@@ -213,25 +238,25 @@ def medusa_tree(ctx: ProposerContext, heads: int):
 
 def tree_verify_cost(target_model, max_nodes: int = 64):
     """The target's verification cost for trees of up to ``max_nodes`` nodes, measured now (a
-    :class:`~draftsmith.inference.cost.CostModel` over 1 .. ``max_nodes + 1`` tokens, interpolated between powers of
+    :class:`~draftsmith.inference.evaluation.cost.CostModel` over 1 .. ``max_nodes + 1`` tokens, interpolated between powers of
     two)."""
-    from draftsmith.inference.adapter import ModelAdapter
-    from draftsmith.inference.cost import CostModel, measure_verify_curve
+    from draftsmith.inference.core.adapter import ModelAdapter
+    from draftsmith.inference.evaluation.cost import CostModel, measure_verify_curve
 
     sizes = sorted(n for n in {1, 2, 3, 5, 9, 17, 33, max_nodes + 1} if n <= max_nodes + 1)
     return CostModel(measure_verify_curve(ModelAdapter(target_model), sizes=sizes, repeats=5))
 
 
 def medusa_tree_size(target_model, accuracy, max_nodes: int = 64) -> dict:
-    """:func:`~draftsmith.inference.trees.tree_size_for_cost` on the target's verification cost, measured now."""
-    from draftsmith.inference.trees import tree_size_for_cost
+    """:func:`~draftsmith.inference.core.trees.tree_size_for_cost` on the target's verification cost, measured now."""
+    from draftsmith.inference.core.trees import tree_size_for_cost
 
     return tree_size_for_cost(accuracy, tree_verify_cost(target_model, max_nodes).relative_verify, max_nodes)
 
 
 def medusa_proposer(ctx: ProposerContext):
     """Medusa heads from a ``heads`` artefact over the target's last hidden state, drafting a static tree."""
-    from draftsmith.inference.export import load_heads_artefact
+    from draftsmith.inference.artefacts.medusa import load_heads_artefact
     from draftsmith.inference.proposers.medusa import MedusaProposer
 
     if ctx.artefact_dir is None:
@@ -239,28 +264,28 @@ def medusa_proposer(ctx: ProposerContext):
     heads = load_heads_artefact(ctx.artefact_dir)
     target = ctx.target_model
     heads.to(target.device, target.dtype)
-    acceptance = ctx.option("acceptance", "exact")
+    acceptance = ctx.option("acceptance")
     if acceptance not in ("exact", "typical"):
         raise ConfigError(f"acceptance must be exact (lossless) or typical (Medusa's, lossy), got {acceptance!r}")
     typical = None
     if acceptance == "typical":
-        typical = (float(ctx.option("typical_epsilon", 0.09)), float(ctx.option("typical_delta", 0.3)))
+        typical = (float(ctx.option("typical_epsilon")), float(ctx.option("typical_delta")))
     return MedusaProposer(heads, target.get_output_embeddings(), medusa_tree(ctx, heads.num_heads), typical=typical)
 
 
 def eagle_proposer(ctx: ProposerContext):
     """An EAGLE-1 or EAGLE-3 head from a ``heads`` artefact over the target's features, drafting EAGLE-2's dynamic tree
     (``tree_depth`` levels of ``tree_top_k``, ``tree_nodes`` kept; the default) or a chain of ``draft_length``."""
-    from draftsmith.inference.eagle import load_eagle_head
+    from draftsmith.inference.artefacts.eagle import load_eagle_head
     from draftsmith.inference.proposers.eagle import TREES, EagleProposer
 
     if ctx.artefact_dir is None:
         raise ConfigError("eagle runs from its trained head: pass --artefact DIR (from recipes/eagle.py)")
-    tree = str(ctx.option("tree", "dynamic"))
+    tree = str(ctx.option("tree"))
     if tree not in TREES:
         raise ConfigError(f"--tree {tree}: EAGLE drafts a chain or EAGLE-2's dynamic tree (--tree chain|dynamic)")
     target = ctx.target_model
-    total = str(ctx.option("tree_nodes", 32))
+    total = str(ctx.option("tree_nodes"))
     if total != "auto" and (not total.isdigit() or int(total) < 1):
         raise ConfigError(f"--tree-nodes {total}: EAGLE's dynamic tree keeps a number of tokens (e.g. 32) or auto")
     head = load_eagle_head(ctx.artefact_dir, target)
@@ -270,8 +295,8 @@ def eagle_proposer(ctx: ProposerContext):
         total = AUTO_TREE_TOKENS
         cost = tree_verify_cost(target, total) if tree == "dynamic" else None
     return EagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(),
-                         length=int(ctx.option("draft_length", 5)), tree=tree, depth=int(ctx.option("tree_depth", 5)),
-                         top_k=int(ctx.option("tree_top_k", 8)), total_tokens=int(total), verify_cost=cost)
+                         length=int(ctx.option("draft_length")), tree=tree, depth=int(ctx.option("tree_depth")),
+                         top_k=int(ctx.option("tree_top_k")), total_tokens=int(total), verify_cost=cost)
 
 
 
@@ -279,11 +304,12 @@ def bita_proposer(ctx: ProposerContext):
     """BiTA's mask tokens from an ``embeddings`` artefact; without one (``--method bita``), embeddings started from the
     target's vocabulary and never trained: the "before training" reference. Drafts a chain of the masks' top-1
     tokens (default) or the upper-triangle tree (``--tree triangle``, ``--tree-top-k``)."""
-    from draftsmith.inference.adapter import ModelAdapter
-    from draftsmith.inference.bita import MASK_TOKENS, PROMPT_TOKENS, BitaEmbeddings, load_bita_artefact
+    from draftsmith.inference.artefacts.bita import load_bita_artefact
+    from draftsmith.inference.core.adapter import ModelAdapter
+    from draftsmith.inference.drafters.bita import MASK_TOKENS, PROMPT_TOKENS, BitaEmbeddings
     from draftsmith.inference.proposers.bita import TREES, BitaProposer
 
-    tree = str(ctx.option("tree", "chain"))
+    tree = str(ctx.option("tree"))
     if tree not in TREES:
         raise ConfigError(f"--tree {tree}: BiTA drafts a chain or the upper-triangle tree (--tree chain|triangle)")
     target = ctx.target_model
@@ -292,9 +318,9 @@ def bita_proposer(ctx: ProposerContext):
         embeddings.check_target(target)
     else:
         embeddings = BitaEmbeddings.for_target(target, prompt_tokens=PROMPT_TOKENS, mask_tokens=MASK_TOKENS)
-        embeddings.init_from_target(ModelAdapter(target), seed=int(ctx.option("seed", 0) or 0))
+        embeddings.init_from_target(ModelAdapter(target), seed=int(ctx.option("seed")))
     embeddings.to(target.device)
-    return BitaProposer(embeddings, tree=tree, top_k=int(ctx.option("tree_top_k", 5)))
+    return BitaProposer(embeddings, tree=tree, top_k=int(ctx.option("tree_top_k")))
 
 
 def jacobi_proposer(ctx: ProposerContext):
@@ -303,4 +329,4 @@ def jacobi_proposer(ctx: ProposerContext):
     before consistency training) or a CLLM artefact's fine-tuned model."""
     from draftsmith.inference.proposers.jacobi import JacobiProposer
 
-    return JacobiProposer(block=int(ctx.option("draft_length", 16)), seed=int(ctx.option("seed", 0) or 0))
+    return JacobiProposer(block=int(ctx.option("draft_length")), seed=int(ctx.option("seed")))

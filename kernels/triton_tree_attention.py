@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from draftsmith.kernels.tree_attention import check_shapes
+from draftsmith.kernels.tree_attention_reference import check_shapes
 
 
 @triton.jit

@@ -1,1 +1,2 @@
-"""The draftsmith command line, the recipe runner and the method registry; accelerate and DeepSpeed configs."""
+"""The draftsmith command line (`draftsmith train|eval|export|data|zoo|...`), the recipe runner, and the accelerate
+and DeepSpeed configs (data files, not code)."""

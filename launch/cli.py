@@ -12,6 +12,7 @@ import sys
 
 from draftsmith.common import __version__
 from draftsmith.common.errors import DraftsmithError
+from draftsmith.common.registry import method_commands
 
 SUBCOMMANDS = {
     "zoo": "draftsmith.launch.zoo_cli",
@@ -20,7 +21,7 @@ SUBCOMMANDS = {
     "tune": "draftsmith.launch.tune_cli",
     "export": "draftsmith.launch.export_cli",
     "data": "draftsmith.launch.data_cli",
-    "exit-layer": "draftsmith.launch.exit_cli",
+    "train": "draftsmith.launch.train_cli",
 }
 
 
@@ -29,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="draftsmith", description="Train speculative-decoding drafters and prove they are fast and lossless."
     )
     parser.add_argument("--version", action="version", version=f"draftsmith {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
-    for module in SUBCOMMANDS.values():
+    commands = SUBCOMMANDS | method_commands()  # the generic ones, then those the registry's methods add
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(commands) + "}")
+    for module in commands.values():
         importlib.import_module(module).add_parser(sub)
     return parser
 

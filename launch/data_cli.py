@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import sys
 from pathlib import Path
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import DTYPES
+from draftsmith.common.registry import method_commands
 from draftsmith.common.threads import parse_threads, torch_threads
 
 PROMPT_SOURCES = "a .jsonl/.json/.parquet chat dataset (messages, ShareGPT or Alpaca rows; the last answer is " \
@@ -41,8 +43,8 @@ def _target_and_out(a) -> None:
     a.add_argument("--out", metavar="FILE", required=True, help="output .jsonl; FILE.meta.json goes beside it")
 
 
-def _target_and_prompts(a) -> None:
-    """The options of the commands that run the target on prompts: :func:`_target_and_out` and the prompts."""
+def target_and_prompts(a) -> None:
+    """The options of the commands that run the target on prompts: the target, the output file and the prompts."""
     _target_and_out(a)
     a.add_argument("--prompts", metavar="FILE|SET", required=True, action="append",
                    help=PROMPT_SOURCES + "; repeat it to answer several sets together")
@@ -51,12 +53,13 @@ def _target_and_prompts(a) -> None:
                         "every --prompts set, or repeat it to give one per set in order (all: no cut)")
 
 
-def _machine(a) -> None:
+def machine_options(a, action) -> None:
+    """The device, dtype, threads and progress options, and the function that runs the action ``a``."""
     a.add_argument("--dtype", default="float32", choices=DTYPES, help="weights dtype (default float32)")
     a.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     a.add_argument("--threads", metavar="N", default=None, help="torch CPU threads (default: torch's)")
     a.add_argument("--no-progress", action="store_true", help="no progress bar")
-    a.set_defaults(run=run)
+    a.set_defaults(run=run, action=action)
 
 
 def _sampling(a, temperature: float, top_p: float, unit: str) -> None:
@@ -72,16 +75,17 @@ def _sampling(a, temperature: float, top_p: float, unit: str) -> None:
 def add_parser(sub) -> None:
     p = sub.add_parser("data", help="make training data with the target (self-distillation)",
                        description=__doc__.split("\n\n")[0])
-    actions = p.add_subparsers(dest="data_command", required=True, metavar="{generate,prompts,jacobi}")
+    names = ["generate", "prompts", *method_commands("data_commands")]
+    actions = p.add_subparsers(dest="data_command", required=True, metavar="{" + ",".join(names) + "}")
     g = actions.add_parser("generate", help="answer a prompt set with the target into chat rows (resumable)",
                            description="Regenerate the answers of a prompt set with the target: batched, greedy or "
                                        "sampled, resumable (rerun the same command after a kill).")
-    _target_and_prompts(g)
+    target_and_prompts(g)
     g.add_argument("--batch-size", metavar="B", type=int, default=16, help="sequences per forward (default 16)")
     g.add_argument("--sequential", action="store_true", help="one sequence at a time (--batch-size 1), for comparison")
     g.add_argument("--max-new-tokens", metavar="N", type=int, default=256, help="longest answer in tokens")
     _sampling(g, temperature=0.0, top_p=1.0, unit="row")
-    _machine(g)
+    machine_options(g, run_generate)
     w = actions.add_parser("prompts", help="have the target write user prompts itself (Magpie; resumable)",
                            description="Sample user requests from an instruction-tuned target given only its chat "
                                        "template up to a user turn (Magpie, arXiv:2406.08464): prompts for `data "
@@ -98,25 +102,16 @@ def add_parser(sub) -> None:
                         "rarely writes unprompted: 'tasks' (built in: 12 kinds, writing to translation) or a file, "
                         "one opener per line (default: none, plain Magpie)")
     _sampling(w, temperature=1.0, top_p=0.95, unit="attempt")
-    _machine(w)
-    j = actions.add_parser("jacobi", help="collect the target's Jacobi trajectories (CLLM's data; resumable)",
-                           description="Run greedy Jacobi decoding of --block-token blocks with the target on a prompt "
-                                       "set and record every state of every block to its fixed point: batched, "
-                                       "resumable (rerun the same command after a kill).")
-    _target_and_prompts(j)
-    j.add_argument("--block", metavar="N", type=int, default=16, help="Jacobi block size (default 16, CLLM's)")
-    j.add_argument("--max-new-tokens", metavar="N", type=int, default=256, help="answer tokens per prompt (whole "
-                                                                                "blocks, to the first end-of-sequence)")
-    j.add_argument("--batch-size", metavar="B", type=int, default=8, help="prompts per batch (default 8)")
-    j.add_argument("--seed", metavar="S", type=int, default=0, help="seed of the initial guesses")
-    _machine(j)
+    machine_options(w, run_prompts)
+    for module in method_commands("data_commands").values():  # the methods' own (CLLM's jacobi)
+        importlib.import_module(module).add_parser(actions)
 
 
 # ---------------------------------------------------------------------------------------------------- prompts
 
 
 def _questions(spec: str, limit: int | None) -> tuple[list[str], list[list[dict]]]:
-    from draftsmith.inference.questions import read_questions
+    from draftsmith.inference.evaluation.questions import read_questions
 
     questions = read_questions(spec, limit=limit)
     return [str(q.question_id) for q in questions], [[{"role": "user", "content": q.turns[0]}] for q in questions]
@@ -209,35 +204,16 @@ def run(args: argparse.Namespace) -> int:
     threads = contextlib.nullcontext() if args.threads is None else torch_threads(
         parse_threads(args.threads, "--threads", "pass --threads N with N >= 1, or leave it out"))
     with threads:
-        return {"jacobi": run_jacobi, "prompts": run_prompts}.get(args.data_command, run_generate)(args)
+        return args.action(args)
 
 
-def _target(args: argparse.Namespace):
+def load_data_target(args: argparse.Namespace):
     """The target model (on ``--device``, in ``--dtype``) and its tokenizer."""
-    from draftsmith.common.models import load_model, load_tokenizer, resolve_model_path, tokenizer_dir_for
     from draftsmith.launch.eval_cli import resolve_device
+    from draftsmith.launch.targets import load_target
 
-    target_path = resolve_model_path(args.target)
-    model = load_model(target_path, args.dtype, resolve_device(args.device), what="target").eval()
-    return model, load_tokenizer(args.tokenizer or tokenizer_dir_for(target_path) or target_path)  # a hub id: its own
-
-
-def run_jacobi(args: argparse.Namespace) -> int:
-    from draftsmith.common.models import target_identity
-    from draftsmith.data.chat import build_prompt_ids
-    from draftsmith.data.generation import eos_token_ids, pad_token_id
-    from draftsmith.data.jacobi import collect_trajectories
-
-    ids, prompts, _ = load_prompt_sets(args.prompts, args.limit)
-    model, tokenizer = _target(args)
-    token_ids = [build_prompt_ids(tokenizer, p) for p in prompts]
-    stats = collect_trajectories(model, token_ids, ids, args.out, target=target_identity(model, tokenizer, str(args.target)),
-                                 block=args.block, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                                 eos_ids=eos_token_ids(tokenizer, model.config), batch_size=args.batch_size,
-                                 pad_id=pad_token_id(tokenizer, model.config), progress=not args.no_progress)
-    print(f"{args.out}: {stats['prompts']} prompts, {stats['blocks']} blocks, {stats['updates_per_block']:.2f} Jacobi "
-          f"updates per block, {stats['seconds']:.1f} s")
-    return 0
+    _, model, tokenizer = load_target(args.target, args.tokenizer, dtype=args.dtype, device=resolve_device(args.device))
+    return model, tokenizer
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -245,7 +221,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
     batch_size = 1 if args.sequential else args.batch_size
     ids, prompts, source = load_prompt_sets(args.prompts, args.limit)
-    model, tokenizer = _target(args)
+    model, tokenizer = load_data_target(args)
     stats = generate_answers(model, tokenizer, prompts, args.out, ids=ids, source=source, batch_size=batch_size,
                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                              seed=args.seed, target_name=str(args.target), overwrite=args.overwrite,
@@ -258,7 +234,7 @@ def run_prompts(args: argparse.Namespace) -> int:
     from draftsmith.data.synthetic_prompts import resolve_openers, synthesize_prompts
 
     openers = resolve_openers(args.openers)
-    model, tokenizer = _target(args)
+    model, tokenizer = load_data_target(args)
     stats = synthesize_prompts(model, tokenizer, args.out, count=args.count, batch_size=args.batch_size,
                                max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                                seed=args.seed, min_words=args.min_words, openers=openers,

@@ -20,9 +20,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from draftsmith.data.zoo import load_zoo
-    from draftsmith.inference.adapter import ModelAdapter
-    from draftsmith.inference.draft_length import DraftLengthPolicy
-    from draftsmith.inference.generate import GenerationConfig, generate
+    from draftsmith.inference.core.adapter import ModelAdapter
+    from draftsmith.inference.core.draft_length import DraftLengthPolicy
+    from draftsmith.inference.core.generate import GenerationConfig, generate
     from draftsmith.inference.proposers.draft_model import DraftModelProposer
     from draftsmith.trainers.zoo import ensure_zoo
 

@@ -17,22 +17,15 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from draftsmith.common.errors import ConfigError, DraftsmithError
+from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import DTYPES, load_model, load_tokenizer, tokenizer_dir_for
-from draftsmith.common.registry import REGISTRY, get_method, resolve
+from draftsmith.common.registry import REGISTRY, eval_flags, get_method, resolve
 from draftsmith.common.threads import parse_threads, torch_threads
+from draftsmith.launch.targets import load_target, tokenizer_source, zoo_model_dir
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 DEFAULT_OUT = "eval/report.json"
-# command-line option -> the proposer setting it overrides (None = not given: the artefact's, else the method's)
-PROPOSER_OPTIONS = {"draft_length": "draft_length", "draft_length_mode": "draft_length_mode",
-                    "draft_max_length": "draft_max_length",
-                    "draft_confidence": "confidence_threshold", "pld_tokens": "pld_tokens",
-                    "pld_max_ngram": "pld_max_ngram", "pld_min_ngram": "pld_min_ngram", "pld_length": "pld_length",
-                    "pld_threshold": "pld_threshold", "draft_vocab": "draft_vocab", "tree": "tree",
-                    "tree_nodes": "tree_nodes", "acceptance": "acceptance", "typical_epsilon": "typical_epsilon",
-                    "typical_delta": "typical_delta", "tree_depth": "tree_depth", "tree_top_k": "tree_top_k",
-                    "exit_layer": "exit_layer", "skip_attention": "skip_attention", "skip_mlp": "skip_mlp"}
+DEFAULT_METHOD = "draft"  # what `draftsmith eval` runs with neither --method nor --artefact
 
 
 def add_parser(sub) -> None:
@@ -80,60 +73,7 @@ def add_parser(sub) -> None:
     g.add_argument("--top-k", metavar="K", type=int, default=0, help="top-k sampling (0 = off)")
     g.add_argument("--seed", metavar="S", type=int, default=0)
     g.add_argument("--warmup", metavar="N", type=int, default=1, help="unmeasured warm-up answers before timing")
-    g.add_argument("--draft-length", metavar="K", type=int, default=None,
-                   help="draft tokens per step, a fixed length unless --draft-length-mode says otherwise (default 4, or "
-                        "the artefact's)")
-    g.add_argument("--draft-length-mode", choices=["fixed", "heuristic", "leviathan"], default=None,
-                   help="fixed, grow/shrink heuristic, or Leviathan's expected-speedup optimum (default fixed, or the artefact's)")
-    g.add_argument("--draft-max-length", metavar="K", type=int, default=None,
-                   help="the longest draft the heuristic and Leviathan policies may grow to (default 16, or the artefact's)")
-    g.add_argument("--draft-confidence", metavar="P", type=float, default=None,
-                   help="draft model: stop a draft after a token the draft gives probability < P "
-                        f"(default {get_method('draft').eval_defaults['confidence_threshold']}, or the artefact's; "
-                        "0 = always draft --draft-length tokens)")
-    g.add_argument("--tree", metavar="auto|chain|FILE", default=None,
-                   help="head drafters: medusa's static token tree: auto (grown from the heads' measured "
-                        "accuracies; default), chain (the top-1 of each head) or a JSON file of choice paths; eagle: chain or dynamic (EAGLE-2); "
-                        "pld: chain (one chain voted from the earlier occurrences; default) or dynamic (their candidates as a "
-                        "token tree, at most --pld-tokens nodes)")
-    g.add_argument("--skip-attention", metavar="L,L", default=None,
-                   help="draft-verify: the layers whose attention the draft skips (e.g. 1,3,5)")
-    g.add_argument("--skip-mlp", metavar="L,L", default=None, help="draft-verify: the layers whose MLP the draft skips")
-    g.add_argument("--exit-layer", metavar="E", type=int, default=None,
-                   help="early-exit: draft with the target's first E layers (LayerSkip self-speculation)")
-    g.add_argument("--tree-nodes", metavar="N|auto", default=None,
-                   help="nodes of the auto tree (medusa; auto = the count with the best predicted speedup on this "
-                        "target's measured verification cost) or the dynamic tree's total tokens (eagle; auto = chosen each "
-                        "step from the draft's path probabilities and the measured cost, up to 64) (default 32)")
-    g.add_argument("--tree-depth", metavar="D", type=int, default=None,
-                   help="eagle --tree dynamic: levels the head expands (default 5)")
-    g.add_argument("--tree-top-k", metavar="K", type=int, default=None,
-                   help="eagle --tree dynamic: nodes expanded per level and children per node (default 8)")
-    g.add_argument("--acceptance", choices=("exact", "typical"), default=None,
-                   help="head drafters: exact (default, lossless) or typical (Medusa's typical acceptance: LOSSY under "
-                        "sampling, labelled so in the report)")
-    g.add_argument("--typical-epsilon", metavar="E", type=float, default=None, help="typical acceptance: epsilon (0.09)")
-    g.add_argument("--typical-delta", metavar="D", type=float, default=None, help="typical acceptance: delta (0.3)")
-    g.add_argument("--draft-vocab", choices=("auto", "full"), default=None,
-                   help="draft model: auto = draft only among the tokens of the draft's config.draft_vocab when it "
-                        "has one (a cheaper LM head; the zoo's smollm2 draft has 8,192), full = the whole vocabulary")
-    pld = get_method("pld").eval_defaults
-    g.add_argument("--pld-tokens", metavar="N", type=int, default=None,
-                   help=f"prompt lookup: longest draft, tokens copied per step (default {pld['pld_tokens']})")
-    g.add_argument("--pld-max-ngram", metavar="N", type=int, default=None,
-                   help=f"prompt lookup: longest n-gram matched, tried first (default {pld['pld_max_ngram']})")
-    g.add_argument("--pld-min-ngram", metavar="N", type=int, default=None,
-                   help=f"prompt lookup: shortest n-gram matched (default {pld['pld_min_ngram']}; 1 also copies after a "
-                        "lone matching token)")
-    g.add_argument("--pld-length", choices=["adaptive", "fixed", "cost"], default=None,
-                   help="prompt lookup: from how often copies are accepted, the draft size that commits the most tokens "
-                        "per second on the target's verification cost, measured at the start (cost), or the longest draft "
-                        "whose copies stay above --pld-threshold (adaptive), or always --pld-tokens (fixed) (default "
-                        f"{pld['pld_length']})")
-    g.add_argument("--pld-threshold", metavar="P", type=float, default=None,
-                   help="prompt lookup, --pld-length adaptive: draft a copied token (a tree node) only while its "
-                        f"estimated chance of acceptance is at least P (default {pld['pld_threshold']}; lower where "
-                        "verifying more tokens is cheap, e.g. on a GPU)")
+    add_method_options(p)
     g = p.add_argument_group("output")
     g.add_argument("--compare", choices=["hf"], default=None, help="also run transformers' assisted generation and prompt lookup")
     g.add_argument("--out", metavar="FILE", default=None, help=f"report JSON path; .md and .png files go beside it (default {DEFAULT_OUT}); while it runs, "
@@ -148,6 +88,21 @@ def add_parser(sub) -> None:
     g.add_argument("--positions", metavar="N", type=int, default=3, help="generated positions tested by --check-distribution")
     g.add_argument("--prompts", metavar="N", type=int, default=2, help="questions (first turns) used by --check-distribution")
     p.set_defaults(run=run)
+
+
+def add_method_options(p: argparse.ArgumentParser) -> None:
+    """One flag per evaluation option the registered methods declare (``MethodSpec.eval_options``); each defaults to
+    None (not given: the artefact's setting, else the method's declared default)."""
+    g = p.add_argument_group("method options (declared by each method's registry entry)")
+    for name, merged in eval_flags().items():
+        opt = merged.option
+        g.add_argument(opt.cli_flag, dest=name, type=opt.type, default=None, choices=merged.choices,
+                       metavar=opt.metavar, help=merged.help())
+
+
+def method_options(args: argparse.Namespace) -> dict:
+    """The evaluation options given on the command line (None = not given)."""
+    return {name: getattr(args, name, None) for name in eval_flags()}
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -170,16 +125,6 @@ def threads_context(value):
     return torch_threads(parse_threads(value, "--threads", "pass --threads N with N >= 1, or leave it out"))
 
 
-def load_target(target: str | None, tokenizer: str | None, zoo: str):
-    """``(target_dir, model, tokenizer)`` for a command's ``--target`` / ``--tokenizer`` (default: the zoo's)."""
-    target_dir = Path(target) if target else zoo_paths(zoo, None) / "target"
-    model = load_model(target_dir, "float32", what="target").eval()
-    tok_dir = Path(tokenizer) if tokenizer else tokenizer_dir_for(target_dir)
-    if tok_dir is None:
-        raise ConfigError(f"the target directory {target_dir} holds no tokenizer: pass --tokenizer DIR")
-    return target_dir, model, load_tokenizer(tok_dir)
-
-
 def artefact_target(artefact: str | None, target: str | None) -> str | None:
     """The target a command loads: ``--target`` when given; else, for ``--artefact``, the target its manifest names
     when that can be had here (an existing directory or file, or a named real target such as ``smollm2-135m``);
@@ -187,18 +132,12 @@ def artefact_target(artefact: str | None, target: str | None) -> str | None:
     if target is not None or artefact is None:
         return target
     from draftsmith.data.zoo import zoo_size_for_target
-    from draftsmith.inference.artefact import read_manifest
+    from draftsmith.inference.artefacts.manifest import read_manifest
 
     name = (read_manifest(artefact).get("target") or {}).get("name_or_path")
     if name and (Path(name).exists() or zoo_size_for_target(name) is not None):
         return str(name)
     return None
-
-
-def zoo_paths(size: str, home: str | None) -> Path:
-    from draftsmith.trainers.zoo import ensure_zoo
-
-    return Path(ensure_zoo(size, home=home))
 
 
 @contextlib.contextmanager
@@ -246,46 +185,42 @@ def setup(args: argparse.Namespace):
         raise ConfigError(f"--draft-length must be at least 1, got {args.draft_length}")
     device = resolve_device(args.device)
     target_name = artefact_target(args.artefact, args.target)
-    zoo = zoo_paths(args.zoo, args.home) if target_name is None else None
-    target_dir = zoo / "target" if zoo is not None else Path(target_name)
-    own_zoo = default_draft_zoo(args, target_name)
-    if own_zoo is not None:
-        zoo = zoo_paths(own_zoo, args.home)
     attention = None
     if getattr(args, "tree_attention", "mask") == "kernel":
         from draftsmith.kernels.tree_attention import register_tree_attention
 
         attention = register_tree_attention()
-    target = load_model(target_dir, args.dtype, device, what="target", attn_implementation=attention).eval()
-    tok_dir = Path(args.tokenizer) if args.tokenizer else tokenizer_dir_for(target_dir)
-    if tok_dir is None:
-        raise DraftsmithError(f"the target directory {target_dir} holds no tokenizer: pass --tokenizer DIR")
-    tokenizer = load_tokenizer(tok_dir)
-    info = {"target": str(target_dir), "tokenizer": str(tok_dir), "draft": None, "draft_model": None, "manifest": None}
-    options = {setting: getattr(args, flag) for flag, setting in PROPOSER_OPTIONS.items()}
+    target_dir, target, tokenizer = load_target(target_name, args.tokenizer, args.zoo, home=args.home, dtype=args.dtype,
+                                                device=device, attn_implementation=attention)
+    own_zoo = default_draft_zoo(args, target_name)
+    zoo_draft = zoo_model_dir(own_zoo or args.zoo, "draft", args.home) if own_zoo or target_name is None else None
+    info = {"target": str(target_dir), "tokenizer": tokenizer_source(target_dir, args.tokenizer), "draft": None,
+            "draft_model": None, "manifest": None}
+    options = method_options(args)
     if args.draft_length is not None and args.draft_length_mode is None:
         options["draft_length_mode"] = "fixed"  # --draft-length K drafts K tokens, whatever policy an artefact was tuned to
 
     if args.artefact:
-        from draftsmith.inference.artefact import adapted_target, load_artefact, read_manifest
+        from draftsmith.inference.artefacts.manifest import adapted_target, read_manifest
+        from draftsmith.inference.methods import load_artefact
 
         verified = adapted_target(args.artefact, read_manifest(args.artefact), target)  # target, or target + LoRA
         proposer, manifest = load_artefact(args.artefact, verified, tokenizer,
                                            allow_target_mismatch=args.allow_target_mismatch, **options)
         info.update(method=manifest["method"], draft=str(args.artefact), manifest=manifest,
-                    draft_model=_draft_model_of(proposer), factory=lambda: proposer,
+                    draft_model=getattr(proposer, "draft_model", None), factory=lambda: proposer,
                     original_target=target if verified is not target else None)
         return verified, tokenizer, info
 
-    method = args.method or "draft"
+    method = args.method or DEFAULT_METHOD
     spec = get_method(method)
-    draft_dir = Path(args.draft) if args.draft else (zoo / "draft" if zoo is not None else None)
+    draft_dir = Path(args.draft) if args.draft else zoo_draft
     if "draft" in spec.models and draft_dir is None:
         raise ConfigError(f"--method {method} needs --draft PATH when --target is given (a draft sharing its tokenizer)")
     if draft_dir is not None and ("draft" in spec.models or args.compare == "hf"):
         info["draft_model"] = load_draft(target, tokenizer, draft_dir, args.dtype, device)
         info["draft"] = str(draft_dir)
-    ctx = ProposerContext(target_model=target, tokenizer=tokenizer, options=options, defaults=spec.eval_defaults,
+    ctx = ProposerContext(target_model=target, method=method, tokenizer=tokenizer, options=options,
                           draft_model=info["draft_model"] if "draft" in spec.models else None)
     build = resolve(spec.proposer)
     info.update(method=method, factory=lambda: build(ctx))
@@ -299,7 +234,7 @@ def default_draft_zoo(args: argparse.Namespace, target_name: str | None) -> str 
     other methods draft without a separate model."""
     from draftsmith.data.zoo import zoo_size_for_target
 
-    if args.artefact or args.draft is not None or args.method not in (None, "draft"):
+    if args.artefact or args.draft is not None or "draft" not in get_method(args.method or DEFAULT_METHOD).models:
         return None
     return zoo_size_for_target(target_name)
 
@@ -316,18 +251,12 @@ def load_draft(target, tokenizer, draft_dir: Path, dtype: str, device: str):
     return draft
 
 
-def _draft_model_of(proposer):
-    """The separate draft model a proposer runs, if any (for transformers' assisted generation)."""
-    adapter = getattr(proposer, "adapter", None)
-    return adapter.model if getattr(proposer, "name", "") == "draft" and adapter is not None else None
-
-
 # ---------------------------------------------------------------------------------------------- run
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftsmith.inference.questions import read_questions
-    from draftsmith.inference.sampling import SamplingParams
+    from draftsmith.inference.core.sampling import SamplingParams
+    from draftsmith.inference.evaluation.questions import read_questions
 
     with _short_warnings(), threads_context(args.threads):
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -347,10 +276,10 @@ def journal_settings(args: argparse.Namespace) -> dict:
 
 
 def run_eval(args, target, tokenizer, info, questions, sampling) -> int:
-    from draftsmith.inference.evaluator import evaluate
-    from draftsmith.inference.journal import EvalJournal, journal_path
-    from draftsmith.inference.questions import resolve_questions_path
-    from draftsmith.inference.report import summary_table, write_report
+    from draftsmith.inference.evaluation.evaluator import evaluate
+    from draftsmith.inference.evaluation.journal import EvalJournal, journal_path
+    from draftsmith.inference.evaluation.questions import resolve_questions_path
+    from draftsmith.inference.evaluation.report import summary_table, write_report
 
     extra = {}
     if info["manifest"] is not None:
@@ -395,15 +324,15 @@ def run_distribution_check(args, target, tokenizer, info, questions, sampling) -
     import json
 
     from draftsmith.common.io import atomic_write_text
-    from draftsmith.inference.distribution import check_distribution
-    from draftsmith.inference.runs import chat_prompt_ids
-    from draftsmith.inference.sampling import SamplingParams
+    from draftsmith.inference.core.sampling import SamplingParams
+    from draftsmith.inference.evaluation.distribution import check_distribution
+    from draftsmith.inference.evaluation.runs import chat_prompt_ids
 
     notes = []
     if sampling.greedy:
         sampling = SamplingParams(temperature=1.0, top_k=args.top_k, top_p=args.top_p)
         notes.append("--temperature 0 is greedy; the distribution check ran at temperature 1.0")
-    from draftsmith.inference.adapter import ModelAdapter
+    from draftsmith.inference.core.adapter import ModelAdapter
 
     max_prompt = max(1, ModelAdapter(target).max_positions - args.positions)
     prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q.turns[0]}])[-max_prompt:] for q in questions[: args.prompts]]

@@ -6,7 +6,7 @@
 
 Answers held-out calibration prompts with the target (greedy), measures every layer's top-1 agreement with the
 full model along those answers and the cost of drafting through each exit, predicts the speedup of every (exit
-layer, draft length) and prints the best (:mod:`draftsmith.inference.exit_layer`); then run it with
+layer, draft length) and prints the best (:mod:`draftsmith.inference.evaluation.exit_layer`); then run it with
 ``draftsmith eval --method early-exit --exit-layer E --draft-length K``.
 """
 
@@ -42,9 +42,9 @@ def calibration_sequences(target, tokenizer, questions, max_new_tokens: int) -> 
     """Each question's chat prompt followed by the target's greedy answer, and where each answer starts."""
     import torch
 
-    from draftsmith.inference.adapter import ModelAdapter
-    from draftsmith.inference.generate import GenerationConfig, generate
-    from draftsmith.inference.runs import chat_prompt_ids
+    from draftsmith.inference.core.adapter import ModelAdapter
+    from draftsmith.inference.core.generate import GenerationConfig, generate
+    from draftsmith.inference.evaluation.runs import chat_prompt_ids
 
     adapter = ModelAdapter(target)
     eos = tokenizer.eos_token_id
@@ -61,8 +61,9 @@ def calibration_sequences(target, tokenizer, questions, max_new_tokens: int) -> 
 
 def run(args: argparse.Namespace) -> int:
     from draftsmith.common.io import atomic_write_json
-    from draftsmith.inference.exit_layer import choose_exit
-    from draftsmith.launch.eval_cli import load_target, threads_context
+    from draftsmith.inference.evaluation.exit_layer import choose_exit
+    from draftsmith.launch.eval_cli import threads_context
+    from draftsmith.launch.targets import load_target
     from draftsmith.launch.tune_cli import calibration_questions
 
     if args.prompts < 1 or args.max_new_tokens < 1:
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     with threads_context(args.threads):
         target_arg = args.target
         if args.artefact:
-            from draftsmith.inference.artefact import WEIGHT_PATHS, read_manifest
+            from draftsmith.inference.artefacts.manifest import WEIGHT_PATHS, read_manifest
 
             if read_manifest(args.artefact).get("kind") != "adapted_target":
                 raise ConfigError(f"{args.artefact} does not hold an adapted target: --artefact takes a LayerSkip "
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         atomic_write_json(Path(args.out), record)
     if args.artefact:
-        from draftsmith.inference.artefact import read_manifest
+        from draftsmith.inference.artefacts.manifest import read_manifest
 
         manifest = read_manifest(args.artefact)
         manifest["proposer"].update(exit_layer=record["chosen"]["exit_layer"],

@@ -28,6 +28,7 @@ from draftsmith.common.io import sha256_file
 from draftsmith.common.models import load_model, load_tokenizer, target_identity
 from draftsmith.common.registry import MethodSpec, get_method, resolve
 from draftsmith.launch.recipe_args import RecipeArguments, parse_recipe_args
+from draftsmith.launch.targets import tokenizer_source, zoo_model_dir
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"  # the Trainer writes it last: a checkpoint without it is incomplete
@@ -53,25 +54,19 @@ def resolve_models(args: RecipeArguments, spec: MethodSpec) -> dict[str, str]:
     is given."""
     needs_draft = "draft" in spec.models
     if args.target is None:
-        from draftsmith.trainers.zoo import ensure_zoo
-
-        home = ensure_zoo(args.zoo_size)
-        paths = {"tokenizer": str(home / "tokenizer"), "target": str(home / "target")}
-        return paths | ({"draft": str(home / "draft")} if needs_draft else {})
+        roles = ("tokenizer", "target", "draft") if needs_draft else ("tokenizer", "target")
+        return {role: str(zoo_model_dir(args.zoo_size, role)) for role in roles}
     from draftsmith.data.zoo import zoo_size_for_target
 
     own_zoo = zoo_size_for_target(args.target)
+    paths = {"tokenizer": args.tokenizer, "target": args.target}  # tokenizer None: the target's own
     if needs_draft and args.draft is None and own_zoo is not None:  # a named real target: its zoo's draft
-        from draftsmith.trainers.zoo import ensure_zoo
-
-        paths = {"tokenizer": args.tokenizer or args.target, "target": args.target}
-        return paths | {"draft": str(ensure_zoo(own_zoo) / "draft")}
+        return paths | {"draft": str(zoo_model_dir(own_zoo, "draft"))}
     if needs_draft and args.draft is None:
         raise ConfigError(f"--target was given without --draft: {spec.name} trains a separate draft model; pass the "
                           "draft to start from")
     if not needs_draft and args.draft is not None:
         raise ConfigError(f"--draft was given but {spec.name} trains no separate draft model: drop --draft")
-    paths = {"tokenizer": args.tokenizer or args.target, "target": args.target}
     return paths | ({"draft": args.draft} if needs_draft else {})
 
 
@@ -200,7 +195,7 @@ def manifest_metrics(final: dict[str, float], train_loss: float | None) -> dict[
 
 
 def artefact_weights(trainer, kind: str, tokenizer) -> dict[str, Any]:
-    """What :func:`draftsmith.inference.artefact.write_weights` needs for ``kind``, gathered from the trainer
+    """What :func:`draftsmith.inference.artefacts.manifest.write_weights` needs for ``kind``, gathered from the trainer
     (collective under ZeRO-3: call on every process)."""
     state_dict = trainer.accelerator.get_state_dict(trainer.model_wrapped)
     module = trainer.accelerator.unwrap_model(trainer.model_wrapped)
@@ -222,7 +217,7 @@ def artefact_weights(trainer, kind: str, tokenizer) -> dict[str, Any]:
 def save_artefact(trainer, spec: MethodSpec, out: Path, *, method_config, target_model, tokenizer, target_name: str,
                   training: dict, metrics: dict) -> dict | None:
     """Write the method's artefact (weights of its kind + manifest); only the main process writes."""
-    from draftsmith.inference.artefact import WEIGHT_PATHS, write_artefact
+    from draftsmith.inference.artefacts.manifest import WEIGHT_PATHS, write_artefact
 
     weights = artefact_weights(trainer, spec.artefact_kind, tokenizer)
     manifest = None
@@ -245,10 +240,11 @@ def evaluate_artefact(artefact: Path, target_model, tokenizer, args: RecipeArgum
     """Evaluate the artefact (loaded exactly as ``draftsmith eval --artefact`` loads it) and, when given, the
     method before training (the same proposer settings with the draft as it was); print the summary and the tau
     ratio. Returns the reports by name."""
-    from draftsmith.inference.artefact import adapted_target, load_artefact, read_manifest
-    from draftsmith.inference.evaluator import evaluate
-    from draftsmith.inference.questions import read_questions
-    from draftsmith.inference.report import summary_table, write_report
+    from draftsmith.inference.artefacts.manifest import adapted_target, read_manifest
+    from draftsmith.inference.evaluation.evaluator import evaluate
+    from draftsmith.inference.evaluation.questions import read_questions
+    from draftsmith.inference.evaluation.report import summary_table, write_report
+    from draftsmith.inference.methods import load_artefact
 
     questions = read_questions(None, limit=args.eval_limit)
     verified = adapted_target(artefact, read_manifest(artefact), target_model)  # the target, or target + LoRA
@@ -303,7 +299,7 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
     transformers.set_seed(targs.seed)
     with targs.main_process_first(desc="building the zoo"):  # one process builds a missing zoo, the others wait
         paths = resolve_models(recipe, spec)
-    tokenizer = load_tokenizer(paths["tokenizer"])
+    tokenizer = load_tokenizer(tokenizer_source(paths["target"], paths["tokenizer"]))
     models = load_models(paths, recipe, method_config)
     train, heldout, data_info = load_data(recipe, tokenizer, targs.seed)
     check_target_answers(recipe, method_config, models["target"], tokenizer, paths["target"], data_info)
@@ -311,8 +307,7 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
     result = trainer.train(resume_from_checkpoint=resolve_resume(targs.resume_from_checkpoint, targs.output_dir))
     metrics = manifest_metrics(final_eval_metrics(trainer), result.training_loss)
     training = {
-        "config": {"recipe": asdict(recipe), method: method_config.to_dict() if hasattr(method_config, "to_dict")
-                   else asdict(method_config),
+        "config": {"recipe": asdict(recipe), method: asdict(method_config),
                    "training_args": {k: v for k, v in targs.to_dict().items() if "token" not in k}},
         "seed": targs.seed,
         "steps": trainer.state.global_step,

@@ -8,7 +8,7 @@ the evaluation sets), predicts every draft length policy (fixed, grow/shrink heu
 confidence threshold with the measured cost model, measures
 the best predicted ones against plain decoding and writes the winner into the artefact's manifest
 (``proposer``) with the runner-up and all figures (``tuning``). ``draftsmith eval --artefact`` then uses it.
-See :mod:`draftsmith.inference.tune`.
+See :mod:`draftsmith.inference.evaluation.tune`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def add_parser(sub) -> None:
 def calibration_questions(n: int, seed: int = 0):
     """``n`` single-turn questions from the held-out split of the shipped corpus, an equal share per source."""
     from draftsmith.data.corpus import load_corpus
-    from draftsmith.inference.questions import Question
+    from draftsmith.inference.evaluation.questions import Question
 
     rows = [r for r in load_corpus("heldout") if "messages" in r]
     by_source: dict[str, list[dict]] = {}
@@ -63,12 +63,18 @@ def calibration_questions(n: int, seed: int = 0):
 def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new_tokens: int = 64,
                   max_length: int = 8, measure_top: int = 2, allow_target_mismatch: bool = False) -> dict:
     """Tune ``artefact`` in place (see the module docstring); returns the tuning record."""
-    from draftsmith.inference.adapter import ModelAdapter
-    from draftsmith.inference.artefact import load_artefact, read_manifest
-    from draftsmith.inference.cost import PADDING_SIZES, CostModel, anchored, loop_curve, measure_verify_samples
-    from draftsmith.inference.evaluator import evaluate
-    from draftsmith.inference.runs import chat_prompt_ids
-    from draftsmith.inference.tune import (
+    from draftsmith.inference.artefacts.manifest import read_manifest
+    from draftsmith.inference.core.adapter import ModelAdapter
+    from draftsmith.inference.evaluation.cost import (
+        PADDING_SIZES,
+        CostModel,
+        anchored,
+        loop_curve,
+        measure_verify_samples,
+    )
+    from draftsmith.inference.evaluation.evaluator import evaluate
+    from draftsmith.inference.evaluation.runs import chat_prompt_ids
+    from draftsmith.inference.evaluation.tune import (
         Prefill,
         choose,
         plain_step_seconds,
@@ -76,11 +82,12 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
         rank_candidates,
         tuning_record,
     )
+    from draftsmith.inference.methods import load_artefact
 
     manifest = read_manifest(artefact)
     profiler, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, draft_length=max_length,
                                 draft_length_mode="fixed", confidence_threshold=0.0)
-    if getattr(profiler, "name", "") != "draft":
+    if getattr(profiler, "draft_model", None) is None:
         raise ArtefactError(f"{artefact} is a {manifest['method']} artefact: draftsmith tune chooses a draft model's "
                             "length and confidence stop; other methods carry their own settings")
     target = ModelAdapter(target_model)
@@ -117,7 +124,7 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
 
 
 def summary_lines(record: dict) -> list[str]:
-    from draftsmith.inference.tune import Candidate
+    from draftsmith.inference.evaluation.tune import Candidate
 
     def line(name: str, c: dict | None) -> str:
         if not c:
@@ -131,7 +138,8 @@ def summary_lines(record: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftsmith.launch.eval_cli import artefact_target, load_target, threads_context
+    from draftsmith.launch.eval_cli import artefact_target, threads_context
+    from draftsmith.launch.targets import load_target
 
     if args.prompts < 1 or args.max_new_tokens < 1 or args.max_length < 1:
         raise ConfigError("--prompts, --max-new-tokens and --max-length must be at least 1")

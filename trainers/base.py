@@ -18,6 +18,9 @@ embeddings) beside a frozen target, and does once what each of those methods wou
 - loss tokens are counted and logged (``trained_tokens``), resumed runs continue the count;
 - evaluation accumulates sums (e.g. TVD and greedy agreement) that :meth:`eval_metrics` turns into metrics,
   reduced over processes (see :func:`acceptance_metrics`).
+
+The settings and helpers several methods share (target answers, the feature cache, a tuned copy of the target)
+are in :mod:`draftsmith.trainers.mixins`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,106 +41,11 @@ from draftsmith.data.generation import (
     sequences_from_generations,
     split_prompts,
 )
-from draftsmith.inference.draft_length import expected_tau
+from draftsmith.inference.core.draft_length import expected_tau
 from draftsmith.trainers.losses import acceptance_from_tvd
 
 TOKENS_LOG_KEY = "trained_tokens"
 BATCH_COLUMNS = ("input_ids", "labels", "attention_mask")
-
-
-ANSWER_MODES = ("target", "fixed")
-
-
-def help_text(text: str) -> dict:
-    """Dataclass field metadata for a method config: the ``--flag`` help the recipe parser shows."""
-    return {"help": text}
-
-
-@dataclass
-class TargetAnswers:
-    """Where a head method trains its answers from (the fields every head method's config shares)."""
-
-    data_mode: str = field(default="target", metadata={"help": "target = train on the target's greedy answers to the "
-                                                               "dataset prompts (self-distillation); fixed = the "
-                                                               "dataset responses as they are."})
-    max_new_tokens: int = field(default=64, metadata={"help": "Tokens the target generates per prompt "
-                                                              "(data_mode=target)."})
-    prompt_tokens: int = field(default=32, metadata={"help": "For plain-text rows, how many leading tokens form the "
-                                                             "prompt the target continues."})
-
-    def check_answers(self) -> None:
-        from draftsmith.common.errors import ConfigError
-
-        if self.data_mode not in ANSWER_MODES:
-            raise ConfigError(f"data_mode={self.data_mode!r} is unknown: choose one of {', '.join(ANSWER_MODES)}")
-        if int(self.max_new_tokens) < 1 or int(self.prompt_tokens) < 1:
-            raise ConfigError("max_new_tokens and prompt_tokens must be >= 1")
-
-
-FEATURE_MODES = ("online", "offline")
-
-
-@dataclass
-class FeatureCache:
-    """Where a method reads the frozen target's hidden states from (the fields every such method's config shares)."""
-
-    features: str = field(default="online", metadata={"help": "online = the frozen target runs in every step; "
-                                                              "offline = its hidden states are computed once, into "
-                                                              "a cache on disk (draftsmith.data.feature_cache), "
-                                                              "reused across epochs and runs."})
-    feature_cache_dir: str = field(default="", metadata={"help": "Offline features: the cache root (default "
-                                                                 "$DRAFTSMITH_HOME/features)."})
-    feature_cache_budget_gb: float = field(default=50.0, metadata={"help": "Offline features: refuse to build a "
-                                                                           "cache larger than this."})
-    feature_cache_dtype: str = field(default="float16", metadata={"help": "Offline features: float16, bfloat16 or "
-                                                                          "float32."})
-
-    def check_features(self) -> None:
-        from draftsmith.common.errors import ConfigError
-
-        if self.features not in FEATURE_MODES:
-            raise ConfigError(f"features={self.features!r} is unknown: choose one of {', '.join(FEATURE_MODES)}")
-
-
-def offline_feature_datasets(config: FeatureCache, target, tokenizer, datasets, layers, training_args,
-                             answer: dict | None = None) -> list:
-    """``datasets`` as :class:`~draftsmith.data.feature_cache.FeatureDataset` of the target's ``layers`` under the
-    configured cache root; the main process builds, the others wait and read."""
-    from pathlib import Path
-
-    from draftsmith.data.feature_cache import CacheSpec, feature_datasets
-    from draftsmith.data.zoo import draftsmith_home
-
-    root = Path(config.feature_cache_dir) if config.feature_cache_dir else draftsmith_home() / "features"
-    spec = CacheSpec(layers=tuple(layers), dtype=config.feature_cache_dtype,
-                     budget_gb=float(config.feature_cache_budget_gb))
-    with training_args.main_process_first(desc="building the feature cache"):
-        return feature_datasets(target, tokenizer, datasets, root, spec, answer)
-
-
-FINETUNE_MODES = ("full", "lora")
-
-
-def tunable_copy(target, finetune: str, lora_r: int, lora_alpha: float):
-    """A copy of ``target`` to fine-tune (the original stays the frozen reference): every weight trainable
-    (``full``), or a peft LoRA model over all its linear layers (``lora``)."""
-    from draftsmith.common.errors import ConfigError
-
-    if finetune not in FINETUNE_MODES or int(lora_r) < 1:
-        raise ConfigError(f"finetune={finetune!r} must be full or lora (with lora_r >= 1)")
-    model = copy.deepcopy(target)
-    if finetune == "full":
-        return model.requires_grad_(True)
-    from peft import LoraConfig, get_peft_model
-
-    lora = LoraConfig(r=int(lora_r), lora_alpha=float(lora_alpha), target_modules="all-linear", bias="none",
-                      task_type="CAUSAL_LM")
-    return get_peft_model(model.requires_grad_(False), lora)
-
-
-def merged_model(model):
-    """The model a fine-tuning run produced: a LoRA model's adapter merged into a copy of its base, or the model."""
-    return copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
 
 
 class FrozenTargetTrainer(transformers.Trainer):
@@ -224,7 +131,8 @@ class FrozenTargetTrainer(transformers.Trainer):
         return {k: v.to(inputs["input_ids"].device) for k, v in batch.items()}
 
     def answers_batch(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """``inputs`` with the target's own answers when the method config (a :class:`TargetAnswers`) says
+        """``inputs`` with the target's own answers when the method config (a
+        :class:`~draftsmith.trainers.mixins.TargetAnswers`) says
         ``data_mode=target``, else unchanged."""
         cfg = self.method_config
         if getattr(cfg, "data_mode", "fixed") == "fixed":

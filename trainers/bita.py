@@ -1,6 +1,6 @@
 """BiTA (Lin et al. 2024): bi-directional tuning of prompt and mask tokens on a frozen target.
 
-Only :class:`~draftsmith.inference.bita.BitaEmbeddings` train: ``virtual_tokens`` prompt tokens (deep per-layer
+Only :class:`~draftsmith.inference.drafters.bita.BitaEmbeddings` train: ``virtual_tokens`` prompt tokens (deep per-layer
 keys/values through peft's ``PrefixEncoder``, the paper's; or plain input embeddings through peft's
 ``PromptEmbedding``) and ``mask_tokens`` mask embeddings. The target's weights never change, so its own greedy
 output is the reference for losslessness.
@@ -24,7 +24,7 @@ Held-out evaluation reports each mask's top-1 accuracy and the chain tau they im
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,8 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.inference.bita import (
+from draftsmith.inference.core.adapter import ModelAdapter
+from draftsmith.inference.core.kv_cache import KVPrefix
+from draftsmith.inference.drafters.bita import (
     MASK_ATTENTION,
     MASK_TOKENS,
     PROMPT_MODES,
@@ -42,10 +43,10 @@ from draftsmith.inference.bita import (
     group_visibility,
     training_layout,
 )
-from draftsmith.inference.kv_cache import KVPrefix
 from draftsmith.inference.proposers.bita import TREES
-from draftsmith.trainers.base import FrozenTargetTrainer, TargetAnswers
-from draftsmith.trainers.base import help_text as _help
+from draftsmith.trainers.base import FrozenTargetTrainer
+from draftsmith.trainers.mixins import TargetAnswers
+from draftsmith.trainers.mixins import help_text as _help
 
 POINTS_KEY = "bita_points"  # [B, G] insertion points of a prepared batch (-1 = none)
 
@@ -77,9 +78,6 @@ class BitaConfig(TargetAnswers):
                 raise ConfigError(f"{name}={value!r} is unknown: choose one of {', '.join(allowed)}")
         if int(self.tree_top_k) < 1:
             raise ConfigError(f"tree_top_k={self.tree_top_k} must be >= 1")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def proposer_settings(self) -> dict[str, Any]:
         return {"tree": self.tree, "tree_top_k": self.tree_top_k}

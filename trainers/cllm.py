@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,27 +42,23 @@ from torch import nn
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.data.collate import IGNORE_INDEX
-from draftsmith.trainers.base import FINETUNE_MODES, FrozenTargetTrainer, merged_model, tunable_copy
-from draftsmith.trainers.base import help_text as _help
+from draftsmith.trainers.base import FrozenTargetTrainer
+from draftsmith.trainers.mixins import AnswerTokens, TunableCopy, check_choice, merged_model, tunable_copy
+from draftsmith.trainers.mixins import help_text as _help
 
 CONSISTENCY = ("global", "local")
 ITEM_KEYS = ("prefix", "state", "next", "fixed")  # a trajectory item's fields
 
 
 @dataclass
-class CllmConfig:
-    """CLLM settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
+class CllmConfig(AnswerTokens, TunableCopy):
+    """CLLM settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments). ``max_new_tokens``: answer
+    tokens collected per prompt, in whole blocks to the first end-of-sequence."""
 
     block: int = field(default=16, metadata=_help("Jacobi block size n (CLLM: 16); also the evaluation's block."))
-    max_new_tokens: int = field(default=64, metadata=_help("Answer tokens collected per prompt (whole blocks, to the "
-                                                           "first end-of-sequence)."))
-    prompt_tokens: int = field(default=32, metadata=_help("For plain-text rows, how many leading tokens form the "
-                                                          "prompt the target continues."))
     consistency: str = field(default="global", metadata=_help("global = every state to the fixed point (eq. 4); local "
                                                               "= each state to the next (eq. 5)."))
     ar_weight: float = field(default=10.0, metadata=_help("Weight of the AR loss on the fixed points (reference: 10)."))
-    finetune: str = field(default="full", metadata=_help("full = every weight of the target's copy trains; lora = a "
-                                                         "peft LoRA adapter (merged into the artefact)."))
     lora_r: int = field(default=32, metadata=_help("finetune=lora: the LoRA rank (reference: 32)."))
     lora_alpha: float = field(default=16.0, metadata=_help("finetune=lora: LoRA alpha (reference: 16)."))
     trajectory_batch_size: int = field(default=8, metadata=_help("Prompts whose Jacobi trajectories are collected "
@@ -71,17 +67,13 @@ class CllmConfig:
                                                                     "(resumable; default: <output_dir>/trajectories)."))
 
     def __post_init__(self) -> None:
-        if min(int(self.block), int(self.max_new_tokens), int(self.prompt_tokens), int(self.trajectory_batch_size)) < 1:
-            raise ConfigError("block, max_new_tokens, prompt_tokens and trajectory_batch_size must be >= 1")
-        if self.consistency not in CONSISTENCY:
-            raise ConfigError(f"consistency={self.consistency!r} is unknown: choose one of {', '.join(CONSISTENCY)}")
+        self.check_answer_tokens()
+        self.check_finetune()
+        if min(int(self.block), int(self.trajectory_batch_size)) < 1:
+            raise ConfigError("block and trajectory_batch_size must be >= 1")
+        check_choice("consistency", self.consistency, CONSISTENCY)
         if float(self.ar_weight) < 0:
             raise ConfigError(f"ar_weight={self.ar_weight} must be >= 0")
-        if self.finetune not in FINETUNE_MODES or int(self.lora_r) < 1:
-            raise ConfigError(f"finetune={self.finetune!r} must be full or lora (with lora_r >= 1)")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def proposer_settings(self) -> dict[str, Any]:
         return {"draft_length": int(self.block)}

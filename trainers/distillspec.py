@@ -27,20 +27,31 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from draftsmith.common.errors import ConfigError, TokenizerMismatchError
+from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import QUANTIZATIONS, check_quantization_available, lm_head_rows
-from draftsmith.data.chat import IGNORE_INDEX
-from draftsmith.data.collate import answer_token_counts, draft_vocab_coverage, response_mask
+from draftsmith.data.collate import response_mask
+from draftsmith.data.draft_vocab import answer_token_counts, draft_vocab_coverage, draft_vocabulary
 from draftsmith.data.feature_cache import features_of
 from draftsmith.inference.proposers.draft_model import draft_vocab_of, vocab_mask
-from draftsmith.trainers.base import FeatureCache, FrozenTargetTrainer, acceptance_metrics, offline_feature_datasets
+from draftsmith.trainers.base import FrozenTargetTrainer, acceptance_metrics
+from draftsmith.trainers.draft_layers import grow_layers
+from draftsmith.trainers.logits import (
+    check_offline_logits,
+    check_same_vocabulary,
+    check_triton_backend,
+    draft_argmax,
+    draft_labels,
+    fused_kernel_blocker,
+    head_rows,
+)
 from draftsmith.trainers.losses import DIVERGENCES, divergence, divergence_per_token, sequence_kd_nll
-from draftsmith.trainers.zoo import grow_layers
+from draftsmith.trainers.mixins import AnswerTokens, FeatureCache, check_choice, offline_feature_datasets
+from draftsmith.trainers.mixins import help_text as _help
 
 DATA_MODES = ("fixed", "target", "onpolicy", "mixed")
 MIXED_WITH = ("fixed", "target")
@@ -50,18 +61,12 @@ LOGITS_VOCABS = ("full", "draft")
 DRAFT_VOCABS = ("keep", "answers")
 REFIT_MIN_COUNT = 2  # a token seen once in the answers ranks below the draft's own vocabulary
 KERNEL_BACKENDS = ("auto", "reference", "triton")
-# config attributes that make the logits more than `last hidden state @ LM head.T (+ bias)`
-LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
 
 logger = logging.getLogger(__name__)
 
 
-def _help(text: str) -> dict:
-    return {"help": text}
-
-
 @dataclass
-class DistillSpecConfig(FeatureCache):
+class DistillSpecConfig(FeatureCache, AnswerTokens):
     """What DistillSpec optimises and on which data. Training-loop settings live in ``TrainingArguments``.
 
     ``features=offline`` (with ``target_signal=logits``, ``data_mode=fixed``) caches the target's final-normed last
@@ -104,13 +109,9 @@ class DistillSpecConfig(FeatureCache):
                                                      "by the draft (GKD's lambda)."))
     mixed_with: str = field(default="fixed", metadata=_help("mixed mode: the off-policy source of the other "
                                                             "batches, fixed (dataset) or target (generated)."))
-    max_new_tokens: int = field(default=64, metadata=_help("Tokens generated per prompt in the target / onpolicy / "
-                                                           "mixed modes."))
     generation_temperature: float = field(default=1.0, metadata=_help("Sampling temperature of those generations "
                                                                       "(0 = greedy)."))
     generation_top_p: float = field(default=1.0, metadata=_help("Nucleus (top-p) cut of those generations, in (0, 1]."))
-    prompt_tokens: int = field(default=32, metadata=_help("For rows trained on every token (plain text), how many "
-                                                          "leading tokens form the prompt when a response is generated."))
     eval_responses: str = field(
         default="dataset",
         metadata=_help("Responses the evaluation (loss, TVD, acceptance) is measured on: dataset = the held-out "
@@ -150,10 +151,8 @@ class DistillSpecConfig(FeatureCache):
                                                                     "(bitsandbytes; needs a CUDA GPU)."))
 
     def __post_init__(self) -> None:
-        if self.divergence not in DIVERGENCES:
-            raise ConfigError(f"divergence={self.divergence!r} is unknown: choose one of {', '.join(DIVERGENCES)}")
-        if self.target_signal not in TARGET_SIGNALS:
-            raise ConfigError(f"target_signal={self.target_signal!r} is unknown: choose one of {', '.join(TARGET_SIGNALS)}")
+        check_choice("divergence", self.divergence, DIVERGENCES)
+        check_choice("target_signal", self.target_signal, TARGET_SIGNALS)
         if self.target_signal == "tokens" and self.data_mode not in ("fixed", "target"):
             raise ConfigError(f"target_signal=tokens learns the target's own answers, which data_mode="
                               f"{self.data_mode} does not give: use data_mode=target, or data_mode=fixed on a "
@@ -161,15 +160,13 @@ class DistillSpecConfig(FeatureCache):
         if self.target_signal == "tokens" and self.use_fused_kernel:
             raise ConfigError("use_fused_kernel fuses the target's logits into the loss, and target_signal=tokens "
                               "has none: leave use_fused_kernel unset")
-        if self.logits_vocab not in LOGITS_VOCABS:
-            raise ConfigError(f"logits_vocab={self.logits_vocab!r} is unknown: choose one of {', '.join(LOGITS_VOCABS)}")
+        check_choice("logits_vocab", self.logits_vocab, LOGITS_VOCABS)
         self.check_features()
         if self.features == "offline" and (self.target_signal != "logits" or self.data_mode != "fixed"):
             raise ConfigError(f"features=offline caches the target's hidden states of fixed rows for its logits, and "
                               f"target_signal={self.target_signal} with data_mode={self.data_mode} needs none: use "
                               "target_signal=logits with data_mode=fixed, or features=online")
-        if self.draft_vocab not in DRAFT_VOCABS:
-            raise ConfigError(f"draft_vocab={self.draft_vocab!r} is unknown: choose one of {', '.join(DRAFT_VOCABS)}")
+        check_choice("draft_vocab", self.draft_vocab, DRAFT_VOCABS)
         if self.draft_vocab == "answers" and not self.trains_on_dataset_as_answers:
             raise ConfigError("draft_vocab=answers refits the vocabulary to the target's own answers: train with "
                               "target_signal=tokens and data_mode=fixed on a `draftsmith data generate` file")
@@ -177,42 +174,28 @@ class DistillSpecConfig(FeatureCache):
             raise ConfigError(f"beta={self.beta} is outside [0, 1]: set a JSD weight between 0 and 1")
         if not float(self.temperature) > 0.0:
             raise ConfigError(f"temperature={self.temperature} must be > 0: use 1.0 for the plain distributions")
-        if self.data_mode not in DATA_MODES:
-            raise ConfigError(f"data_mode={self.data_mode!r} is unknown: choose one of {', '.join(DATA_MODES)}")
+        check_choice("data_mode", self.data_mode, DATA_MODES)
         if not 0.0 <= float(self.lmbda) <= 1.0:
             raise ConfigError(f"lmbda={self.lmbda} is outside [0, 1]: it is the fraction of on-policy batches")
-        if self.mixed_with not in MIXED_WITH:
-            raise ConfigError(f"mixed_with={self.mixed_with!r} is unknown: choose one of {', '.join(MIXED_WITH)}")
-        if int(self.max_new_tokens) < 1:
-            raise ConfigError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        check_choice("mixed_with", self.mixed_with, MIXED_WITH)
+        self.check_answer_tokens()
         if float(self.generation_temperature) < 0.0:
             raise ConfigError(f"generation_temperature={self.generation_temperature} must be >= 0 (0 = greedy)")
         if not 0.0 < float(self.generation_top_p) <= 1.0:
             raise ConfigError(f"generation_top_p={self.generation_top_p} must lie in (0, 1]: use 1.0 for no cut")
-        if int(self.prompt_tokens) < 1:
-            raise ConfigError(f"prompt_tokens={self.prompt_tokens} must be >= 1")
-        if self.eval_responses not in EVAL_RESPONSES:
-            raise ConfigError(f"eval_responses={self.eval_responses!r} is unknown: choose one of "
-                              f"{', '.join(EVAL_RESPONSES)}")
+        check_choice("eval_responses", self.eval_responses, EVAL_RESPONSES)
         if int(self.draft_length) < 1:
             raise ConfigError(f"draft_length={self.draft_length} must be >= 1")
         if self.draft_layers is not None and int(self.draft_layers) < 1:
             raise ConfigError(f"draft_layers={self.draft_layers} must be >= 1 (or unset to keep the draft's depth)")
-        if self.kernel_backend not in KERNEL_BACKENDS:
-            raise ConfigError(f"kernel_backend={self.kernel_backend!r} is unknown: choose one of "
-                              f"{', '.join(KERNEL_BACKENDS)}")
+        check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
         if self.kernel_chunk_size is not None and int(self.kernel_chunk_size) < 1:
             raise ConfigError(f"kernel_chunk_size={self.kernel_chunk_size} must be >= 1 (or unset for the default)")
-        if self.target_quantization not in QUANTIZATIONS:
-            raise ConfigError(f"target_quantization={self.target_quantization!r} is unknown: "
-                              f"choose one of {', '.join(QUANTIZATIONS)}")
+        check_choice("target_quantization", self.target_quantization, QUANTIZATIONS)
         if self.target_quantization != "none":
             check_quantization_available(self.target_quantization)
         if self.kernel_backend == "triton" and self.use_fused_kernel is not False:
             check_triton_backend()
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     @property
     def trains_on_dataset_as_answers(self) -> bool:
@@ -227,7 +210,7 @@ class DistillSpecConfig(FeatureCache):
 
 def build_draft(models: dict, config: DistillSpecConfig):
     """The draft DistillSpec trains: the loaded one, grown to ``config.draft_layers`` layers when that is set
-    (:func:`draftsmith.trainers.zoo.grow_layers`)."""
+    (:func:`draftsmith.trainers.draft_layers.grow_layers`)."""
     draft = models["draft"]
     if config.draft_layers is None or int(config.draft_layers) == draft.config.num_hidden_layers:
         return draft
@@ -235,17 +218,6 @@ def build_draft(models: dict, config: DistillSpecConfig):
     logger.info(f"draft grown from {draft.config.num_hidden_layers} to {config.draft_layers} layers (the target's "
                 f"layers {draft.config.num_hidden_layers}..{int(config.draft_layers) - 1}, residual writers zeroed)")
     return grown
-
-
-def check_triton_backend() -> None:
-    """Raise :class:`ConfigError` unless the Triton kernel can run here (CUDA, or Triton's CPU interpreter)."""
-    from draftsmith.kernels import resolve_backend
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolve_backend("triton", device)
-    except RuntimeError as err:
-        raise ConfigError(f"kernel_backend=triton: {err}") from None
 
 
 # ------------------------------------------------------------------------------------------------------- trainer
@@ -270,7 +242,7 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         self.loss_rows = self._resolve_loss_rows()  # [K] the rows the divergence runs over, or None: all
         self.use_fused_kernel = self._resolve_fused_kernel(model, teacher_model)
         if self.method_config.features == "offline":
-            self._check_offline(teacher_model)
+            check_offline_logits(teacher_model, self._sharded())
         self._micro_step = (-1, 0)  # (global step, micro batch within it) for the mixed-mode coin
 
     @classmethod
@@ -296,18 +268,9 @@ class DistillSpecTrainer(FrozenTargetTrainer):
                               "proposes every token (no config.draft_vocab): use logits_vocab=full")
         return self.draft_ids
 
-    def _check_offline(self, teacher_model) -> None:
-        """Refuse ``features=offline`` where the cached hidden state through the LM head is not the target's logits."""
-        transform = logit_transform(teacher_model.config)
-        if transform:
-            raise ConfigError(f"features=offline takes the target's logits as its cached last hidden state through its "
-                              f"LM head, and the target also applies {transform}: use features=online")
-        if self._sharded():
-            raise ConfigError("features=offline reads the target's LM head outside its forward, which ZeRO-3 and FSDP "
-                              "shard: use ZeRO-2 / DDP, or features=online")
-
     def _refit_draft_vocab(self, model) -> torch.Tensor:  # [K]
-        """``draft_vocab=answers``: the draft's vocabulary refitted to the training answers (:func:`refit_vocab`),
+        """``draft_vocab=answers``: the draft's vocabulary refitted, at its size, to the training answers (special
+        tokens always in; :func:`~draftsmith.data.draft_vocab.draft_vocabulary` with the current vocabulary),
         written to ``model.config.draft_vocab`` (the artefact's draft carries it); its held-out coverage before and
         after goes to the manifest."""
         if self.draft_ids is None:
@@ -315,7 +278,8 @@ class DistillSpecTrainer(FrozenTargetTrainer):
                               "whole vocabulary (no config.draft_vocab): use draft_vocab=keep")
         specials = list(getattr(self.processing_class, "all_special_ids", None) or [])
         counts = answer_token_counts(self.train_dataset, self.vocab_size)  # [V]
-        new = refit_vocab(counts, self.draft_ids, int(self.draft_ids.numel()), specials)
+        new = draft_vocabulary(counts, int(self.draft_ids.numel()), specials, current=self.draft_ids,
+                               min_count=REFIT_MIN_COUNT)  # [K]
         before, after = (vocab_mask(ids.cpu(), self.vocab_size) for ids in (self.draft_ids, new))
         self.vocab_record = {"draft_vocab": "answers", "draft_vocab_size": int(new.numel()),
                              "draft_vocab_replaced": int((after & ~before).sum()),
@@ -328,24 +292,12 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         model.config.draft_vocab = new.tolist()
         return new
 
-    def fused_kernel_blocker(self, model, teacher_model) -> str | None:
-        """Why the fused kernel cannot compute this loss exactly, or None when it can."""
-        if self._sharded():
-            return "needs the draft's LM head unsharded, which ZeRO-3 and FSDP do not give: use ZeRO-2 / DDP"
-        for who, m in (("draft", model), ("target", teacher_model)):
-            transform = logit_transform(m.config)
-            if transform:
-                return f"computes logits as hidden @ LM head, but the {who} also applies {transform}"
-        if getattr(teacher_model, "is_quantized", False):
-            return "needs the target's LM head in floating point, and the target is quantized"
-        return None
-
     def _resolve_fused_kernel(self, model, teacher_model) -> bool:
         """``use_fused_kernel``: true = required, false = off, unset = on wherever it applies."""
         requested = self.method_config.use_fused_kernel
         if requested is False or self.method_config.target_signal == "tokens":
             return False
-        blocker = self.fused_kernel_blocker(model, teacher_model)
+        blocker = fused_kernel_blocker(model, teacher_model, self._sharded())
         if requested and blocker:
             raise ConfigError(f"use_fused_kernel {blocker}: set use_fused_kernel=false (or leave it unset)")
         if blocker:
@@ -492,63 +444,3 @@ class DistillSpecTrainer(FrozenTargetTrainer):
 
     def manifest_training(self) -> dict[str, Any]:
         return {"fused_kernel": self.use_fused_kernel, **self.vocab_record}
-
-
-def refit_vocab(counts: torch.Tensor, current: torch.Tensor, size: int, always: list[int] = (),
-                min_count: int = REFIT_MIN_COUNT) -> torch.Tensor:  # [V], [K] -> [size'] ascending
-    """A draft vocabulary of ``size`` tokens fitted to answer-token ``counts``: ``always`` (special tokens), then
-    the tokens seen at least ``min_count`` times, most frequent first, then the ``current`` vocabulary's tokens
-    (the rarer answer tokens first), then the rest by count; ties by id. Rarer answer tokens are a noisy sample,
-    so below ``min_count`` the current vocabulary (fitted on more text) ranks first."""
-    counts = counts.cpu()
-    inside = vocab_mask(current.cpu(), counts.numel())
-    frequent = counts >= min_count
-    order = sorted(range(counts.numel()), key=lambda i: (not frequent[i], -int(counts[i]) if frequent[i] else 0,
-                                                         not inside[i], -int(counts[i]), i))
-    keep = list(dict.fromkeys([*(int(t) for t in always if 0 <= int(t) < counts.numel()), *order]))[:max(size, len(always))]
-    return torch.tensor(sorted(keep), dtype=torch.long)
-
-
-def draft_labels(labels: torch.Tensor, rows: torch.Tensor, vocab_size: int) -> torch.Tensor:  # [N], [K] -> [N]
-    """Target token ids as indices into the draft's vocabulary ``rows``; a token outside it becomes -100."""
-    index = torch.full((vocab_size,), IGNORE_INDEX, dtype=torch.long, device=labels.device)
-    index[rows] = torch.arange(rows.numel(), device=labels.device)
-    return index[labels]
-
-
-def draft_argmax(logits: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:  # [N, V] -> [N]
-    """The token the draft proposes greedily: the argmax over its vocabulary ``rows`` (all tokens when None)."""
-    if rows is None:
-        return logits.argmax(-1)
-    rows = rows.to(logits.device)
-    return rows[logits[:, rows].argmax(-1)]
-
-
-def check_same_vocabulary(draft, target) -> None:
-    """Refuse to distil a draft whose vocabulary differs from the target's (inference refuses to run it)."""
-    v_draft, v_target = lm_head_rows(draft), lm_head_rows(target)
-    if v_draft != v_target:
-        raise TokenizerMismatchError(
-            f"the draft has a vocabulary of {v_draft} tokens but the target has {v_target}: a draft must use the "
-            "target's tokenizer (train or pick a draft from the same tokenizer family)")
-
-
-def logit_transform(config) -> str | None:
-    """The config attribute (e.g. Gemma's final_logit_softcapping) that post-processes the LM head output, if any."""
-    for name in LOGIT_TRANSFORMS:
-        value = getattr(config, name, None)
-        if value not in (None, 1, 1.0, 0, 0.0, False):
-            return f"{name}={value}"
-    return None
-
-
-def head_rows(head, vocab: int, rows: torch.Tensor | None = None,
-              dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:  # [V|K, H], [V|K]
-    """An LM head's weight and bias (None without one) restricted to ``rows`` (token ids), or to the first ``vocab``
-    rows when ``rows`` is None (a padded head's extra rows are no tokens), optionally cast to ``dtype``."""
-    pick = (lambda t: t[:vocab]) if rows is None else (lambda t: t[rows.to(t.device)])
-    weight, bias = pick(head.weight), getattr(head, "bias", None)
-    bias = None if bias is None else pick(bias)
-    if dtype is not None:
-        weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
-    return weight, bias

@@ -3,7 +3,7 @@ features.
 
 For a training sequence ``x_0 .. x_{T-1}`` the frozen target gives its features ``f_t`` (final-normed last hidden
 states) and next-token distributions ``p_{t+1} = softmax(LMHead(f_t))``; the features are computed inside the
-training step (*online*: no disk). The head (:class:`draftsmith.inference.eagle.EagleHead`) reads
+training step (*online*: no disk). The head (:class:`draftsmith.inference.drafters.eagle.EagleHead`) reads
 ``[E(x_{t+1}); f_t + u]`` at position ``t`` and predicts ``f^_{t+1}``; ``u ~ U(-noise, noise)`` per element is the
 paper's noise augmentation (0.1; training only), which makes the head robust to its own feature errors when it
 drafts on its own outputs. Loss (EAGLE sec. 4, eqs. 2-4)::
@@ -18,7 +18,7 @@ over those positions of the accumulation window. The training data is the target
 the dataset's responses. Evaluation reports the held-out top-1 agreement of the head's next token with the
 target's (the acceptance proxy of the first draft step) and logs it to TensorBoard.
 
-EAGLE-3 (``variant=eagle3``, :class:`draftsmith.inference.eagle.Eagle3Head`) fuses three target layers, drops the
+EAGLE-3 (``variant=eagle3``, :class:`draftsmith.inference.drafters.eagle.Eagle3Head`) fuses three target layers, drops the
 feature regression and trains on tokens alone, with the target's distribution over the draft vocabulary as the
 label, through the *training-time test*: the head is unrolled ``ttt_steps`` times, step ``j`` reading at anchor
 ``t`` the token ``x_{t+1+j}`` and its own step ``j-1`` output (step 0: ``g_t = fc(target features)``), at position
@@ -36,7 +36,7 @@ the anchors whose ``x_{t+2+j}`` is a response token. Evaluation logs the top-1 a
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,11 +44,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.data.collate import answer_token_counts, draft_vocab_coverage
+from draftsmith.data.draft_vocab import answer_token_counts, draft_vocab_coverage
 from draftsmith.data.feature_cache import features_of
-from draftsmith.inference.eagle import Eagle3Head, EagleHead, GrowingCache, aux_layers, draft_vocab
-from draftsmith.trainers.base import FeatureCache, FrozenTargetTrainer, TargetAnswers, offline_feature_datasets
-from draftsmith.trainers.base import help_text as _help
+from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, GrowingCache, aux_layers, draft_vocab
+from draftsmith.trainers.base import FrozenTargetTrainer
+from draftsmith.trainers.mixins import FeatureCache, TargetAnswers, offline_feature_datasets
+from draftsmith.trainers.mixins import help_text as _help
 
 VARIANTS = ("eagle1", "eagle3")
 COVERAGE_WARNING = 0.97  # EAGLE-3: warn below this share of held-out answer tokens inside the draft vocabulary
@@ -102,9 +103,6 @@ class EagleConfig(TargetAnswers, FeatureCache):
             raise ConfigError("draft_length and the tree sizes must be >= 1")
         if self.tree not in ("chain", "dynamic"):
             raise ConfigError(f"tree={self.tree!r} is unknown: choose chain or dynamic")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def proposer_settings(self) -> dict[str, Any]:
         return {"draft_length": int(self.draft_length), "tree": self.tree, "tree_depth": int(self.tree_depth),

@@ -29,7 +29,7 @@ towards the first: ``C = 1`` once ``t / T >= f * (L - l) / L`` (all enabled from
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,9 +37,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.trainers.base import FrozenTargetTrainer, TargetAnswers, merged_model, tunable_copy
-from draftsmith.trainers.base import help_text as _help
+from draftsmith.inference.core.adapter import ModelAdapter
+from draftsmith.trainers.base import FrozenTargetTrainer
+from draftsmith.trainers.mixins import TargetAnswers, TunableCopy, check_choice, merged_model, tunable_copy
+from draftsmith.trainers.mixins import help_text as _help
 
 DROPOUT_SHAPES = ("exp", "linear", "uniform")
 DROPOUT_TIMES = ("constant", "increasing")
@@ -47,7 +48,7 @@ CURRICULA = ("rotational", "gradual", "all")
 
 
 @dataclass
-class LayerSkipConfig(TargetAnswers):
+class LayerSkipConfig(TargetAnswers, TunableCopy):
     """LayerSkip settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
 
     data_mode: str = field(default="fixed", metadata=_help("fixed = the dataset as it is (continual pretraining on "
@@ -62,32 +63,22 @@ class LayerSkipConfig(TargetAnswers):
     rotation: int = field(default=4, metadata=_help("Rotational curriculum: R, every R-th exit enabled per step."))
     gradual_fraction: float = field(default=0.5, metadata=_help("Gradual curriculum: all exits enabled after this "
                                                                 "fraction of the steps."))
-    finetune: str = field(default="full", metadata=_help("full = every weight of the copy trains; lora = a peft LoRA "
-                                                         "adapter on every linear layer (merged into the artefact)."))
-    lora_r: int = field(default=16, metadata=_help("finetune=lora: the LoRA rank."))
-    lora_alpha: float = field(default=32.0, metadata=_help("finetune=lora: LoRA alpha."))
     exit_layer: int = field(default=0, metadata=_help("Evaluation: the exit layer E that drafts (0 = a quarter of "
                                                       "the layers)."))
     draft_length: int = field(default=4, metadata=_help("Evaluation: tokens drafted per step."))
 
     def __post_init__(self) -> None:
         self.check_answers()
+        self.check_finetune()
         if not 0.0 <= float(self.dropout_max) < 1.0:
             raise ConfigError(f"dropout_max={self.dropout_max} must lie in [0, 1)")
-        for name, value, allowed in (("dropout_shape", self.dropout_shape, DROPOUT_SHAPES),
-                                     ("dropout_time", self.dropout_time, DROPOUT_TIMES),
-                                     ("curriculum", self.curriculum, CURRICULA)):
-            if value not in allowed:
-                raise ConfigError(f"{name}={value!r} is unknown: choose one of {', '.join(allowed)}")
+        check_choice("dropout_shape", self.dropout_shape, DROPOUT_SHAPES)
+        check_choice("dropout_time", self.dropout_time, DROPOUT_TIMES)
+        check_choice("curriculum", self.curriculum, CURRICULA)
         if int(self.rotation) < 1 or not 0.0 < float(self.gradual_fraction) <= 1.0 or float(self.early_exit_scale) < 0:
             raise ConfigError("rotation >= 1, gradual_fraction in (0, 1] and early_exit_scale >= 0")
-        if self.finetune not in ("full", "lora") or int(self.lora_r) < 1:
-            raise ConfigError(f"finetune={self.finetune!r} must be full or lora (with lora_r >= 1)")
         if int(self.exit_layer) < 0 or int(self.draft_length) < 1:
             raise ConfigError("exit_layer >= 0 (0 = a quarter of the layers) and draft_length >= 1")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def proposer_settings(self) -> dict[str, Any]:
         return {"exit_layer": int(self.exit_layer) or None, "draft_length": int(self.draft_length),

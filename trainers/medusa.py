@@ -24,14 +24,14 @@ carries the adapter (``adapter/``) next to the heads, and the evaluator verifies
 
 Evaluation measures, per head, how often the true token is the head's rank-r candidate (r < 10): top-1 and top-5
 accuracy go to TensorBoard, and the whole table goes into the artefact's manifest (``training.head_accuracy``),
-from which the evaluator grows the default token tree (:func:`draftsmith.inference.trees.greedy_choices`).
+from which the evaluator grows the default token tree (:func:`draftsmith.inference.core.trees.greedy_choices`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -40,9 +40,10 @@ from torch import nn
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import lm_head_rows
-from draftsmith.inference.heads import MedusaHeads
-from draftsmith.trainers.base import FrozenTargetTrainer, TargetAnswers
-from draftsmith.trainers.base import help_text as _help
+from draftsmith.inference.drafters.medusa import MedusaHeads
+from draftsmith.trainers.base import FrozenTargetTrainer
+from draftsmith.trainers.mixins import TargetAnswers
+from draftsmith.trainers.mixins import help_text as _help
 
 VARIANTS = ("medusa1", "medusa2")
 RANKS = 10  # candidate ranks whose accuracy is measured (the tree's top-k)
@@ -98,9 +99,6 @@ class MedusaConfig(TargetAnswers):
     def joint(self) -> bool:
         """Whether the target is tuned with the heads (Medusa-2)."""
         return self.variant == "medusa2"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def proposer_settings(self) -> dict[str, Any]:
         return {"tree": self.tree, "tree_nodes": self.tree_nodes}

@@ -1,7 +1,7 @@
 """Building the built-in model zoo (what it holds and where: :mod:`draftsmith.data.zoo`).
 
 ``build_zoo("tiny")`` trains, deterministically from ``spec.seed``, three stages into
-``$DRAFTSMITH_HOME/zoo/<size>/`` (default ``~/.cache/draftsmith``):
+``$DRAFTSMITH_HOME/zoo/<size>/`` (:func:`draftsmith.common.paths.zoo_dir`):
 
 - ``tokenizer/`` byte-level BPE with a chat template, trained on the train split of the shipped corpus;
 - ``target/`` and ``draft/`` Llama models, each trained independently from scratch on the train split
@@ -36,6 +36,7 @@ import transformers
 from draftsmith.common import __version__
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.io import atomic_write_text, environment, read_json, sha256_file
+from draftsmith.common.paths import draftsmith_home, zoo_dir, zoo_path
 from draftsmith.common.threads import choose_threads, torch_threads
 from draftsmith.data.corpus import corpus_sha256
 from draftsmith.data.zoo import (
@@ -48,11 +49,11 @@ from draftsmith.data.zoo import (
     llama_config,
     param_count,
     train_zoo_tokenizer,
-    zoo_dir,
     zoo_examples,
     zoo_rows,
     zoo_spec,
 )
+from draftsmith.trainers.draft_layers import draft_from_target
 from draftsmith.trainers.pretrain import StepHook, heldout_loss, train_model
 
 # ------------------------------------------------------------------------------------ directories and records
@@ -138,26 +139,26 @@ def _publish_tokenizer(out: Path, tokenizer) -> dict:
             "sha256": sha256_file(out / "tokenizer" / "tokenizer.json")}
 
 
-def imported_tokenizer_stage(out: Path, spec: ZooSpec) -> dict:
-    """The tokenizer stage of a zoo around a real target: import the target (first use) and copy its tokenizer
-    (chat template included) to ``out/tokenizer``."""
+def imported_tokenizer_stage(out: Path, spec: ZooSpec, home: Path) -> dict:
+    """The tokenizer stage of a zoo around a real target: import the target into ``home`` (first use) and copy its
+    tokenizer (chat template included) to ``out/tokenizer``."""
     from draftsmith.common.models import load_tokenizer
     from draftsmith.data.model_import import ensure_imported
 
     started = time.perf_counter()
-    source = ensure_imported(spec.target_import, out.parent.parent)
+    source = ensure_imported(spec.target_import, home)
     record = _publish_tokenizer(out, load_tokenizer(source))
     return {**record, "source": spec.target_import, "train_seconds": round(time.perf_counter() - started, 3)}
 
 
-def imported_target_stage(out: Path, spec: ZooSpec, rows: ZooRows, device: str) -> dict:
+def imported_target_stage(out: Path, spec: ZooSpec, rows: ZooRows, device: str, home: Path) -> dict:
     """The target stage of a zoo around a real target: ``out/target`` links to the imported model directory
     (``$DRAFTSMITH_HOME/models/...``); the record holds its held-out loss on the corpus."""
     from draftsmith.common.models import load_model
     from draftsmith.data.model_import import ensure_imported
 
     started = time.perf_counter()
-    source = ensure_imported(spec.target_import, out.parent.parent)
+    source = ensure_imported(spec.target_import, home)
     link = out / ".build" / "target.link"
     if link.is_symlink() or link.exists():
         link.unlink()
@@ -179,90 +180,6 @@ def imported_target_stage(out: Path, spec: ZooSpec, rows: ZooRows, device: str) 
         "weights_sha256": read_json(source / "manifest.json")["weights_sha256"],
         "stage_seconds": round(time.perf_counter() - started, 3),
     }
-
-
-def model_with_layers(config: transformers.PretrainedConfig, layers: int) -> transformers.PreTrainedModel:
-    """A freshly initialised model of ``config``'s architecture with ``layers`` decoder layers (unquantized)."""
-    settings = {k: v for k, v in config.to_dict().items() if k != "quantization_config"}
-    return transformers.AutoModelForCausalLM.from_config(
-        transformers.AutoConfig.for_model(**{**settings, "num_hidden_layers": layers}))
-
-
-def draft_from_target(target: transformers.PreTrainedModel, m) -> transformers.PreTrainedModel:
-    """A ``m.layers``-layer model of the target's architecture and width holding the target's embedding (tied
-    LM head), first ``m.layers`` decoder layers and final norm; the embedding is frozen when
-    ``m.freeze_embeddings``."""
-    cfg = target.config
-    if (m.hidden, m.intermediate, m.heads, m.kv_heads) != (cfg.hidden_size, cfg.intermediate_size,
-                                                          cfg.num_attention_heads, cfg.num_key_value_heads):
-        raise ConfigError("draft.init_from_target needs the draft's hidden/intermediate/heads/kv_heads to equal the "
-                          f"target's ({cfg.hidden_size}/{cfg.intermediate_size}/{cfg.num_attention_heads}/"
-                          f"{cfg.num_key_value_heads})")
-    draft = model_with_layers(cfg, m.layers)
-    keep = {}
-    for key, value in target.state_dict().items():
-        parts = key.split(".")
-        if "layers" in parts and int(parts[parts.index("layers") + 1]) >= m.layers:
-            continue
-        keep[key] = value.detach().clone()
-    draft.load_state_dict(keep, strict=True)
-    draft.tie_weights()
-    if m.freeze_embeddings:
-        draft.get_input_embeddings().weight.requires_grad_(False)
-    return draft
-
-
-# The projections that write a Llama-style decoder layer's two sublayers back into the residual stream.
-RESIDUAL_WRITERS = ("self_attn.o_proj", "mlp.down_proj")
-
-
-def grow_layers(draft: transformers.PreTrainedModel, target: transformers.PreTrainedModel,
-                layers: int) -> transformers.PreTrainedModel:
-    """The draft deepened to ``layers`` decoder layers by block expansion (LLaMA Pro, Wu et al. 2024, Sec. 2.2):
-    new layer i (``draft layers <= i < layers``) is a copy of the target's layer i with the projections that
-    write into the residual stream zeroed (:data:`RESIDUAL_WRITERS`), so each new block starts as the identity,
-    h_{i+1} = h_i + 0, and the grown draft computes exactly the logits of the draft it grew from. Everything
-    else (embedding, earlier layers, final norm, LM head, ``config.draft_vocab``) is the draft's; which
-    parameters train is the caller's choice (all of them here)."""
-    have, cfg = draft.config.num_hidden_layers, draft.config
-    if layers <= have:
-        raise ConfigError(f"draft_layers={layers} does not grow the draft, which has {have} layers: pass more than "
-                          f"{have}, or leave draft_layers unset")
-    if layers > target.config.num_hidden_layers:
-        raise ConfigError(f"draft_layers={layers} exceeds the target's {target.config.num_hidden_layers} layers, "
-                          "whose layers the new ones copy: pass at most that many")
-    shape = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
-    if [getattr(cfg, k) for k in shape] != [getattr(target.config, k) for k in shape]:
-        raise ConfigError("draft_layers grows the draft with the target's own layers, so the draft needs the "
-                          f"target's {'/'.join(shape)}; this draft has a different shape: leave draft_layers unset")
-    grown = model_with_layers(cfg, layers)
-    state = {k: v.detach().clone() for k, v in draft.state_dict().items()}
-    prefix = layer_prefix(target)
-    for key, value in target.state_dict().items():
-        if not key.startswith(prefix):
-            continue
-        index, name = key[len(prefix):].split(".", 1)
-        if have <= int(index) < layers:
-            zero = any(name.startswith(w + ".") for w in RESIDUAL_WRITERS)
-            state[key] = torch.zeros_like(value) if zero else value.detach().clone()
-    missing = [f"{prefix}{have}.{w}.weight" for w in RESIDUAL_WRITERS if f"{prefix}{have}.{w}.weight" not in state]
-    if missing:
-        raise ConfigError(f"draft_layers needs Llama-style decoder layers ({', '.join(RESIDUAL_WRITERS)}); the target "
-                          f"has no {missing[0]}: leave draft_layers unset")
-    grown.load_state_dict(state, strict=True)
-    grown.tie_weights()
-    return grown
-
-
-def layer_prefix(model: transformers.PreTrainedModel) -> str:
-    """The state-dict prefix of ``model``'s decoder layers, e.g. ``"model.layers."``."""
-    for key in model.state_dict():
-        parts = key.split(".")
-        if "layers" in parts:
-            at = parts.index("layers")
-            if parts[at + 1].isdigit():
-                return ".".join(parts[:at + 1]) + "."
-    raise ConfigError(f"{type(model).__name__} has no numbered decoder layers: draft_layers cannot grow it")
 
 
 def model_seed(spec: ZooSpec, role: str) -> int:
@@ -364,7 +281,7 @@ def zoo_manifest(
 
 
 def run_stages(
-    out: Path,
+    home: Path,
     size: str,
     spec: ZooSpec,
     corpus_hash: str,
@@ -373,8 +290,9 @@ def run_stages(
     on_step: StepHook | None,
     progress: bool,
 ) -> None:
-    """Run the stages not yet finished (all of them when ``restart``, or when ``.build`` holds work for another
-    fingerprint), then write the manifest and drop ``.build``."""
+    """Run the stages of the zoo of ``size`` under ``home`` not yet finished (all of them when ``restart``, or when
+    ``.build`` holds work for another fingerprint), then write the manifest and drop ``.build``."""
+    out = zoo_dir(size, home)
     build = out / ".build"
     wanted = fingerprint(spec, corpus_hash)
     if restart or read_json(build / "fingerprint.json") != wanted:
@@ -387,7 +305,7 @@ def run_stages(
     data_seconds = time.perf_counter() - started
     records = {"tokenizer": stage_record(out, "tokenizer")}
     if records["tokenizer"] is None:
-        records["tokenizer"] = (imported_tokenizer_stage(out, spec) if spec.target_import
+        records["tokenizer"] = (imported_tokenizer_stage(out, spec, home) if spec.target_import
                                 else build_tokenizer_stage(out, spec, examples[0]))
         write_stage_record(out, "tokenizer", records["tokenizer"])
 
@@ -400,7 +318,7 @@ def run_stages(
         records[role] = stage_record(out, role)
         if records[role] is None:
             if role == "target" and spec.target_import:
-                records[role] = imported_target_stage(out, spec, rows, device)
+                records[role] = imported_target_stage(out, spec, rows, device, home)
             else:
                 records[role] = build_model_stage(out, spec, role, rows, device, on_step, progress)
             write_stage_record(out, role, records[role])
@@ -431,6 +349,7 @@ def build_zoo(
     now (:func:`draftsmith.common.threads.choose_threads`); weights are bit-identical across builds with the
     same spec, machine and thread count."""
     spec = spec if spec is not None else zoo_spec(size)
+    home = draftsmith_home(home)
     out = zoo_dir(size, home)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     corpus_hash = corpus_sha256()
@@ -444,13 +363,13 @@ def build_zoo(
                 )
             return out
         with torch_threads(choose_threads(threads, device, cap=torch.get_num_threads())):
-            run_stages(out, size, spec, corpus_hash, force, device, on_step, progress)
+            run_stages(home, size, spec, corpus_hash, force, device, on_step, progress)
     return out
 
 
 def ensure_zoo(size: str = "tiny", home: str | os.PathLike | None = None, **build_kwargs) -> Path:
     """The zoo directory of ``size``, building it first (:func:`build_zoo`) if it is missing or unfinished."""
     out = zoo_dir(size, home)
-    if (out / "manifest.json").is_file():
+    if zoo_path(size, "manifest.json", home).is_file():
         return out
     return build_zoo(size, home, **build_kwargs)

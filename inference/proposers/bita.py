@@ -1,7 +1,7 @@
 """BiTA's proposer: the draft of each step comes from the mask tokens of the previous verification forward.
 
 Every step's one target forward carries the pending token, the draft, and a group of ``M`` mask tokens after the
-pending token and after every draft node (:func:`~draftsmith.inference.bita.decode_extras_layout`); only the masks
+pending token and after every draft node (:func:`~draftsmith.inference.drafters.bita.decode_extras_layout`); only the masks
 see BiTA's prompt (its keys/values ride along as the extras' prefix). After the verification the proposer reads the
 group after the last accepted node (the pending token when nothing was accepted): its ``M`` masks predict the
 ``M`` tokens after the step's correction/bonus token, which become the next draft:
@@ -20,10 +20,10 @@ from __future__ import annotations
 import torch
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.inference.bita import BitaEmbeddings, decode_extras_layout
-from draftsmith.inference.proposers.base import StepFeedback, TargetView
-from draftsmith.inference.sampling import SamplingParams
-from draftsmith.inference.verify import Draft, ExtraInputs
+from draftsmith.inference.core.proposer import StepFeedback, TargetView
+from draftsmith.inference.core.sampling import SamplingParams
+from draftsmith.inference.core.verify import Draft, ExtraInputs
+from draftsmith.inference.drafters.bita import BitaEmbeddings, decode_extras_layout
 
 TREES = ("chain", "triangle")
 

@@ -7,11 +7,11 @@ import torch.nn.functional as F
 
 from draftsmith.common.errors import ConfigError, TokenizerMismatchError
 from draftsmith.common.models import tokenizer_sha256
-from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.inference.draft_length import DraftLengthPolicy
-from draftsmith.inference.proposers.base import StepFeedback, common_prefix_length
-from draftsmith.inference.sampling import SamplingParams, process_logits
-from draftsmith.inference.verify import Draft
+from draftsmith.inference.core.adapter import ModelAdapter
+from draftsmith.inference.core.draft_length import DraftLengthPolicy
+from draftsmith.inference.core.proposer import StepFeedback, common_prefix_length
+from draftsmith.inference.core.sampling import SamplingParams, process_logits
+from draftsmith.inference.core.verify import Draft
 
 
 def check_same_tokenizer(
@@ -99,6 +99,11 @@ class DraftModelProposer:
         self._head_rows = None if vocab is None else head_rows(self.adapter.lm_head, self.vocab)  # (W [K, H], b)
         self._inside = None if vocab is None else vocab_mask(self.vocab, self.adapter.vocab_size)  # [V] proposable
         self.reset_stats()
+
+    @property
+    def draft_model(self):
+        """The separate draft model this proposer runs (transformers' assisted generation takes it)."""
+        return self.adapter.model
 
     def reset_stats(self) -> None:
         self.stats = {"committed": 0, "outside": 0}  # outside: committed tokens the draft could not propose

@@ -16,9 +16,9 @@ more levels, the ``top_k`` nodes of the newest level with the highest cumulative
 product of the head's probabilities along the path, EAGLE-2's confidence estimate of acceptance) are expanded in
 one head forward (each sees the true prefix and its own ancestors in the head cache), each giving ``top_k``
 children; then all candidates are reranked and the best ``total_tokens`` (closed under ancestors) form the tree
-verified in one target forward (:func:`~draftsmith.inference.trees.rerank`). With a measured verification cost
+verified in one target forward (:func:`~draftsmith.inference.core.trees.rerank`). With a measured verification cost
 (``verify_cost``, ``--tree-nodes auto``) the number kept is chosen per step instead: the count whose expected
-committed tokens per second of the step is highest (:func:`~draftsmith.inference.trees.size_for_step`), at most
+committed tokens per second of the step is highest (:func:`~draftsmith.inference.core.trees.size_for_step`), at most
 ``total_tokens``. A node's chance of acceptance is its path probability scaled by how the draft's confidence has
 held up so far (accepted nodes over the summed probability of the nodes verified: a head that is under- or
 over-confident is corrected; both kept across answers), and the step's drafting time (a running mean of the loop's
@@ -31,19 +31,19 @@ from __future__ import annotations
 import torch
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.inference.proposers.base import StepFeedback
-from draftsmith.inference.sampling import SamplingParams, process_logits
-from draftsmith.inference.trees import rerank, size_for_step
-from draftsmith.inference.verify import Draft
+from draftsmith.inference.core.proposer import StepFeedback
+from draftsmith.inference.core.sampling import SamplingParams, process_logits
+from draftsmith.inference.core.trees import rerank, size_for_step
+from draftsmith.inference.core.verify import Draft
 
 TREES = ("chain", "dynamic")
 
 
 class EagleProposer:
-    """Drafts with an EAGLE head (:class:`~draftsmith.inference.eagle.EagleHead` or
-    :class:`~draftsmith.inference.eagle.Eagle3Head`) over the target's embedding (and, for EAGLE-1, its LM head): a
+    """Drafts with an EAGLE head (:class:`~draftsmith.inference.drafters.eagle.EagleHead` or
+    :class:`~draftsmith.inference.drafters.eagle.Eagle3Head`) over the target's embedding (and, for EAGLE-1, its LM head): a
     chain of up to ``length`` tokens, or EAGLE-2's dynamic tree of ``total_tokens`` (or, with ``verify_cost``, a
-    :class:`~draftsmith.inference.cost.CostModel` of the target, a per-step count up to ``total_tokens``)."""
+    :class:`~draftsmith.inference.evaluation.cost.CostModel` of the target, a per-step count up to ``total_tokens``)."""
 
     name = "eagle"
     lossless = True
@@ -224,7 +224,7 @@ class EagleProposer:
         return Draft(tokens=torch.cat(tokens).cpu()[keep].to(device), parents=new_parents)
 
     def _size(self, scores: torch.Tensor) -> int:  # scores [c]: cumulative draft log-probabilities
-        """Nodes to keep this step (:func:`~draftsmith.inference.trees.size_for_step`) from the calibrated path
+        """Nodes to keep this step (:func:`~draftsmith.inference.core.trees.size_for_step`) from the calibrated path
         probabilities and the drafting cost in plain decoding steps (module docstring)."""
         scale = (self._verified_hits + 1.0) / (self._verified_mass + 1.0)  # observed ÷ expected accepted nodes
         draft = (self._draft_seconds or 0.0) / self.verify_cost.verify(1)

@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.inference.proposers.base import StepFeedback
-from draftsmith.inference.sampling import SamplingParams
-from draftsmith.inference.verify import Draft
+from draftsmith.inference.core.proposer import StepFeedback
+from draftsmith.inference.core.sampling import SamplingParams
+from draftsmith.inference.core.verify import Draft
 
 
 class JacobiProposer:

@@ -7,7 +7,7 @@ guesses the token ``k + 1`` places after the pending one, the candidates of tree
 nodes are the heads' top-k candidates, so they are deterministic proposals (``q`` one-hot): greedy
 verification accepts the longest matching branch, and sampling stays exact through the loop's multi-branch
 rejection sampling. With ``typical=(epsilon, delta)`` the proposer carries Medusa's typical acceptance instead
-(:func:`~draftsmith.inference.verify.typical_verifier`), which is lossy under sampling and reported as lossy.
+(:func:`~draftsmith.inference.core.verify.typical_verifier`), which is lossy under sampling and reported as lossy.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from __future__ import annotations
 import torch
 
 from draftsmith.common.errors import ProposerError
-from draftsmith.inference.heads import MedusaHeads
-from draftsmith.inference.proposers.base import StepFeedback
-from draftsmith.inference.sampling import SamplingParams
-from draftsmith.inference.trees import StaticTree
-from draftsmith.inference.verify import Draft, typical_verifier
+from draftsmith.inference.core.proposer import StepFeedback
+from draftsmith.inference.core.sampling import SamplingParams
+from draftsmith.inference.core.trees import StaticTree
+from draftsmith.inference.core.verify import Draft, typical_verifier
+from draftsmith.inference.drafters.medusa import MedusaHeads
 
 
 class MedusaProposer:

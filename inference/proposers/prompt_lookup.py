@@ -19,7 +19,7 @@ Training-free and deterministic. At every step the proposer
    largest ``k`` with ``alpha ** k >= threshold``, within ``[1, num_draft_tokens]``: a fully accepted draft
    raises ``alpha`` and lengthens the next ones, a rejection lowers it and shortens them. The estimates
    live as long as the proposer (``reset`` starts a sequence, not the statistics), like the running
-   estimates of :class:`~draftsmith.inference.draft_length.DraftLengthPolicy`. ``adaptive=False`` always
+   estimates of :class:`~draftsmith.inference.core.draft_length.DraftLengthPolicy`. ``adaptive=False`` always
    drafts up to ``num_draft_tokens``.
 
 With ``tree=True`` the candidates are not voted into one chain but drafted as a small token tree, verified
@@ -30,11 +30,11 @@ rule, node by node — and at most ``num_draft_tokens`` of the best (EAGLE-2's r
 agree the tree is the chain; where they split, the likelier branches of the split replace the chain's least
 likely deep tokens, so the rows verified buy more expected accepted tokens.
 
-With a measured verification cost (``verify_cost``, a :class:`~draftsmith.inference.cost.CostModel`; ``draftsmith
+With a measured verification cost (``verify_cost``, a :class:`~draftsmith.inference.evaluation.cost.CostModel`; ``draftsmith
 eval --pld-length cost``) the size of each step's draft comes from the cost model instead of the fixed threshold:
 of the candidates (the chain's tokens, each accepted with chance ``alpha ** depth``, or the tree's nodes, scored
 as above) it keeps the ``n`` likeliest that maximise the expected tokens committed per unit of verification time,
-``(1 + sum of their chances) / V(n + 1)`` (:func:`~draftsmith.inference.trees.size_for_step`; copying itself costs
+``(1 + sum of their chances) / V(n + 1)`` (:func:`~draftsmith.inference.core.trees.size_for_step`; copying itself costs
 nothing next to a target forward), so a target whose forward over 16 tokens costs what one does drafts long, and
 this CPU, where it costs about twice as much, drafts short.
 
@@ -52,9 +52,9 @@ import math
 import torch
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.inference.sampling import SamplingParams
-from draftsmith.inference.trees import rerank, size_for_step
-from draftsmith.inference.verify import Draft
+from draftsmith.inference.core.sampling import SamplingParams
+from draftsmith.inference.core.trees import rerank, size_for_step
+from draftsmith.inference.core.verify import Draft
 
 DEFAULT_NUM_DRAFT_TOKENS = 24
 DEFAULT_MAX_NGRAM = 4
@@ -162,7 +162,7 @@ def candidate_tree(conts: list[list[int]], alpha: float, threshold: float, max_n
     """The copy candidates as a token tree: of the trie of ``conts`` (:func:`copy_trie`), the nodes whose estimated
     chance of acceptance ``alpha ** depth * count / len(conts)`` is at least ``threshold`` (always the best first
     token), at most ``max_nodes`` of the likeliest — and with ``step_cost`` (``[N]``, the relative cost of verifying
-    ``n = 1 .. N`` nodes) as many of them as :func:`~draftsmith.inference.trees.size_for_step` finds best. A node
+    ``n = 1 .. N`` nodes) as many of them as :func:`~draftsmith.inference.core.trees.size_for_step` finds best. A node
     never scores above its parent (``alpha <= 1``), so the kept nodes are closed under parents. Returns ``(tokens,
     parents)`` in topological order (``parents`` index into the kept nodes, -1 = the root)."""
     tokens, parents, depths, counts = copy_trie(conts)

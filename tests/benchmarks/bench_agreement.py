@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 @torch.no_grad()
 def agreement(draft, prompt: list[int], answer: list[int], vocab: torch.Tensor | None) -> torch.Tensor:  # [n] bool
     """Whether the draft's argmax (over ``vocab`` rows, all when None) after ``prompt + answer[:t]`` is ``answer[t]``."""
-    from draftsmith.trainers.distillspec import draft_argmax
+    from draftsmith.trainers.logits import draft_argmax
 
     logits = draft(torch.tensor([prompt + answer])).logits[0, len(prompt) - 1: -1]  # [n, V]
     return draft_argmax(logits, vocab) == torch.tensor(answer)
@@ -59,9 +59,9 @@ def summarise(matches: dict[str, list[torch.Tensor]]) -> dict:
 
 def report_agreement(draft, tokenizer, report: dict) -> dict:
     """:func:`summarise` of the draft's agreement along every answer of ``report``."""
+    from draftsmith.inference.evaluation.questions import read_questions
+    from draftsmith.inference.evaluation.runs import chat_prompt_ids
     from draftsmith.inference.proposers.draft_model import draft_vocab_of
-    from draftsmith.inference.questions import read_questions
-    from draftsmith.inference.runs import chat_prompt_ids
 
     if report.get("temperature", 0.0) != 0.0:
         raise SystemExit(f"error: the report was sampled (temperature {report['temperature']}): use a greedy report")

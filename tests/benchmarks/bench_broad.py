@@ -41,7 +41,7 @@ def zoo_draft_artefact(out: Path, size: str = "tiny") -> Path:
     if (out / "manifest.json").is_file():
         return out
     from draftsmith.common.models import load_model, load_tokenizer, target_identity
-    from draftsmith.inference.artefact import write_artefact
+    from draftsmith.inference.artefacts.manifest import write_artefact
     from draftsmith.trainers.zoo import ensure_zoo
 
     zoo = ensure_zoo(size)

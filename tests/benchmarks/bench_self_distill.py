@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> dict:
     from draftsmith.common.io import atomic_write_json, environment
     from draftsmith.common.models import load_model, load_tokenizer, resolve_model_path, tokenizer_dir_for
     from draftsmith.common.threads import parse_threads, torch_threads
-    from draftsmith.data.self_distill import generate_answers, recover_rows
+    from draftsmith.data.row_files import recover_rows
+    from draftsmith.data.self_distill import generate_answers
     from draftsmith.launch.data_cli import load_prompts
     from draftsmith.launch.eval_cli import resolve_device
 

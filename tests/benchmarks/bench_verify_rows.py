@@ -4,9 +4,9 @@
         --json runs/verify_rows/smollm2.json
 
 One forward over ``n`` new tokens after a cached prefix, ``n`` = 1..16, timed round-robin (every size once a round,
-``--repeats`` rounds; :func:`draftsmith.inference.cost.measure_verify_samples`, what ``draftsmith eval`` measures
+``--repeats`` rounds; :func:`draftsmith.inference.evaluation.cost.measure_verify_samples`, what ``draftsmith eval`` measures
 before its runs). Prints the fastest and the median time per size, each median over the 1-row median, and the
-sizes :func:`~draftsmith.inference.cost.padding_plan` pads up (``--verify-padding auto``).
+sizes :func:`~draftsmith.inference.evaluation.cost.padding_plan` pads up (``--verify-padding auto``).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from draftsmith.common.models import load_model
     from draftsmith.common.threads import torch_threads
-    from draftsmith.inference.adapter import ModelAdapter
-    from draftsmith.inference.cost import PADDING_SIZES, measure_verify_samples, padding_plan
+    from draftsmith.inference.core.adapter import ModelAdapter
+    from draftsmith.inference.evaluation.cost import PADDING_SIZES, measure_verify_samples, padding_plan
 
     with torch_threads(args.threads):
         target = ModelAdapter(load_model(Path(args.target), "float32", what="target").eval())

@@ -2,8 +2,8 @@
 
     python tests/benchmarks/plot_bench.py exits OUT.png NAME=exit.json [NAME=exit.json ...]
         per-layer top-1 agreement of each exit with the full model (``draftsmith exit-layer --out`` files)
-    python tests/benchmarks/plot_bench.py study OUT.png runs/layer_skip_tiny/artefact/manifest.json
-        a layer-skip search's history: each complete trial's seconds per token and the running best
+    python tests/benchmarks/plot_bench.py study OUT.png runs/draft_verify_tiny/artefact/manifest.json
+        a Draft & Verify search's history: each complete trial's seconds per token and the running best
 """
 
 from __future__ import annotations

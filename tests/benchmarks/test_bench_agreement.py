@@ -46,7 +46,7 @@ def test_summary_weighs_tokens_and_reports_the_first_ones_and_each_category(benc
 
 def test_runs_on_a_greedy_report_of_a_tiny_target(bench, target, tmp_path, capsys):
     from draftsmith.data.tiny_models import char_tokenizer
-    from draftsmith.inference.runs import chat_prompt_ids
+    from draftsmith.inference.evaluation.runs import chat_prompt_ids
 
     tokenizer = char_tokenizer()
     target.save_pretrained(tmp_path / "target")

@@ -3,7 +3,18 @@
 import pytest
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.common.registry import ARTEFACT_KINDS, REGISTRY, MethodSpec, Registry, registered, resolve
+from draftsmith.common.eval_options import DRAFT_LENGTH, TREE, EvalOption, merge_options, resolve_option
+from draftsmith.common.registry import (
+    ARTEFACT_KINDS,
+    REGISTRY,
+    MethodSpec,
+    Registry,
+    eval_flags,
+    export_formats,
+    method_commands,
+    registered,
+    resolve,
+)
 
 
 def test_builtin_methods_resolve():
@@ -16,6 +27,10 @@ def test_builtin_methods_resolve():
         assert callable(resolve(spec.proposer)) and spec.artefact_kind in ARTEFACT_KINDS
         if spec.trained:
             assert resolve(spec.config) and resolve(spec.trainer)
+        for exporter in spec.export_formats.values():
+            assert callable(resolve(exporter))
+        if spec.train is not None:
+            assert callable(resolve(spec.train))
 
 
 def test_registration_is_scoped_and_refuses_duplicates():
@@ -42,3 +57,41 @@ def test_references_name_module_and_attribute():
     assert resolve("draftsmith.common.registry:Registry") is Registry
     with pytest.raises(ConfigError, match="package.module:attribute"):
         resolve("draftsmith.common.registry")
+
+
+def test_every_eval_option_resolves_command_line_then_artefact_then_declared_default():
+    declared = {o.name: o for o in (DRAFT_LENGTH.default_to(5), TREE.default_to("dynamic"))}
+    assert resolve_option("draft_length", declared, {}, None, "m") == 5
+    assert resolve_option("draft_length", declared, {"draft_length": None}, {"proposer": {"draft_length": 3}}, "m") == 3
+    assert resolve_option("draft_length", declared, {"draft_length": 2}, {"proposer": {"draft_length": 3}}, "m") == 2
+    with pytest.raises(ConfigError, match="does not declare"):
+        resolve_option("tree_depth", declared, {}, None, "m")
+
+
+def test_builtin_options_make_one_flag_per_name_with_each_methods_default():
+    flags = eval_flags()
+    assert flags["draft_length"].defaults["jacobi"] == 16 and flags["draft_length"].defaults["eagle"] == 5
+    assert flags["confidence_threshold"].option.cli_flag == "--draft-confidence"
+    assert "seed" not in flags and "threshold" not in flags  # artefact-only settings have no flag
+    assert "jacobi 16" in flags["draft_length"].help()
+    every = {o.name for n in REGISTRY.names() for o in REGISTRY.get(n).eval_options}
+    assert every - set(flags) == {"seed", "threshold"}
+
+
+def test_methods_that_share_an_option_name_must_declare_it_alike():
+    with pytest.raises(ConfigError, match="declare it alike"):
+        merge_options([("a", (EvalOption("k", int),)), ("b", (EvalOption("k", float),))])
+    merged = merge_options([("a", (EvalOption("k", str, choices=("x",)),)), ("b", (EvalOption("k", str, choices=("y",)),))])
+    assert merged["k"].choices == ("x", "y")
+    with pytest.raises(ConfigError, match="declared twice"):
+        MethodSpec(name="bad", summary="", proposer=lambda ctx: None, eval_options=(DRAFT_LENGTH, DRAFT_LENGTH))
+
+
+def test_method_commands_and_export_formats_come_from_the_entries():
+    assert method_commands() == {"exit-layer": "draftsmith.launch.exit_cli"}
+    assert method_commands("data_commands") == {"jacobi": "draftsmith.launch.jacobi_cli"}
+    assert export_formats() == {"vllm-medusa": "medusa", "eagle3": "eagle", "vllm-eagle": "eagle",
+                                "sglang-eagle": "eagle"}
+    clash = MethodSpec(name="clash", summary="", proposer=lambda ctx: None, commands={"exit-layer": "elsewhere"})
+    with registered(clash), pytest.raises(ConfigError, match="another method adds too"):
+        method_commands()

@@ -26,6 +26,7 @@ from draftsmith.common.models import (
     tokenizer_dir_for,
     tokenizer_sha256,
 )
+from draftsmith.common.paths import models_dir
 from draftsmith.data import model_import
 from draftsmith.data.model_import import (
     IMPORTS,
@@ -34,7 +35,6 @@ from draftsmith.data.model_import import (
     import_model,
     imported_dir,
     is_imported,
-    models_dir,
     pip_download,
 )
 

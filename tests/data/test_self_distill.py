@@ -12,6 +12,7 @@ from draftsmith.common.errors import ConfigError, DataError
 from draftsmith.common.models import target_identity
 from draftsmith.data.chat import BadRow
 from draftsmith.data.generation import inverse_cdf, nucleus_probs, sample_completions
+from draftsmith.data.row_files import meta_path, recover_rows, row_seed, weights_sample_sha256
 from draftsmith.data.self_distill import (
     META_FORMAT,
     answer_row,
@@ -19,13 +20,9 @@ from draftsmith.data.self_distill import (
     dataset_prompts,
     generate_answers,
     length_batches,
-    meta_path,
     prompt_id,
     prompts_sha256,
-    recover_rows,
     row_prompt,
-    row_seed,
-    weights_sample_sha256,
 )
 from draftsmith.data.tiny_models import char_tokenizer, random_model
 

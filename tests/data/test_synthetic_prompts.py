@@ -11,7 +11,8 @@ import pytest
 
 from draftsmith.common.errors import ConfigError, DataError
 from draftsmith.data.chat import user_prefix_ids
-from draftsmith.data.self_distill import dataset_prompts, meta_path, prompt_id
+from draftsmith.data.row_files import meta_path
+from draftsmith.data.self_distill import dataset_prompts, prompt_id
 from draftsmith.data.synthetic_prompts import (
     TASK_OPENERS,
     judge_attempt,

@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from draftsmith.common.errors import ConfigError, DraftsmithError
+from draftsmith.common.paths import zoo_dir
 from draftsmith.data import zoo
 from draftsmith.data.tiny_models import char_tokenizer, random_model
 
@@ -61,12 +62,12 @@ def test_spec_round_trips_through_its_manifest_dict_and_counts_steps():
 
 def test_home_resolution(monkeypatch, tmp_path):
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
-    assert zoo.zoo_dir("small") == tmp_path / "zoo" / "small"
-    assert zoo.zoo_dir("tiny", home=tmp_path / "x") == tmp_path / "x" / "zoo" / "tiny"
+    assert zoo_dir("small") == tmp_path / "zoo" / "small"
+    assert zoo_dir("tiny", home=tmp_path / "x") == tmp_path / "x" / "zoo" / "tiny"
     monkeypatch.delenv("DRAFTSMITH_HOME")
-    assert str(zoo.zoo_dir("tiny")).endswith(".cache/draftsmith/zoo/tiny")
+    assert str(zoo_dir("tiny")).endswith(".cache/draftsmith/zoo/tiny")
     with pytest.raises(ConfigError, match="invalid zoo size"):
-        zoo.zoo_dir("../etc")
+        zoo_dir("../etc")
 
 
 # -------------------------------------------------------------------------------------------------- rows
@@ -110,7 +111,7 @@ def test_reading_a_zoo_that_is_not_built_names_the_build_command(tmp_path):
 
 
 def test_load_zoo_loads_the_three_directories_in_eval_mode(tmp_path):
-    out = zoo.zoo_dir("tiny", tmp_path)
+    out = zoo_dir("tiny", tmp_path)
     char_tokenizer().save_pretrained(out / "tokenizer")
     for seed, role in enumerate(zoo.MODEL_ROLES):
         random_model("llama", seed=seed, layers=1).train().save_pretrained(out / role)

@@ -50,7 +50,7 @@ def run(case, dtype) -> dict:
 
 def adapter_tree_step(model, tree_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill 9 tokens, then one tree step (the pending token + the tree) through the adapter; both logits."""
-    from draftsmith.inference.adapter import ModelAdapter
+    from draftsmith.inference.core.adapter import ModelAdapter
 
     adapter = ModelAdapter(model)
     cache = adapter.new_cache()

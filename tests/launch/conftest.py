@@ -78,9 +78,10 @@ class ZooIdentity:
 
     def check(self, result, label: str, **load_kwargs) -> dict:
         from draftsmith.data.zoo import load_zoo
-        from draftsmith.inference.artefact import adapted_target, load_artefact
-        from draftsmith.inference.evaluator import evaluate
-        from draftsmith.inference.questions import read_questions
+        from draftsmith.inference.artefacts.manifest import adapted_target
+        from draftsmith.inference.evaluation.evaluator import evaluate
+        from draftsmith.inference.evaluation.questions import read_questions
+        from draftsmith.inference.methods import load_artefact
 
         tokenizer, target, _ = load_zoo("tiny")
         verified = adapted_target(result.artefact, result.manifest, target)

@@ -144,7 +144,7 @@ def test_sampling_run(tiny_pair, qfile, tmp_path):
 
 def test_artefact_method_comes_from_the_manifest(tiny_pair, qfile, tmp_path):
     from draftsmith.common.models import target_identity
-    from draftsmith.inference.artefact import write_manifest
+    from draftsmith.inference.artefacts.manifest import write_manifest
 
     art = tmp_path / "artefact"
     shutil.copytree(tiny_pair["draft"], art / "draft")
@@ -160,7 +160,7 @@ def test_artefact_method_comes_from_the_manifest(tiny_pair, qfile, tmp_path):
 
 def test_artefact_without_target_runs_on_the_target_its_manifest_names(tiny_pair, qfile, tmp_path):
     from draftsmith.common.models import target_identity
-    from draftsmith.inference.artefact import write_manifest
+    from draftsmith.inference.artefacts.manifest import write_manifest
     from draftsmith.launch.eval_cli import artefact_target
 
     art = tmp_path / "artefact"

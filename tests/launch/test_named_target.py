@@ -7,8 +7,9 @@ import pytest
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.io import atomic_write_json
+from draftsmith.common.paths import zoo_dir
 from draftsmith.common.registry import get_method
-from draftsmith.data.zoo import ZOO_FOR_TARGET, ZOO_SIZES, zoo_dir, zoo_size_for_target
+from draftsmith.data.zoo import ZOO_FOR_TARGET, ZOO_SIZES, zoo_size_for_target
 from draftsmith.launch.cli import build_parser
 from draftsmith.launch.eval_cli import default_draft_zoo
 from draftsmith.launch.recipe import resolve_models
@@ -27,7 +28,7 @@ def fake_smollm2_zoo(tmp_path, monkeypatch):
 
 def test_the_recipe_takes_the_named_targets_zoo_draft(fake_smollm2_zoo):
     paths = resolve_models(RecipeArguments(target="smollm2-135m"), get_method("distillspec"))
-    assert paths == {"tokenizer": "smollm2-135m", "target": "smollm2-135m", "draft": str(fake_smollm2_zoo / "draft")}
+    assert paths == {"tokenizer": None, "target": "smollm2-135m", "draft": str(fake_smollm2_zoo / "draft")}
     explicit = resolve_models(RecipeArguments(target="smollm2-135m", draft="/d"), get_method("distillspec"))
     assert explicit["draft"] == "/d"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -14,13 +15,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBPACKAGES = {
+    "common": "draftsmith.common",
     "trainers": "draftsmith.trainers",
     "data": "draftsmith.data",
     "inference": "draftsmith.inference",
+    "inference/core": "draftsmith.inference.core",
+    "inference/drafters": "draftsmith.inference.drafters",
     "inference/proposers": "draftsmith.inference.proposers",
+    "inference/evaluation": "draftsmith.inference.evaluation",
+    "inference/artefacts": "draftsmith.inference.artefacts",
     "kernels": "draftsmith.kernels",
     "launch": "draftsmith.launch",
 }
+MAX_MODULE_LINES = 450
 
 
 def _expected_modules() -> list[str]:
@@ -90,3 +97,56 @@ def test_every_module_imports_from_the_installed_wheel(wheel, tmp_path):
     res = subprocess.run([str(py), "-c", script], cwd=tmp_path, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     assert int(res.stdout.strip()) == len(_expected_modules())
+
+
+def _module_file(module: str) -> Path:
+    package, _, stem = module.rpartition(".")
+    folder = {v: k for k, v in SUBPACKAGES.items()}[package]
+    return ROOT / folder / f"{stem}.py"
+
+
+def _imports(module: str) -> set[str]:
+    """Every draftsmith module ``module`` imports, at any depth of its code (function-level imports too)."""
+    tree = ast.parse(_module_file(module).read_text())
+    known = set(_expected_modules())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("draftsmith."):
+            found |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known}
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("draftsmith.")}
+    return {m for m in found if m in known and m != module and m not in SUBPACKAGES.values()}
+
+
+def test_the_source_tree_and_the_package_map_list_the_same_packages():
+    folders = {str(p.parent.relative_to(ROOT)) for p in ROOT.glob("*/**/__init__.py")
+               if not {".venv", "tests", "build", "recipes"} & set(p.parts)}
+    assert folders == set(SUBPACKAGES)
+    for folder in SUBPACKAGES:
+        doc = ast.get_docstring(ast.parse((ROOT / folder / "__init__.py").read_text()))
+        assert doc and len(doc) > 40, f"{folder}/__init__.py needs a docstring saying what the package holds"
+
+
+def test_no_import_cycle_inside_a_package_even_through_function_level_imports():
+    modules = [m for m in _expected_modules() if m not in SUBPACKAGES.values()]
+    graph = {m: {d for d in _imports(m) if d.rpartition(".")[0] == m.rpartition(".")[0]} for m in modules}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            assert state.get(d) != 1, "import cycle: " + " -> ".join(path[path.index(d):] + [d]) if d in path else d
+            if d not in state:
+                visit(d, path + [d])
+        state[m] = 2
+
+    for m in modules:
+        if m not in state:
+            visit(m, [m])
+
+
+def test_no_package_module_is_longer_than_the_limit():
+    long = {m: n for m in _expected_modules() if m not in SUBPACKAGES.values()
+            if (n := len(_module_file(m).read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by concern): {long}"

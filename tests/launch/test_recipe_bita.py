@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from draftsmith.data.tiny_models import random_model
-from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.inference.artefact import load_artefact
-from draftsmith.inference.generate import GenerationConfig, generate
+from draftsmith.inference.core.adapter import ModelAdapter
+from draftsmith.inference.core.generate import GenerationConfig, generate
+from draftsmith.inference.methods import load_artefact
 from draftsmith.launch.recipe import run_recipe
 
 ROOT = Path(__file__).resolve().parents[2]

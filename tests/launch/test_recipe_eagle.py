@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from draftsmith.data.tiny_models import random_model
-from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.inference.artefact import load_artefact
-from draftsmith.inference.generate import GenerationConfig, generate
+from draftsmith.inference.core.adapter import ModelAdapter
+from draftsmith.inference.core.generate import GenerationConfig, generate
+from draftsmith.inference.methods import load_artefact
 from draftsmith.launch.recipe import run_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,8 +69,7 @@ def test_recipe_trains_a_head_writes_the_artefact_and_decodes_identically(tiny_p
     with pytest.raises(Exception, match="chain"):
         load_artefact(artefact, target, None, tree="auto")
     # exported through the command line for the engines, and read back to the same head
-    from draftsmith.inference.eagle import load_eagle_head
-    from draftsmith.inference.export_eagle import read_eagle_export
+    from draftsmith.inference.artefacts.eagle import load_eagle_head, read_eagle_export
     from draftsmith.launch.cli import main
 
     for fmt in (("eagle3",) if variant == "eagle3" else ("vllm-eagle", "sglang-eagle")):
@@ -140,8 +139,8 @@ def test_zoo_eagle_greedy_identical_on_every_dev_question(tmp_path):
     """Issue 13, done-when: token-identical to AR on every bundled dev question (tiny zoo) for the EAGLE-1 chain,
     the EAGLE-1 dynamic tree and the EAGLE-3 dynamic tree."""
     from draftsmith.data.zoo import load_zoo
-    from draftsmith.inference.evaluator import evaluate
-    from draftsmith.inference.questions import read_questions
+    from draftsmith.inference.evaluation.evaluator import evaluate
+    from draftsmith.inference.evaluation.questions import read_questions
 
     tokenizer, target, _ = load_zoo("tiny")
     short = ["max_steps=30", "eval_steps=30", "save_steps=30", "evaluate=false", "eval_examples=16"]

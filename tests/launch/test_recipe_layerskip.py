@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from draftsmith.data.tiny_models import random_model
-from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.inference.artefact import adapted_target, load_artefact, read_manifest
-from draftsmith.inference.generate import GenerationConfig, generate
+from draftsmith.inference.artefacts.manifest import adapted_target, read_manifest
+from draftsmith.inference.core.adapter import ModelAdapter
+from draftsmith.inference.core.generate import GenerationConfig, generate
+from draftsmith.inference.methods import load_artefact
 from draftsmith.launch.recipe import run_recipe
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from draftsmith.data.tiny_models import random_model
-from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.inference.artefact import load_artefact
-from draftsmith.inference.generate import GenerationConfig, generate
+from draftsmith.inference.core.adapter import ModelAdapter
+from draftsmith.inference.core.generate import GenerationConfig, generate
+from draftsmith.inference.methods import load_artefact
 from draftsmith.launch.recipe import run_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def test_recipe_trains_heads_writes_the_artefact_and_decodes_identically(tiny_pa
             sp = generate(adapter, prompt, GenerationConfig(max_new_tokens=20), proposer)
             assert sp.output_ids == ar.output_ids
     # the vLLM export of the same artefact, through the command line, reads back to the same heads
-    from draftsmith.inference.export import load_heads_artefact, read_vllm_medusa
+    from draftsmith.inference.artefacts.medusa import load_heads_artefact, read_vllm_medusa
     from draftsmith.launch.cli import main
 
     export = tmp_path / "vllm"
@@ -65,10 +65,10 @@ def test_medusa2_tunes_the_target_ships_its_adapter_and_verifies_against_it(tiny
     target's answers moved from the original's."""
     from safetensors.torch import load_file
 
-    from draftsmith.inference.artefact import adapted_target, read_manifest
-    from draftsmith.inference.evaluator import evaluate
-    from draftsmith.inference.questions import Question
-    from draftsmith.inference.report import summary_table
+    from draftsmith.inference.artefacts.manifest import adapted_target, read_manifest
+    from draftsmith.inference.evaluation.evaluator import evaluate
+    from draftsmith.inference.evaluation.questions import Question
+    from draftsmith.inference.evaluation.report import summary_table
 
     torch.set_num_threads(1)
     out = tmp_path / "medusa2"
@@ -140,8 +140,8 @@ def test_zoo_medusa_greedy_identical_on_every_dev_question(tmp_path):
     """Issue 12, done-when: Medusa-1 token-identical to AR on every bundled dev question (tiny zoo), with its
     default tree and with the chain."""
     from draftsmith.data.zoo import load_zoo
-    from draftsmith.inference.evaluator import evaluate
-    from draftsmith.inference.questions import read_questions
+    from draftsmith.inference.evaluation.evaluator import evaluate
+    from draftsmith.inference.evaluation.questions import read_questions
 
     result = run_recipe("medusa", ["--output_dir", str(tmp_path / "medusa"), "max_steps=40", "eval_steps=40",
                                    "save_steps=40", "evaluate=false", "eval_examples=16"])

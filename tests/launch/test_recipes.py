@@ -19,7 +19,7 @@ import yaml
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.io import sha256_file
 from draftsmith.common.models import target_identity
-from draftsmith.inference.artefact import load_artefact
+from draftsmith.inference.methods import load_artefact
 from draftsmith.launch.recipe import complete_checkpoints, resolve_resume
 from draftsmith.launch.recipe_args import RecipeArguments, parse_recipe_args
 from draftsmith.trainers.distillspec import DistillSpecConfig
@@ -203,8 +203,8 @@ def test_offline_and_online_target_features_train_to_the_same_loss_curve(tiny_pa
 def test_draft_layers_grows_the_draft_the_artefact_then_carries(tiny_pair, tmp_path):
     import torch
 
-    from draftsmith.inference.adapter import ModelAdapter
-    from draftsmith.inference.generate import GenerationConfig, generate
+    from draftsmith.inference.core.adapter import ModelAdapter
+    from draftsmith.inference.core.generate import GenerationConfig, generate
     from draftsmith.launch.recipe import run_recipe
 
     out = tmp_path / "grown"

@@ -6,7 +6,7 @@ import json
 import transformers
 
 from draftsmith.common.models import target_identity
-from draftsmith.inference.artefact import write_artefact
+from draftsmith.inference.artefacts.manifest import write_artefact
 from draftsmith.launch.cli import main
 from draftsmith.launch.tune_cli import calibration_questions
 

@@ -8,7 +8,8 @@ import json
 import gguf_fixture as gg
 import pytest
 
-from draftsmith.data.model_import import IMPORTS, MANIFEST, models_dir
+from draftsmith.common.paths import models_dir
+from draftsmith.data.model_import import IMPORTS, MANIFEST
 from draftsmith.launch.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -4,10 +4,10 @@ insertion points, and the loss."""
 import torch
 
 from draftsmith.data.tiny_models import random_model
-from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.inference.bita import BitaEmbeddings, decode_extras_layout
-from draftsmith.inference.generate import verify_forward
-from draftsmith.inference.verify import Draft, ExtraInputs
+from draftsmith.inference.core.adapter import ModelAdapter
+from draftsmith.inference.core.generate import verify_forward
+from draftsmith.inference.core.verify import Draft, ExtraInputs
+from draftsmith.inference.drafters.bita import BitaEmbeddings, decode_extras_layout
 from draftsmith.trainers.bita import BitaTraining, chain_tau, insertion_points, sequence_kv
 
 

@@ -73,8 +73,8 @@ def test_consistency_training_raises_jacobi_tau():
     import random
 
     from draftsmith.data.jacobi import batch_trajectories
-    from draftsmith.inference.adapter import ModelAdapter
-    from draftsmith.inference.generate import GenerationConfig, generate
+    from draftsmith.inference.core.adapter import ModelAdapter
+    from draftsmith.inference.core.generate import GenerationConfig, generate
     from draftsmith.inference.proposers.jacobi import JacobiProposer
 
     random.seed(0)

@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.common.errors import ConfigError, UnsupportedModelError
-from draftsmith.data.collate import draft_vocab_coverage
+from draftsmith.data.draft_vocab import draft_vocab_coverage
 from draftsmith.data.tiny_models import random_model
-from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.inference.eagle import EagleHead
-from draftsmith.inference.generate import GenerationConfig, generate
+from draftsmith.inference.core.adapter import ModelAdapter
+from draftsmith.inference.core.generate import GenerationConfig, generate
+from draftsmith.inference.core.sampling import SamplingParams
+from draftsmith.inference.drafters.eagle import EagleHead
 from draftsmith.inference.proposers.eagle import EagleProposer
-from draftsmith.inference.sampling import SamplingParams
 from draftsmith.trainers.eagle import (
     EagleConfig,
     coverage_warning,
@@ -136,7 +136,7 @@ def test_sampling_returns_the_heads_distribution_as_q():
 
 
 def test_rerank_keeps_the_best_nodes_closed_under_ancestors():
-    from draftsmith.inference.trees import rerank
+    from draftsmith.inference.core.trees import rerank
 
     scores = torch.tensor([-0.1, -0.5, -0.3, -0.2, -2.0, -0.35])
     parents = torch.tensor([-1, -1, 0, 0, 1, 2])
@@ -199,7 +199,7 @@ def test_dynamic_tree_matches_a_brute_force_expansion():
 def test_draft_vocab_follows_the_contract():
     """../shared/contracts section 10: d2t int64 offsets [Vd], ids = arange + d2t strictly increasing in [0, V), t2d
     bool [V] marking exactly those ids; the most frequent answer tokens, unseen ids filled from the smallest."""
-    from draftsmith.inference.eagle import draft_vocab
+    from draftsmith.inference.drafters.eagle import draft_vocab
 
     counts = torch.zeros(50, dtype=torch.long)
     counts[[40, 7, 33]] = torch.tensor([9, 5, 5])
@@ -211,7 +211,7 @@ def test_draft_vocab_follows_the_contract():
 
 
 def _eagle3(target, vd=96, seed=3):
-    from draftsmith.inference.eagle import Eagle3Head, draft_vocab
+    from draftsmith.inference.drafters.eagle import Eagle3Head, draft_vocab
 
     d2t, t2d = draft_vocab(torch.arange(128).flip(0), vd)
     head = Eagle3Head.for_target(target, d2t, t2d)
@@ -234,7 +234,7 @@ def test_draft_vocab_coverage_counts_answer_tokens_only():
 
 
 def test_eagle3_head_shapes_and_layers():
-    from draftsmith.inference.eagle import aux_layers
+    from draftsmith.inference.drafters.eagle import aux_layers
 
     assert aux_layers(30) == (2, 15, 27) and aux_layers(4) == (1, 2, 3)
     target = random_model("llama", seed=0, layers=4)
@@ -312,7 +312,7 @@ def test_eagle3_drafting_is_token_identical(tree):
 def test_a_cost_sized_dynamic_tree_follows_the_verification_cost_and_stays_identical(slope):
     """``--tree-nodes auto``: with free verification every step keeps as many nodes as a fixed tree of the cap;
     when each verified token costs five plain steps, one node; either way the answer is AR's."""
-    from draftsmith.inference.cost import CostModel
+    from draftsmith.inference.evaluation.cost import CostModel
 
     target = random_model("llama", seed=0, layers=2)
     adapter = ModelAdapter(target)

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftsmith.inference.draft_length import expected_tau
+from draftsmith.inference.core.draft_length import expected_tau
 from draftsmith.trainers.losses import (
     DIVERGENCES,
     acceptance_from_tvd,

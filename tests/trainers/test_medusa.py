@@ -8,11 +8,11 @@ import torch
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.data.tiny_models import random_model
-from draftsmith.inference.adapter import ModelAdapter
-from draftsmith.inference.generate import GenerationConfig, generate
-from draftsmith.inference.heads import MedusaHeads
+from draftsmith.inference.core.adapter import ModelAdapter
+from draftsmith.inference.core.generate import GenerationConfig, generate
+from draftsmith.inference.core.trees import chain_choices, tree_from_choices
+from draftsmith.inference.drafters.medusa import MedusaHeads
 from draftsmith.inference.proposers.medusa import MedusaProposer
-from draftsmith.inference.trees import chain_choices, tree_from_choices
 from draftsmith.trainers.medusa import MedusaConfig, build_heads, head_targets, kl_rows, rank_of_true
 
 

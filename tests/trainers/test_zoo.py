@@ -13,6 +13,7 @@ import transformers
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.io import sha256_file
+from draftsmith.common.paths import zoo_dir
 from draftsmith.common.threads import THREADS_ENV
 from draftsmith.data import zoo
 from draftsmith.data.corpus import corpus_sha256
@@ -58,7 +59,7 @@ def weights(out):
 
 def test_layout_and_manifest_fields(built):
     home, out = built
-    assert out == zoo.zoo_dir("tiny", home) == home / "zoo" / "tiny"
+    assert out == zoo_dir("tiny", home) == home / "zoo" / "tiny"
     assert sorted(p.name for p in out.iterdir()) == ["draft", "manifest.json", "target", "tokenizer"]
     manifest = json.loads((out / "manifest.json").read_text())
     spec = reduced_spec()
@@ -137,7 +138,7 @@ def test_interrupted_build_resumes_from_its_checkpoint(built, tmp_path):
 
     with pytest.raises(Interrupt):
         build(tmp_path, on_step=crash_at_target_step_5)
-    out = zoo.zoo_dir("tiny", tmp_path)
+    out = zoo_dir("tiny", tmp_path)
     assert (out / "tokenizer").is_dir() and not (out / "target").exists() and not (out / "manifest.json").exists()
     assert (out / ".build" / "target.ckpt.pt").is_file()
     assert not [p for p in (out / ".build").iterdir() if ".tmp" in p.name]  # atomic writes leave no temp files

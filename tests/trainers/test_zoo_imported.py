@@ -15,7 +15,8 @@ from draftsmith.common.io import atomic_write_json, sha256_file
 from draftsmith.data import zoo
 from draftsmith.data.model_import import imported_dir
 from draftsmith.data.tokenizer import train_tokenizer
-from draftsmith.trainers.zoo import build_zoo, draft_from_target, grow_layers
+from draftsmith.trainers.draft_layers import draft_from_target, grow_layers
+from draftsmith.trainers.zoo import build_zoo
 
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "def add(a, b):\n    return a + b\n",
              "What is 12 plus 30? The answer is 42.", "Speculative decoding drafts tokens; the target verifies."]

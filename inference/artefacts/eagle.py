@@ -1,0 +1,149 @@
+"""EAGLE's artefact: the head of a ``heads`` artefact directory (:func:`load_eagle_head`), and exporting EAGLE heads to the layouts vLLM and SGLang load (docs/EXPORT.md; the contracts are recorded from the
+engines' loaders in tests/contracts/engines.json), and reading an export back into draftsmith.
+
+- ``eagle3``: one directory both engines load (the portable layout): ``config.json`` with
+  ``architectures: ["LlamaForCausalLMEagle3"]``, ``model_type: "llama"``, one layer, the head's layer sizes, the
+  target's ``vocab_size`` and the ``draft_vocab_size``; ``model.safetensors`` with ``midlayer.*``, ``fc.weight``
+  ``[H, 3 Ht]``, ``norm.weight``, ``lm_head.weight`` ``[Vd, H]``, ``d2t`` ``[Vd]`` int64 and ``t2d`` ``[V]`` bool; no
+  embedding (both engines share the target's). The three target layers are always written, in ascending order
+  (``fc``'s column blocks permuted to match), in both conventions: ``eagle_config.eagle_aux_hidden_state_layer_ids``
+  in SGLang's (the *output* of layer ``id``: hidden-state index minus one) and the top-level key in vLLM's (the
+  hidden-state index itself), which vLLM prefers; an engine's own default ``(2, n//2, n-3)`` would feed a head
+  trained on a shallow target other layers. A head drafting over the full vocabulary ships no ``d2t``/``t2d``
+  (vLLM builds no vocabulary map then and refuses the tensors).
+- ``vllm-eagle`` / ``sglang-eagle`` (EAGLE-1; the engines disagree, so there are two): ``fc.weight`` ``[H, 2H]`` and
+  ``layers.0.*`` without ``input_layernorm`` (identity in both engines, as in draftsmith's head). vLLM:
+  ``architectures: ["LlamaForCausalLM"]`` (vLLM renames it ``EagleLlamaForCausalLM``) and no ``fc.bias`` (its loader
+  raises on one); SGLang: ``["LlamaForCausalLMEagle"]`` and an ``fc.bias`` always (zeros for a head trained without
+  one: SGLang's ``fc`` has a bias and would keep it randomly initialised otherwise).
+
+Keys neither engine agrees on are never written (``bias``, ``norm_before_residual``, ``norm_before_fc``,
+``norm_output``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from draftsmith.common.errors import ArtefactError, ConfigError
+from draftsmith.common.io import read_json
+from draftsmith.inference.artefacts.checkpoint import write_export
+from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, aux_layers
+
+EAGLE_FORMATS = ("eagle3", "vllm-eagle", "sglang-eagle")
+ARCHITECTURES = {"eagle3": "LlamaForCausalLMEagle3", "vllm-eagle": "LlamaForCausalLM",
+                 "sglang-eagle": "LlamaForCausalLMEagle"}
+_LAYER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+               "hidden_act", "rms_norm_eps", "max_position_embeddings", "rope_parameters", "rope_scaling", "mlp_bias")
+
+
+def layer_config(head, target_config, fmt: str) -> dict:
+    """The export's ``config.json``: the head layer's sizes (from the target's config) and the format's keys."""
+    source = head.config.to_dict()
+    config = {"architectures": [ARCHITECTURES[fmt]], "model_type": "llama", "num_hidden_layers": 1,
+              "vocab_size": int(target_config.vocab_size), "tie_word_embeddings": False}
+    config.update({k: source[k] for k in _LAYER_KEYS if source.get(k) is not None})
+    rope = source.get("rope_parameters") or {}
+    theta = rope.get("rope_theta", source.get("rope_theta"))
+    if theta is not None:
+        config["rope_theta"] = theta
+    config["rope_scaling"] = source.get("rope_scaling")
+    config["torch_dtype"] = str(next(head.parameters()).dtype).removeprefix("torch.")
+    if fmt == "eagle3":
+        config["draft_vocab_size"] = int(head.d2t.numel())
+        if head.target_hidden != head.hidden:
+            config["target_hidden_size"] = head.target_hidden
+        layers = sorted(head.hidden_layers)  # the engines concatenate the captured layers in ascending order
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers]}  # SGLang's ids
+        config["eagle_aux_hidden_state_layer_ids"] = layers  # vLLM's (preferred there); written for every depth
+    return config
+
+
+def ascending_fc(fc: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:  # [H, k Ht] -> [H, k Ht]
+    """EAGLE-3's ``fc`` weight with its per-layer column blocks in ascending layer order: the engines concatenate
+    the captured hidden states that way, whatever order the head was trained with."""
+    blocks = fc.chunk(len(layers), dim=-1)  # k x [H, Ht], in the head's order
+    return torch.cat([blocks[i] for i in sorted(range(len(layers)), key=lambda i: layers[i])], dim=-1)
+
+
+def eagle_tensors(head, fmt: str) -> dict[str, torch.Tensor]:
+    """The head's tensors under the names of ``fmt`` (module docstring)."""
+    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    if fmt == "eagle3":
+        if not isinstance(head, Eagle3Head):
+            raise ConfigError("--format eagle3 exports EAGLE-3 heads; this artefact is EAGLE-1: use vllm-eagle or "
+                              "sglang-eagle")
+        state["fc.weight"] = ascending_fc(state["fc.weight"], head.hidden_layers)
+        if head.d2t.numel() == head.t2d.numel():  # the full vocabulary: vLLM has no vocabulary map to load then
+            del state["d2t"], state["t2d"]
+        return state
+    if not isinstance(head, EagleHead):
+        raise ConfigError(f"--format {fmt} exports EAGLE-1 heads; this artefact is EAGLE-3: use --format eagle3")
+    out = {("layers.0." + k.removeprefix("layer.")) if k.startswith("layer.") else k: v for k, v in state.items()}
+    if fmt == "vllm-eagle" and "fc.bias" in out:
+        raise ConfigError("this head was trained with an fc bias, which vLLM's EAGLE model cannot load: export "
+                          "--format sglang-eagle, or retrain with fc_bias=false")
+    if fmt == "sglang-eagle" and "fc.bias" not in out:
+        out["fc.bias"] = torch.zeros(head.hidden, dtype=out["fc.weight"].dtype)
+    return out
+
+
+def export_eagle(head, target_config, fmt: str, out: str | os.PathLike) -> Path:
+    """Write ``head`` in layout ``fmt`` at ``out``, atomically."""
+    if fmt not in EAGLE_FORMATS:
+        raise ConfigError(f"EAGLE export format {fmt!r} is unknown: choose one of {', '.join(EAGLE_FORMATS)}")
+    return write_export(out, eagle_tensors(head, fmt), layer_config(head, target_config, fmt))
+
+
+def read_eagle_export(directory: str | os.PathLike, target) -> EagleHead | Eagle3Head:
+    """An export (any of :data:`EAGLE_FORMATS`) back as a draftsmith head for ``target``."""
+    directory = Path(directory)
+    config = read_json(directory / "config.json")
+    arch = (config or {}).get("architectures", [None])[0]
+    if arch not in ARCHITECTURES.values():
+        raise ArtefactError(f"{directory} is not an EAGLE export (config.json architectures {arch!r})")
+    tensors = load_file(str(directory / "model.safetensors"))
+    if arch == ARCHITECTURES["eagle3"]:
+        layers = config.get("eagle_aux_hidden_state_layer_ids") or aux_layers(int(target.config.num_hidden_layers))
+        if "d2t" not in tensors:  # a full-vocabulary head: the identity map
+            vocab = int(target.config.vocab_size)
+            tensors |= {"d2t": torch.zeros(vocab, dtype=torch.long), "t2d": torch.ones(vocab, dtype=torch.bool)}
+        head = Eagle3Head.for_target(target, tensors["d2t"], tensors["t2d"], tuple(layers))
+        head.load_state_dict(tensors)
+        return head
+    head = EagleHead.for_target(target, fc_bias="fc.bias" in tensors)
+    state = {("layer." + k.removeprefix("layers.0.")) if k.startswith("layers.0.") else k: v for k, v in tensors.items()}
+    head.load_state_dict(state)
+    return head
+
+
+def load_eagle_head(directory, target: torch.nn.Module) -> EagleHead | Eagle3Head:
+    """The head of an EAGLE artefact directory (``heads.safetensors`` + ``heads_config.json``) for ``target``."""
+    directory = Path(directory)
+    config = read_json(directory / "heads_config.json")
+    if config is None or config.get("method") != "eagle":
+        raise ArtefactError(f"{directory}/heads_config.json is missing or not an EAGLE head: pass an EAGLE artefact")
+    tensors = load_file(str(directory / "heads.safetensors"))
+    if config.get("variant", "eagle1") == "eagle3":
+        head = Eagle3Head.for_target(target, tensors["d2t"], tensors["t2d"], tuple(config["layers"]))
+    else:
+        head = EagleHead.for_target(target, fc_bias=bool(config.get("fc_bias", False)))
+    head.load_state_dict(tensors)
+    return head
+
+
+def export_eagle_artefact(artefact: str | os.PathLike, manifest: dict, fmt: str, out: str | os.PathLike,
+                          target_model=None) -> Path:
+    """Export an EAGLE artefact in layout ``fmt`` (:data:`EAGLE_FORMATS`); the head's layer is built from the
+    target's config, so the target is needed."""
+    if target_model is None:
+        raise ConfigError(f"--format {fmt} builds the head's layer from its target's config: pass --target")
+    return export_eagle(load_eagle_head(artefact, target_model), target_model.config, fmt, out)
+
+
+__all__ = ["ARCHITECTURES", "EAGLE_FORMATS", "eagle_tensors", "export_eagle", "export_eagle_artefact", "layer_config",
+           "load_eagle_head", "read_eagle_export", "ascending_fc"]

@@ -1,0 +1,45 @@
+"""``draftsmith export``: an artefact in a serving engine's checkpoint layout (docs/EXPORT.md).
+
+Each method's registry entry names its formats and their exporters (``MethodSpec.export_formats``: format ->
+``exporter(artefact, manifest, fmt, out, target_model) -> Path``); the exporters live beside each method's artefact
+loader (:mod:`draftsmith.inference.artefacts.medusa`, :mod:`draftsmith.inference.artefacts.eagle`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from draftsmith.common.errors import ConfigError
+from draftsmith.common.registry import REGISTRY, export_formats, resolve
+from draftsmith.inference.artefacts.manifest import read_manifest
+from draftsmith.inference.artefacts.medusa import describe_medusa_export
+
+
+def export_artefact(artefact: str | os.PathLike, fmt: str, out: str | os.PathLike, target_model=None) -> Path:
+    """Export the artefact at ``artefact`` in format ``fmt`` (:func:`draftsmith.common.registry.export_formats`) to ``out``; the artefact's
+    weights are checked against its manifest first."""
+    formats = export_formats()
+    if fmt not in formats:
+        raise ConfigError(f"export format {fmt!r} is unknown: choose one of {', '.join(formats)}")
+    manifest = read_manifest(artefact)
+    method = formats[fmt]
+    if manifest.get("method") != method:
+        raise ConfigError(f"--format {fmt} exports {method} artefacts, but {artefact} is a {manifest.get('method')} "
+                          "artefact")
+    return resolve(REGISTRY.get(method).export_formats[fmt])(artefact, manifest, fmt, out, target_model)
+
+
+def describe(out: str | os.PathLike) -> str:
+    """One line: what an export directory holds."""
+    config = json.loads((Path(out) / "config.json").read_text())
+    tensors = len(load_file(str(Path(out) / "model.safetensors")))
+    if config.get("model_type") == "medusa":
+        return describe_medusa_export(out, config, tensors)
+    return f"{out}: {config['architectures'][0]} draft head, {tensors} tensors"
+
+
+__all__ = ["describe", "export_artefact"]

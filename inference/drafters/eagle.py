@@ -1,0 +1,266 @@
+"""The EAGLE-1 draft head (Li et al. 2024): feature-level drafting on top of the target.
+
+The head reads the target's feature ``f_t`` (its final-normed last hidden state at position ``t``, the input of
+its LM head) and the embedding of the next token ``x_{t+1}``, and predicts the next feature::
+
+    f^_{t+1} = Layer(fc([E(x_{t+1}); f_t]))          (EAGLE eq. 1: fc is a (2H -> H) linear map)
+    p^_{t+2} = softmax(LMHead(f^_{t+1}))
+
+``Layer`` is one decoder layer of the target's own architecture, built from the target's config by the target's
+own layer class (no copied modeling code), with its own rotary embedding and KV cache; its input norm is the
+identity, as in EAGLE's own head and in vLLM's and SGLang's EAGLE models (so an exported head computes what
+draftsmith trained); ``E`` and ``LMHead`` are
+the target's, frozen and shared, passed in at call time (never parameters of the head, so never trained, saved
+or given to an optimizer). Drafting feeds the head its own predicted features (``f^`` for ``f``) to go further
+ahead; after verification the true features of the accepted tokens replace them in the head's cache.
+
+EAGLE-3 (:class:`Eagle3Head`, Li et al. 2025) reads three target layers instead of the last: a low, a middle and a
+high one (the input of decoder layers ``2, n//2, n-3``, as in EAGLE-3 and the engines; spread evenly on targets
+of fewer than 6 layers), fused by ``fc`` (``3 Ht -> H``, no bias) into ``g_t``; its layer attends over
+``[input_norm(E(x_{t+1})); hidden_norm(g_t)]`` (q/k/v read ``2H``) with ``g_t`` as the residual, and its own final
+norm and LM head give logits over a reduced draft vocabulary (the ``Vd`` most frequent target tokens of the
+training data; ``d2t``/``t2d`` map between the two vocabularies as in EAGLE-3's and the engines' checkpoints). While
+drafting, the head's own output ``h`` takes the place of ``g`` (no fc).
+
+Both heads answer the same calls, which is all the proposer uses: ``hidden_layers`` (the target layers they read),
+``fuse`` (target features -> the head's input hidden), ``forward`` (one head step over new positions with a KV
+cache), ``draft_logits`` (head output -> logits over the draft vocabulary) and ``to_target`` (draft ids -> target
+ids).
+
+Llama-style targets only (Llama, Qwen2, Mistral, ...): the heads need the target's decoder layer, norm and rotary
+embedding classes. The module lives in ``inference`` because the decode loop runs it; the trainer
+(``draftsmith.trainers.eagle``) builds and trains it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from draftsmith.common.errors import ConfigError, UnsupportedModelError
+from draftsmith.common.models import cache_keyword
+from draftsmith.data.draft_vocab import draft_vocabulary
+from draftsmith.inference.core.adapter import ModelAdapter, additive_mask, visibility
+from draftsmith.inference.core.kv_cache import KVCache
+
+
+def aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's default target layers as transformers hidden-state indices (the input of decoder layer ``i``):
+    ``(2, n//2, n-3)`` as EAGLE-3, vLLM and SGLang capture them; on targets of fewer than 6 layers, where those
+    collide, ``(1, n//2, n-1)`` (distinct from 4 layers on)."""
+    n = int(num_layers)
+    if n < 3:
+        raise UnsupportedModelError(f"EAGLE-3 fuses three target layers; this target has {n}")
+    return (2, n // 2, n - 3) if n >= 6 else (1, max(2, n // 2), n - 1)
+
+
+def draft_vocab(counts: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:  # [V] -> [Vd], [V]
+    """EAGLE-3's reduced draft vocabulary from target-token counts ``[V]`` over the training answers: the ``size``
+    most frequent ids (ties and unseen ids: the smaller id first; :func:`draftsmith.data.draft_vocab.draft_vocabulary`),
+    as EAGLE-3's checkpoints store it: ``d2t`` ``[Vd]`` int64 (the offset ``target_id - draft_id``) and ``t2d``
+    ``[V]`` bool (which target ids are in)."""
+    used = draft_vocabulary(counts, size)  # [Vd] ascending
+    t2d = torch.zeros(counts.numel(), dtype=torch.bool)
+    t2d[used] = True
+    return used - torch.arange(used.numel()), t2d
+
+
+class GrowingCache:
+    """A one-layer key/value cache that concatenates (so gradients flow through every cached key): the unrolled
+    training-time test of EAGLE-3 keeps each step's keys for the next steps."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def update(self, key_states, value_states, layer_idx: int = 0, *_, **__):  # extras as KVCache.update's
+        if self.keys is None:
+            self.keys, self.values = key_states, value_states
+        else:
+            self.keys = torch.cat([self.keys, key_states], dim=2)
+            self.values = torch.cat([self.values, value_states], dim=2)
+        return self.keys, self.values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0 if self.keys is None else int(self.keys.shape[2])
+
+
+def head_mask(hidden: torch.Tensor, position_ids: torch.Tensor, past: int, tree: torch.Tensor | None,
+              visible: torch.Tensor | None) -> torch.Tensor:  # [1, 1, T, past + T] additive
+    """The head's attention mask: ``visible`` ``[T, past + T]`` when given, else every cached key and the new ones
+    causally (or as ``tree`` ``[T, T]`` allows)."""
+    t = hidden.shape[1]
+    if visible is None:
+        new = tree if tree is not None else torch.ones(t, t, dtype=torch.bool, device=hidden.device).tril()
+        visible = visibility(past, new.to(hidden.device), position_ids[0])
+    elif tuple(visible.shape) != (t, past + t):
+        raise ValueError(f"visible is {tuple(visible.shape)}; the head needs [{t}, {past + t}] here")
+    return additive_mask(visible.to(hidden.device), hidden.dtype)
+
+
+def _llama_adapter(target: nn.Module) -> ModelAdapter:
+    adapter = ModelAdapter(target)
+    if adapter.family != "llama":
+        raise UnsupportedModelError(f"EAGLE heads need a Llama-style target (Llama, Qwen2, Mistral, ...), not "
+                                    f"{adapter.model_type!r}")
+    return adapter
+
+
+def head_config(target_config):
+    """A copy of the target's config for a one-layer head (the layer index 0 of a one-layer stack)."""
+    config = copy.deepcopy(target_config)
+    config.num_hidden_layers = 1
+    if getattr(config, "layer_types", None):
+        config.layer_types = ["full_attention"]
+    return config
+
+
+class EagleHead(nn.Module):
+    """``fc`` over ``[E(x_{t+1}); f_t]`` then one decoder layer of the target's architecture (module docstring)."""
+
+    def __init__(self, config, layer_cls: type[nn.Module], rotary_cls: type[nn.Module], fc_bias: bool = False) -> None:
+        super().__init__()
+        self.config = config
+        hidden = int(config.hidden_size)
+        self.hidden = hidden
+        self.fc_bias = fc_bias
+        self.fc = nn.Linear(2 * hidden, hidden, bias=fc_bias)
+        self.layer = layer_cls(config, layer_idx=0)
+        # as in EAGLE and in the engines that serve its heads (vLLM, SGLang): the layer reads the fc output without
+        # an input norm (module docstring)
+        self.layer.input_layernorm = nn.Identity()
+        self.rotary = rotary_cls(config=config)
+
+    @classmethod
+    def for_target(cls, target: nn.Module, fc_bias: bool = False) -> EagleHead:
+        """A fresh head for ``target`` (its dtype; on the CPU)."""
+        adapter = _llama_adapter(target)
+        config = head_config(target.config)
+        head = cls(config, type(adapter.layers[0]), type(adapter.rotary), fc_bias=fc_bias)
+        return head.to(adapter.dtype)
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        return KVCache(1, capacity)
+
+    def forward(
+        self,
+        embeds: torch.Tensor,  # [B, T, H]  E(x_{t+1})
+        features: torch.Tensor,  # [B, T, H]  f_t (true, or the head's own f^ while drafting)
+        position_ids: torch.Tensor,  # [B, T]
+        cache: KVCache | None = None,
+        key_padding: torch.Tensor | None = None,  # [B, T] 1 = real token (training batches without a cache)
+        tree: torch.Tensor | None = None,  # [T, T] bool visibility among the new positions; None = causal
+        visible: torch.Tensor | None = None,  # [T, past + T] bool: which cached and new keys each query sees
+    ) -> torch.Tensor:  # [B, T, H]  f^_{t+1}
+        hidden = self.fc(torch.cat([embeds, features], dim=-1))
+        past = cache.get_seq_length(0) if cache is not None else 0
+        mask = head_mask(hidden, position_ids, past, tree, visible)  # [1, 1, T, past + T]
+        if key_padding is not None:  # [B, 1, 1, T]: padded keys hidden from every query
+            pad = (key_padding[:, None, None, :] == 0).to(device=hidden.device)
+            mask = mask.masked_fill(pad, torch.finfo(hidden.dtype).min)
+        rope = self.rotary(hidden, position_ids)
+        out = self.layer(hidden, attention_mask=mask, position_ids=position_ids, use_cache=cache is not None,
+                         position_embeddings=rope, **{cache_keyword(self.layer): cache})
+        return out[0] if isinstance(out, tuple) else out
+
+    # -- what the proposer uses -------------------------------------------------------------------------
+    hidden_layers: tuple[int, ...] = (-1,)  # the target's final-normed last hidden state
+
+    def fuse(self, features: dict[int, torch.Tensor]) -> torch.Tensor:  # -> [..., H]
+        return features[-1]
+
+    def draft_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:  # [..., V]
+        return lm_head(hidden)
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids
+
+    def artefact_config(self) -> dict:
+        return {"method": "eagle", "variant": "eagle1", "hidden_size": self.hidden, "fc_bias": self.fc_bias}
+
+
+class Eagle3Head(nn.Module):
+    """EAGLE-3's head (module docstring): ``fc`` over three target layers, one decoder layer of the target's
+    architecture whose q/k/v read ``[input_norm(E(x)); hidden_norm(g)]``, its own norm and draft-vocabulary LM head."""
+
+    def __init__(self, config, layer_cls: type[nn.Module], rotary_cls: type[nn.Module], norm_cls: type[nn.Module],
+                 layers: tuple[int, ...], d2t: torch.Tensor, t2d: torch.Tensor, target_hidden: int | None = None) -> None:
+        super().__init__()
+        self.config = config
+        hidden = int(config.hidden_size)
+        eps = float(getattr(config, "rms_norm_eps", 1e-6))
+        self.hidden, self.target_hidden = hidden, int(target_hidden or hidden)
+        self.hidden_layers = tuple(int(i) for i in layers)
+        self.fc = nn.Linear(len(self.hidden_layers) * self.target_hidden, hidden, bias=False)
+        self.midlayer = layer_cls(config, layer_idx=0)
+        attn = self.midlayer.self_attn
+        for name in ("q_proj", "k_proj", "v_proj"):  # our layer instance reads [E(x); g]: 2H wide
+            old = getattr(attn, name)
+            setattr(attn, name, nn.Linear(2 * hidden, old.out_features, bias=old.bias is not None))
+        self.midlayer.hidden_norm = norm_cls(hidden, eps=eps)
+        self.norm = norm_cls(hidden, eps=eps)
+        self.lm_head = nn.Linear(hidden, int(d2t.numel()), bias=False)
+        self.register_buffer("d2t", d2t.to(torch.long).clone())  # [Vd] target id - draft id
+        self.register_buffer("t2d", t2d.to(torch.bool).clone())  # [V]
+        self.rotary = rotary_cls(config=config)
+
+    @classmethod
+    def for_target(cls, target: nn.Module, d2t: torch.Tensor, t2d: torch.Tensor,
+                   layers: tuple[int, ...] | None = None) -> Eagle3Head:
+        """A fresh head for ``target`` (its dtype, on the CPU); its LM head starts as the target's rows of the draft
+        vocabulary."""
+        adapter = _llama_adapter(target)
+        layers = tuple(layers) if layers else aux_layers(adapter.num_layers)
+        bad = [i for i in layers if not 1 <= i < adapter.num_layers]
+        if bad or len(layers) != 3:
+            raise ConfigError(f"EAGLE-3 layers {list(layers)}: give three hidden-state indices in 1..{adapter.num_layers - 1}")
+        if t2d.numel() != adapter.vocab_size:
+            raise ConfigError(f"t2d covers {t2d.numel()} target tokens; the target has {adapter.vocab_size}")
+        head = cls(head_config(target.config), type(adapter.layers[0]), type(adapter.rotary),
+                   type(adapter.final_norm), layers, d2t, t2d)
+        with torch.no_grad():
+            ids = torch.arange(d2t.numel()) + d2t
+            head.lm_head.weight.copy_(adapter.lm_head.weight[ids.to(adapter.device)].cpu())
+            head.norm.weight.copy_(adapter.final_norm.weight.cpu())
+        return head.to(adapter.dtype)
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        return KVCache(1, capacity)
+
+    def fuse(self, features: dict[int, torch.Tensor]) -> torch.Tensor:  # {layer: [..., Ht]} -> [..., H]
+        return self.fc(torch.cat([features[i] for i in self.hidden_layers], dim=-1))
+
+    def forward(
+        self,
+        embeds: torch.Tensor,  # [B, T, H]  E(x_{t+1})
+        hidden: torch.Tensor,  # [B, T, H]  g_t = fuse(target features), or the head's own output while drafting
+        position_ids: torch.Tensor,  # [B, T]
+        cache: KVCache | GrowingCache | None = None,
+        key_padding: torch.Tensor | None = None,  # unused with right padding; accepted like EagleHead's
+        tree: torch.Tensor | None = None,
+        visible: torch.Tensor | None = None,  # [T, past + T] bool
+    ) -> torch.Tensor:  # [B, T, H]  the head's output h (pre-norm; the next step's input hidden)
+        past = cache.get_seq_length(0) if cache is not None else 0
+        mask = head_mask(hidden, position_ids, past, tree, visible)
+        rope = self.rotary(hidden, position_ids)
+        layer = self.midlayer
+        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+        attn = layer.self_attn(x, position_embeddings=rope, attention_mask=mask, position_ids=position_ids,
+                               **{cache_keyword(layer.self_attn): cache})
+        h = hidden + (attn[0] if isinstance(attn, tuple) else attn)
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def draft_logits(self, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:  # [..., Vd]
+        return self.lm_head(self.norm(hidden))
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids + self.d2t[ids]
+
+    def artefact_config(self) -> dict:
+        return {"method": "eagle", "variant": "eagle3", "hidden_size": self.hidden, "layers": list(self.hidden_layers),
+                "draft_vocab_size": int(self.d2t.numel()), "vocab_size": int(self.t2d.numel())}
+
+
+__all__ = ["Eagle3Head", "EagleHead", "GrowingCache", "aux_layers", "draft_vocab", "head_config", "head_mask"]

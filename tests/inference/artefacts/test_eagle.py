@@ -1,0 +1,162 @@
+"""The EAGLE exports against the loaders' recorded contracts (tests/contracts/engines.json, copied from the engines'
+source: config keys, tensor names, shapes, dtypes), and each export read back into draftsmith with identical draft
+logits."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from draftsmith.common.errors import ConfigError
+from draftsmith.data.tiny_models import random_model
+from draftsmith.inference.artefacts.eagle import export_eagle, read_eagle_export
+from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, draft_vocab
+
+CONTRACTS = json.loads((Path(__file__).resolve().parents[2] / "contracts" / "engines.json").read_text())
+ENGINES = {"eagle3": ("vllm_eagle3", "sglang_eagle3"), "vllm-eagle": ("vllm_eagle",), "sglang-eagle": ("sglang_eagle",)}
+
+
+def _perturbed(head):
+    torch.manual_seed(0)
+    for p in head.parameters():
+        p.data.add_(torch.randn_like(p) * 0.1)  # as if trained
+    return head
+
+
+def _head(fmt: str, layers: int = 6, aux=None):
+    target = random_model("llama", seed=0, layers=layers)
+    if fmt == "eagle3":
+        d2t, t2d = draft_vocab(torch.arange(128).flip(0), 80)
+        return target, _perturbed(Eagle3Head.for_target(target, d2t, t2d, aux))
+    return target, _perturbed(EagleHead.for_target(target))
+
+
+def _dims(target) -> dict[str, int]:
+    c = target.config
+    return {"H": c.hidden_size, "nh": c.num_attention_heads, "nkv": c.num_key_value_heads, "hd": c.head_dim,
+            "I": c.intermediate_size, "V": c.vocab_size, "Vd": 80, "K": 3, "Ht": c.hidden_size}
+
+
+def _shape(spec: str, dims: dict[str, int]) -> list[int] | None:
+    """``[H, 2H]``, ``[nh*hd, H]``, ``[H, K*Ht]`` ... evaluated with ``dims`` (None when not a plain shape)."""
+    m = re.match(r"^\s*\[([^\]]+)\]", spec.replace("·", "*"))
+    if not m:
+        return None
+    try:
+        return [int(eval(re.sub(r"(\d)([A-Za-z])", r"\1*\2", d.strip()), {}, dict(dims))) for d in m.group(1).split(",")]
+    except (NameError, SyntaxError):
+        return None
+
+
+def _pattern(name: str) -> re.Pattern:
+    name = re.escape(name).replace(r"\{i\}", r"\d+").replace(r"\{k\}", r"\d+")
+    name = name.replace(r"\{q,k,v,o\}", "(q|k|v|o)").replace(r"\{q,k,v\}", "(q|k|v)")
+    return re.compile("^" + name + "$")
+
+
+@pytest.mark.parametrize("fmt", ["eagle3", "vllm-eagle", "sglang-eagle"])
+def test_export_matches_every_engines_contract(fmt, tmp_path):
+    target, head = _head(fmt)
+    out = export_eagle(head, target.config, fmt, tmp_path / fmt)
+    config = json.loads((out / "config.json").read_text())
+    tensors = load_file(str(out / "model.safetensors"))
+    dims = _dims(target)
+    for engine in ENGINES[fmt]:
+        contract = CONTRACTS[engine]
+        assert config["architectures"][0] in contract["architectures"], engine
+        assert config["model_type"] == contract["model_type"] and set(contract["config_keys_required"]) <= set(config)
+        for key in ("bias", "norm_before_residual", "norm_before_fc", "norm_output"):
+            assert key not in config  # keys whose meaning differs between the engines
+        specs = {_pattern(n): s for n, s in contract["tensors"].items()}
+        for name, tensor in tensors.items():
+            matched = [s for p, s in specs.items() if p.match(name)]
+            assert matched, f"{engine} does not know {name}"
+            spec = matched[0]
+            assert "FORBIDDEN" not in spec.get("note", ""), (engine, name)
+            want = _shape(spec["shape"], dims)
+            if want is not None:
+                assert list(tensor.shape) == want, (engine, name, spec["shape"])
+            assert (tensor.dtype == torch.int64) if name == "d2t" else (tensor.dtype == torch.bool) if name == "t2d" \
+                else tensor.dtype.is_floating_point
+        required = {n for n, s in contract["tensors"].items() if s.get("required") is True and "{" not in n}
+        required -= {"fc.bias"} if fmt == "eagle3" else set()  # fc.bias: only with SGLang's `bias: true`
+        assert required <= set(tensors), (engine, required - set(tensors))
+    if fmt == "vllm-eagle":
+        assert "fc.bias" not in tensors and "layers.0.input_layernorm.weight" not in tensors
+    if fmt == "sglang-eagle":
+        assert torch.equal(tensors["fc.bias"], torch.zeros(32))
+    if fmt == "eagle3":
+        assert config["draft_vocab_size"] == 80
+        assert config["eagle_aux_hidden_state_layer_ids"] == sorted(head.hidden_layers)
+        assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [
+            i - 1 for i in config["eagle_aux_hidden_state_layer_ids"]]  # written even for the engines' defaults
+        assert not any(k.startswith("embed_tokens") for k in tensors)
+
+
+@pytest.mark.parametrize("fmt", ["eagle3", "vllm-eagle", "sglang-eagle"])
+def test_round_trip_gives_identical_draft_logits(fmt, tmp_path):
+    target, head = _head(fmt)
+    back = read_eagle_export(export_eagle(head, target.config, fmt, tmp_path / fmt), target)
+    torch.manual_seed(1)
+    e, pos = torch.randn(1, 5, 32), torch.arange(5)[None]
+    g = torch.randn(1, 5, 32) if fmt != "eagle3" else head.fuse({i: torch.randn(1, 5, 32) for i in head.hidden_layers})
+    lm = target.get_output_embeddings()
+    with torch.no_grad():
+        assert torch.equal(back.draft_logits(back(e, g, pos), lm), head.draft_logits(head(e, g, pos), lm))
+
+
+def test_non_default_layers_are_written_in_both_conventions(tmp_path):
+    target, head = _head("eagle3", layers=8, aux=(1, 4, 6))
+    config = json.loads((export_eagle(head, target.config, "eagle3", tmp_path / "e") / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 4, 6]  # vLLM: the hidden-state index
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 3, 5]  # SGLang: the output of layer id
+    assert read_eagle_export(tmp_path / "e", target).hidden_layers == (1, 4, 6)
+
+
+@pytest.mark.parametrize("depth", [4, 5])
+def test_shallow_targets_get_their_layer_ids_written(depth, tmp_path):
+    """An engine's default (2, n//2, n-3) collides below 6 layers: the export must name the head's own layers."""
+    target, head = _head("eagle3", layers=depth)
+    config = json.loads((export_eagle(head, target.config, "eagle3", tmp_path / "e") / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == list(head.hidden_layers) == sorted(set(head.hidden_layers))
+
+
+def test_layers_out_of_order_are_written_ascending_with_fc_permuted(tmp_path):
+    target, head = _head("eagle3", layers=8, aux=(6, 1, 4))
+    export = export_eagle(head, target.config, "eagle3", tmp_path / "e")
+    assert json.loads((export / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 4, 6]
+    back = read_eagle_export(export, target)
+    assert back.hidden_layers == (1, 4, 6)
+    features = {i: torch.randn(1, 5, 32) for i in (1, 4, 6)}
+    with torch.no_grad():  # the same fused features whichever order the layers are listed in
+        assert torch.allclose(back.fuse(features), head.fuse(features), atol=1e-6)
+
+
+def test_a_full_vocabulary_head_ships_no_vocabulary_map(tmp_path):
+    target = random_model("llama", seed=0, layers=6)
+    vocab = target.config.vocab_size
+    head = _perturbed(Eagle3Head.for_target(target, torch.zeros(vocab, dtype=torch.long),
+                                            torch.ones(vocab, dtype=torch.bool), None))
+    export = export_eagle(head, target.config, "eagle3", tmp_path / "e")
+    tensors = load_file(str(export / "model.safetensors"))
+    assert "d2t" not in tensors and "t2d" not in tensors
+    assert json.loads((export / "config.json").read_text())["draft_vocab_size"] == vocab
+    back = read_eagle_export(export, target)
+    e, g, pos = torch.randn(1, 5, 32), head.fuse({i: torch.randn(1, 5, 32) for i in head.hidden_layers}), torch.arange(5)[None]
+    lm = target.get_output_embeddings()
+    with torch.no_grad():
+        assert torch.equal(back.draft_logits(back(e, g, pos), lm), head.draft_logits(head(e, g, pos), lm))
+
+
+def test_wrong_format_for_the_head_is_refused(tmp_path):
+    target, head = _head("vllm-eagle")
+    with pytest.raises(ConfigError, match="eagle3"):
+        export_eagle(head, target.config, "eagle3", tmp_path / "x")
+    biased = EagleHead.for_target(target, fc_bias=True)
+    with pytest.raises(ConfigError, match="fc bias"):
+        export_eagle(biased, target.config, "vllm-eagle", tmp_path / "y")

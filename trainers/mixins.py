@@ -1,0 +1,153 @@
+"""What several methods share beside the trainer (:mod:`draftsmith.trainers.base`): config mixins, each a group of
+settings with its check, and the helpers that act on them.
+
+- :class:`AnswerTokens` how much the target writes per prompt, and :class:`TargetAnswers` whether a method trains on
+  those answers or on the dataset's (Medusa, EAGLE, BiTA, LayerSkip; CLLM and DistillSpec take the lengths only);
+- :class:`FeatureCache` where the frozen target's hidden states come from (EAGLE, DistillSpec), and
+  :func:`offline_feature_datasets`, the cache of :mod:`draftsmith.data.feature_cache` as the training set;
+- :class:`TunableCopy` how a method tunes its copy of the target (LayerSkip, CLLM): :func:`tunable_copy` builds it
+  (full or LoRA) and :func:`merged_model` gives the adapted-target artefact.
+
+A method config is a dataclass deriving from the mixins it needs; its ``__post_init__`` calls their checks. A
+config is written to the artefact manifest with :func:`dataclasses.asdict`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from draftsmith.common.errors import ConfigError
+
+ANSWER_MODES = ("target", "fixed")
+FEATURE_MODES = ("online", "offline")
+FINETUNE_MODES = ("full", "lora")
+
+
+def help_text(text: str) -> dict:
+    """Dataclass field metadata for a method config: the ``--flag`` help the recipe parser shows."""
+    return {"help": text}
+
+
+def check_choice(name: str, value, choices: Sequence) -> None:
+    """Raise the one-line :class:`ConfigError` ``name=value is unknown: choose one of ...`` unless ``value`` is
+    one of ``choices``."""
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is unknown: choose one of {', '.join(map(str, choices))}")
+
+
+# ------------------------------------------------------------------------------------------------ answers
+
+
+@dataclass
+class AnswerTokens:
+    """How much the target (or the draft, on-policy) writes per prompt where a method generates its data."""
+
+    max_new_tokens: int = field(default=64, metadata=help_text("Tokens generated per prompt where the data are "
+                                                               "generated (the target's answers, on-policy drafts)."))
+    prompt_tokens: int = field(default=32, metadata=help_text("For plain-text rows, how many leading tokens form "
+                                                              "the prompt a generation continues."))
+
+    def check_answer_tokens(self) -> None:
+        if int(self.max_new_tokens) < 1 or int(self.prompt_tokens) < 1:
+            raise ConfigError(f"max_new_tokens={self.max_new_tokens} and prompt_tokens={self.prompt_tokens} must "
+                              "be >= 1")
+
+
+@dataclass
+class TargetAnswers(AnswerTokens):
+    """Where a method trains its answers from: the target's own, or the dataset's."""
+
+    data_mode: str = field(default="target", metadata=help_text("target = train on the target's greedy answers to "
+                                                                "the dataset prompts (self-distillation); fixed = the "
+                                                                "dataset responses as they are."))
+
+    def check_answers(self) -> None:
+        check_choice("data_mode", self.data_mode, ANSWER_MODES)
+        self.check_answer_tokens()
+
+
+# ----------------------------------------------------------------------------------------------- features
+
+
+@dataclass
+class FeatureCache:
+    """Where a method reads the frozen target's hidden states from."""
+
+    features: str = field(default="online", metadata=help_text("online = the frozen target runs in every step; "
+                                                               "offline = its hidden states are computed once, into "
+                                                               "a cache on disk (draftsmith.data.feature_cache), "
+                                                               "reused across epochs and runs."))
+    feature_cache_dir: str = field(default="", metadata=help_text("Offline features: the cache root (default "
+                                                                  "$DRAFTSMITH_HOME/features)."))
+    feature_cache_budget_gb: float = field(default=50.0, metadata=help_text("Offline features: refuse to build a "
+                                                                            "cache larger than this."))
+    feature_cache_dtype: str = field(default="float16", metadata=help_text("Offline features: float16, bfloat16 or "
+                                                                           "float32."))
+
+    def check_features(self) -> None:
+        check_choice("features", self.features, FEATURE_MODES)
+
+
+def offline_feature_datasets(config: FeatureCache, target, tokenizer, datasets, layers, training_args,
+                             answer: dict | None = None) -> list:
+    """``datasets`` as :class:`~draftsmith.data.feature_cache.FeatureDataset` of the target's ``layers`` under the
+    configured cache root (default :func:`draftsmith.common.paths.features_dir`); the main process builds, the
+    others wait and read."""
+    from pathlib import Path
+
+    from draftsmith.common.paths import features_dir
+    from draftsmith.data.feature_cache import CacheSpec, feature_datasets
+
+    root = Path(config.feature_cache_dir) if config.feature_cache_dir else features_dir()
+    spec = CacheSpec(layers=tuple(layers), dtype=config.feature_cache_dtype,
+                     budget_gb=float(config.feature_cache_budget_gb))
+    with training_args.main_process_first(desc="building the feature cache"):
+        return feature_datasets(target, tokenizer, datasets, root, spec, answer)
+
+
+# ----------------------------------------------------------------------------------------- a tuned target
+
+
+@dataclass
+class TunableCopy:
+    """How a method tunes its copy of the target (the frozen original stays the reference)."""
+
+    finetune: str = field(default="full", metadata=help_text("full = every weight of the target's copy trains; lora "
+                                                             "= a peft LoRA adapter on every linear layer (merged "
+                                                             "into the artefact)."))
+    lora_r: int = field(default=16, metadata=help_text("finetune=lora: the LoRA rank."))
+    lora_alpha: float = field(default=32.0, metadata=help_text("finetune=lora: LoRA alpha."))
+
+    def check_finetune(self) -> None:
+        check_finetune(self.finetune, self.lora_r)
+
+
+def check_finetune(finetune: str, lora_r: int) -> None:
+    if finetune not in FINETUNE_MODES or int(lora_r) < 1:
+        raise ConfigError(f"finetune={finetune!r} must be full or lora (with lora_r >= 1)")
+
+
+def tunable_copy(target, finetune: str, lora_r: int, lora_alpha: float):
+    """A copy of ``target`` to fine-tune (the original stays the frozen reference): every weight trainable
+    (``full``), or a peft LoRA model over all its linear layers (``lora``)."""
+    check_finetune(finetune, lora_r)
+    model = copy.deepcopy(target)
+    if finetune == "full":
+        return model.requires_grad_(True)
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=int(lora_r), lora_alpha=float(lora_alpha), target_modules="all-linear", bias="none",
+                      task_type="CAUSAL_LM")
+    return get_peft_model(model.requires_grad_(False), lora)
+
+
+def merged_model(model):
+    """The model a fine-tuning run produced: a LoRA model's adapter merged into a copy of its base, or the model."""
+    return copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
+
+
+__all__ = ["ANSWER_MODES", "FEATURE_MODES", "FINETUNE_MODES", "AnswerTokens", "FeatureCache", "TargetAnswers",
+           "TunableCopy", "check_choice", "check_finetune", "help_text", "merged_model", "offline_feature_datasets",
+           "tunable_copy"]
