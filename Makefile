@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.draftsmith-installed
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: help install demo test test-slow lint zoo bench bench-grid clean
+.PHONY: help install demo test test-slow test-engine engine lint zoo bench bench-grid clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ test: install lint ## lint, then the default test suite
 
 test-slow: install ## the long tests (@pytest.mark.slow)
 	$(PY) -m pytest -q -m slow --timeout=7200
+
+engine: install ## the vLLM environment `draftsmith eval --engine` runs in (DRAFTSMITH_HOME/engines/vllm)
+	$(VENV)/bin/draftsmith engine setup
+
+test-engine: engine ## the vLLM round trips (@pytest.mark.engine): exports load and draft as in draftsmith's loop
+	$(PY) -m pytest -q -m engine --timeout=3600
 
 demo: install ## build the tiny zoo, distil its draft (300 steps), print the evaluator's summary
 	$(VENV)/bin/draftsmith demo

@@ -96,6 +96,8 @@ class MethodSpec:
     commands: dict[str, str] = field(default_factory=dict)  # `draftsmith NAME` -> module with add_parser(sub)
     data_commands: dict[str, str] = field(default_factory=dict)  # `draftsmith data NAME` -> module with add_parser
     train: Ref | None = None  # main(argv) -> int for `draftsmith train NAME` when the method has no trainer
+    # serving engine -> EngineSetup -> EngineMethod (`draftsmith eval --engine`; draftsmith.inference.engines.vllm)
+    engine_configs: dict[str, Ref] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.artefact_kind not in ARTEFACT_KINDS:
@@ -162,16 +164,19 @@ EAGLE_OPTIONS = (
 
 def _builtin() -> dict[str, MethodSpec]:
     inference = "draftsmith.inference.methods"
+    engines = "draftsmith.inference.engines.vllm"
     return {
         spec.name: spec
         for spec in (
             MethodSpec(name="ar", summary="plain autoregressive decoding (the reference)", proposer=f"{inference}:no_proposer",
                        eval_method=True),
             MethodSpec(name="draft", summary="a separate draft model, untrained (Leviathan et al. 2023)",
+                       engine_configs={"vllm": f"{engines}:draft_model"},
                        proposer=f"{inference}:draft_model_proposer", artefact_kind="draft_model",
                        models=("target", "draft"), eval_method=True,
                        eval_options=draft_model_options(length=4, confidence=0.4)),
             MethodSpec(name="pld", summary="prompt lookup decoding (training-free n-gram copying)",
+                       engine_configs={"vllm": f"{engines}:ngram"},
                        proposer=f"{inference}:prompt_lookup_proposer", eval_method=True,
                        eval_options=PROMPT_LOOKUP_OPTIONS),
             MethodSpec(name="early-exit", summary="the target's first E layers draft for it, verified by the rest "
@@ -192,6 +197,7 @@ def _builtin() -> dict[str, MethodSpec]:
                        eval_options=(SKIP_ATTENTION, SKIP_MLP, DRAFT_LENGTH.default_to(8), ADAPTIVE_THRESHOLD),
                        train="draftsmith.launch.draft_verify:main"),
             MethodSpec(name="distillspec", summary="a draft model distilled into its target (Zhou et al. 2023)",
+                       engine_configs={"vllm": f"{engines}:draft_model"},
                        proposer=f"{inference}:draft_model_proposer", artefact_kind="draft_model",
                        models=("target", "draft"), config="draftsmith.trainers.distillspec:DistillSpecConfig",
                        trainer="draftsmith.trainers.distillspec:DistillSpecTrainer",
@@ -203,6 +209,7 @@ def _builtin() -> dict[str, MethodSpec]:
                        trainer="draftsmith.trainers.medusa:MedusaTrainer",
                        trainable="draftsmith.trainers.medusa:build_heads",
                        export_formats={"vllm-medusa": "draftsmith.inference.artefacts.medusa:export_medusa_artefact"},
+                       engine_configs={"vllm": f"{engines}:medusa"},
                        eval_options=MEDUSA_OPTIONS),
             MethodSpec(name="eagle", summary="EAGLE-1 feature-level draft head on the frozen target (Li et al. 2024)",
                        proposer=f"{inference}:eagle_proposer", artefact_kind="heads",
@@ -211,6 +218,7 @@ def _builtin() -> dict[str, MethodSpec]:
                        trainable="draftsmith.trainers.eagle:build_eagle_head",
                        export_formats={fmt: "draftsmith.inference.artefacts.eagle:export_eagle_artefact"
                                        for fmt in ("eagle3", "vllm-eagle", "sglang-eagle")},
+                       engine_configs={"vllm": f"{engines}:eagle"},
                        eval_options=EAGLE_OPTIONS),
             MethodSpec(name="bita", summary="prompt and mask tokens tuned on the frozen target, which drafts and verifies "
                        "in one forward (BiTA, Lin et al. 2024); without an artefact: untrained embeddings",

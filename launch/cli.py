@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "export": "draftsmith.launch.export_cli",
     "data": "draftsmith.launch.data_cli",
     "train": "draftsmith.launch.train_cli",
+    "engine": "draftsmith.launch.engine_cli",
 }
 
 

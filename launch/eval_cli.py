@@ -21,6 +21,7 @@ from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import DTYPES, load_model, load_tokenizer, tokenizer_dir_for
 from draftsmith.common.registry import REGISTRY, eval_flags, get_method, resolve
 from draftsmith.common.threads import parse_threads, torch_threads
+from draftsmith.launch.engine_eval import add_engine_options
 from draftsmith.launch.targets import load_target, tokenizer_source, zoo_model_dir
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
@@ -81,6 +82,7 @@ def add_parser(sub) -> None:
                         "resumes from them")
     g.add_argument("--tensorboard", default=None, metavar="DIR", help="also log to TensorBoard in DIR")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_engine_options(p.add_argument_group("serving engine"))
     g = p.add_argument_group("distribution check")
     g.add_argument("--check-distribution", action="store_true",
                    help="instead of timing, test that speculative sampling matches plain sampling (chi-square, p < 1e-3 fails)")
@@ -258,6 +260,11 @@ def run(args: argparse.Namespace) -> int:
     from draftsmith.inference.core.sampling import SamplingParams
     from draftsmith.inference.evaluation.questions import read_questions
 
+    if args.engine is not None:  # vLLM as the backend (launch/engine_eval.py)
+        from draftsmith.launch.engine_eval import run_engine_eval
+
+        with _short_warnings(), threads_context(args.threads):
+            return run_engine_eval(args, setup, run_eval, method_options(args), DEFAULT_OUT)
     with _short_warnings(), threads_context(args.threads):
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
         questions = read_questions(args.questions, limit=args.limit, per_category=args.per_category)
@@ -275,7 +282,7 @@ def journal_settings(args: argparse.Namespace) -> dict:
             for k, v in sorted(vars(args).items()) if k not in skip}
 
 
-def run_eval(args, target, tokenizer, info, questions, sampling) -> int:
+def run_eval(args, target, tokenizer, info, questions, sampling, draft_past_end: bool = False) -> int:
     from draftsmith.inference.evaluation.evaluator import evaluate
     from draftsmith.inference.evaluation.journal import EvalJournal, journal_path
     from draftsmith.inference.evaluation.questions import resolve_questions_path
@@ -312,6 +319,7 @@ def run_eval(args, target, tokenizer, info, questions, sampling) -> int:
         original_model=info.get("original_target"),
         journal=journal,
         verify_padding=args.verify_padding != "off",
+        draft_past_end=draft_past_end,
     )
     paths = write_report(report, out)
     journal.remove()

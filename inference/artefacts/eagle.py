@@ -92,10 +92,37 @@ def eagle_tensors(head, fmt: str) -> dict[str, torch.Tensor]:
     return out
 
 
+PORTABLE_FAMILIES = ("llama", "mistral")  # targets whose decoder layer is Llama's, key for key and in meaning
+# what a Llama layer (the engines' EAGLE layer) lacks of other families' layers
+LLAMA_LACKS = {"gemma": "Gemma's (1 + weight) RMS norms, GELU-tanh MLP and scaled embeddings",
+               "gemma2": "Gemma's (1 + weight) RMS norms, soft-capping and extra norms",
+               "gemma3": "Gemma's (1 + weight) RMS norms, q/k norms and extra norms"}
+LLAMA_LAYER_KEYS = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                    "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+                    "input_layernorm.weight", "post_attention_layernorm.weight"}
+
+
+def check_portable(head) -> None:
+    """Refuse, in one line, a head whose decoder layer the engines would load as a Llama layer wrongly: a target
+    family other than Llama/Mistral (Qwen2's q/k/v biases, Qwen3's and OLMo2's q/k norms, Gemma's norms and
+    activation) would load with parameters dropped, or draft with other math, and accept nearly nothing."""
+    family = str(getattr(head.config, "model_type", ""))
+    if family in PORTABLE_FAMILIES:
+        return
+    layer = [k.split(".", 1)[1] for k in head.state_dict() if k.startswith(("layer.", "midlayer."))]
+    extra = sorted(k for k in layer if k not in LLAMA_LAYER_KEYS | {"hidden_norm.weight"})  # EAGLE-3's own norm
+    lacks = LLAMA_LACKS.get(family) or (", ".join(extra) if extra else f"{family}'s own layer math")
+    raise ConfigError(f"this EAGLE head has a {family} decoder layer, but vLLM and SGLang load EAGLE heads as Llama "
+                      f"layers, which lack {lacks}: the export would draft wrongly, so it is refused; evaluate the "
+                      "head in draftsmith (`draftsmith eval --artefact`), or train it on a Llama/Mistral target")
+
+
 def export_eagle(head, target_config, fmt: str, out: str | os.PathLike) -> Path:
-    """Write ``head`` in layout ``fmt`` at ``out``, atomically."""
+    """Write ``head`` in layout ``fmt`` at ``out``, atomically (refused for heads the engines cannot load right:
+    :func:`check_portable`)."""
     if fmt not in EAGLE_FORMATS:
         raise ConfigError(f"EAGLE export format {fmt!r} is unknown: choose one of {', '.join(EAGLE_FORMATS)}")
+    check_portable(head)
     return write_export(out, eagle_tensors(head, fmt), layer_config(head, target_config, fmt))
 
 
@@ -146,4 +173,4 @@ def export_eagle_artefact(artefact: str | os.PathLike, manifest: dict, fmt: str,
 
 
 __all__ = ["ARCHITECTURES", "EAGLE_FORMATS", "eagle_tensors", "export_eagle", "export_eagle_artefact", "layer_config",
-           "load_eagle_head", "read_eagle_export", "ascending_fc"]
+           "load_eagle_head", "read_eagle_export", "ascending_fc", "check_portable"]

@@ -42,6 +42,10 @@ class GenerationConfig:
     # (rows, padded rows) pairs: verification forwards over `rows` tokens run over `padded rows` instead, where the
     # machine's measured forward is cheaper that way (draftsmith.inference.evaluation.cost.padding_plan); () = never pad
     verify_padding: tuple[tuple[int, int], ...] = ()
+    # draft as if the answer went on past max_new_tokens: a serving engine's accounting (vLLM never shortens a
+    # draft at an answer's end, and counts what the target accepts past it); the output is the same, only the last
+    # steps verify longer drafts. For acceptance parity with an engine, not for speed.
+    draft_past_end: bool = False
 
 
 @dataclass
@@ -361,7 +365,8 @@ def generate(
         if proposer is None:
             draft = Draft.empty()
         else:
-            draft = proposer.propose(tokens, room - 1, config.sampling, generator)
+            budget = target.max_positions - tokens.numel() - 1 if config.draft_past_end else room - 1
+            draft = proposer.propose(tokens, budget, config.sampling, generator)
             check_target_cache(cache, past, draft, getattr(proposer, "name", type(proposer).__name__))
         sync_device(device)
         t_verify = time.perf_counter()

@@ -223,6 +223,8 @@ def summarize(runs: Sequence[QuestionRun], greedy: bool, curve: dict[int, float]
         "cost_ratio": cost_ratio,
         "mean_draft_length": proposed / sum(1 for k in lengths if k) if any(lengths) else 0.0,
         "acceptance_by_depth": [a / p if p else None for a, p in zip(by_depth_a, by_depth_p)],
+        # vLLM's convention: steps that accepted draft position d / steps that drafted at all
+        "acceptance_by_position": [a / by_depth_p[0] for a in by_depth_a] if by_depth_p and by_depth_p[0] else [],
         "num_questions": len(runs),
         "new_tokens": sum(len(t.result.output_ids) for t in turns),
         "ar_new_tokens": sum(len(t.result.output_ids) for r in runs for t in r.ar),

@@ -24,6 +24,7 @@ SUBPACKAGES = {
     "inference/proposers": "draftsmith.inference.proposers",
     "inference/evaluation": "draftsmith.inference.evaluation",
     "inference/artefacts": "draftsmith.inference.artefacts",
+    "inference/engines": "draftsmith.inference.engines",
     "kernels": "draftsmith.kernels",
     "launch": "draftsmith.launch",
 }

@@ -160,3 +160,29 @@ def test_wrong_format_for_the_head_is_refused(tmp_path):
     biased = EagleHead.for_target(target, fc_bias=True)
     with pytest.raises(ConfigError, match="fc bias"):
         export_eagle(biased, target.config, "vllm-eagle", tmp_path / "y")
+
+
+def _family_target(family: str):
+    import transformers
+
+    cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config, "gemma": transformers.GemmaConfig,
+           "olmo2": transformers.Olmo2Config}[family]
+    config = cls(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8, max_position_embeddings=256, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("family, named", [("qwen2", "q_proj.bias"), ("qwen3", "q_norm"), ("olmo2", "q_norm"),
+                                           ("gemma", "Gemma's")])
+@pytest.mark.parametrize("fmt", ["eagle3", "vllm-eagle"])
+def test_heads_of_non_llama_families_are_refused_naming_what_llama_layers_lack(family, named, fmt, tmp_path):
+    target = _family_target(family)
+    if fmt == "eagle3":
+        d2t, t2d = draft_vocab(torch.arange(128).flip(0), 80)
+        head = Eagle3Head.for_target(target, d2t, t2d, None)
+    else:
+        head = EagleHead.for_target(target)
+    with pytest.raises(ConfigError, match=named):
+        export_eagle(head, target.config, fmt, tmp_path / "x")
+    assert not (tmp_path / "x").exists()

