@@ -38,7 +38,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +264,10 @@ def _in_prompt_order(out: Path, ids: Sequence[str]) -> None:
         atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered))
 
 
+# (batches of prompt ids, per-batch row seeds or None) -> (batch index, completions, seconds), batch by batch
+Completer = Callable[[list[list[list[int]]], list[list[int] | None]], Iterator[tuple[int, list[list[int]], float]]]
+
+
 def generate_answers(
     model,
     tokenizer,
@@ -281,11 +285,16 @@ def generate_answers(
     overwrite: bool = False,
     progress: bool = True,
     on_batch: Callable[[dict], None] | None = None,
+    completer: Completer | None = None,
+    generator_name: str = "draftsmith",
 ) -> dict:
     """Answer every prompt with ``model`` into ``out_path`` (see the module docstring), resuming a file a killed
     run left. ``ids`` default to :func:`prompt_id` of each prompt; ``source`` names the prompt set in the meta;
     ``on_batch(stats)`` runs after every batch is on disk. Prompts too long for the model's positions with
-    ``max_new_tokens`` more are skipped and counted. Returns the stats also written to the meta's progress."""
+    ``max_new_tokens`` more are skipped and counted. Returns the stats also written to the meta's progress.
+
+    ``completer`` answers the batches instead of ``model`` (a serving engine's continuous batching:
+    ``draftsmith data generate --engine vllm``); each run's generator is recorded in the meta."""
     check_settings(batch_size, max_new_tokens, temperature, top_p)
     ids = [prompt_id(p) for p in prompts] if ids is None else [str(i) for i in ids]
     _check_prompts(ids, prompts)
@@ -311,8 +320,8 @@ def generate_answers(
     batches = [[runnable[j] for j in b] for b in length_batches([len(prompt_ids[i]) for i in runnable], batch_size)]
 
     old_progress = (old_meta or {}).get("progress", {})
-    run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "batch_size": batch_size, "rows": 0, "tokens": 0,
-           "seconds": 0.0, "tokens_per_s": 0.0}
+    run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "batch_size": batch_size, "generator": generator_name,
+           "rows": 0, "tokens": 0, "seconds": 0.0, "tokens_per_s": 0.0}
     totals = {"rows": len(done), "tokens": sum(int(r.get("num_tokens", 0)) for r in done),
               "seconds": float(old_progress.get("seconds", 0.0))}
     meta = {
@@ -342,14 +351,19 @@ def generate_answers(
     stats()
     atomic_write_json(meta_file, meta)
     bar = _progress_bar(len(runnable), progress)
-    try:
-        for batch in batches:
-            seeds = [row_seed(seed, ids[i]) for i in batch] if temperature > 0 else None
+
+    def model_completer(prompt_batches, seeds_of):  # one left-padded generate per batch
+        for b, batch_prompts in enumerate(prompt_batches):
             start = time.perf_counter()
-            completions = sample_completions(model, [prompt_ids[i] for i in batch], max_new_tokens=max_new_tokens,
-                                         pad_token_id=pad_id, eos_ids=eos_ids, temperature=temperature,
-                                         top_p=top_p, row_seeds=seeds)
-            seconds = time.perf_counter() - start
+            yield b, sample_completions(model, batch_prompts, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                                        eos_ids=eos_ids, temperature=temperature, top_p=top_p,
+                                        row_seeds=seeds_of[b]), time.perf_counter() - start
+
+    seeds_of = [[row_seed(seed, ids[i]) for i in batch] if temperature > 0 else None for batch in batches]
+    answered = (completer or model_completer)([[prompt_ids[i] for i in batch] for batch in batches], seeds_of)
+    try:
+        for b, completions, seconds in answered:
+            batch = batches[b]
             rows = [answer_row(ids[i], prompts[i], c, tokenizer, eos_ids) for i, c in zip(batch, completions)]
             append_jsonl(out, rows)
             tokens = sum(r["num_tokens"] for r in rows)
@@ -366,6 +380,7 @@ def generate_answers(
                 on_batch(current)
     finally:
         bar.close()
+        getattr(answered, "close", lambda: None)()  # stops an engine that is still answering
     if totals["rows"] + len(too_long) == len(ids):
         _in_prompt_order(out, ids)
     current = stats()

@@ -84,6 +84,11 @@ def add_parser(sub) -> None:
     g.add_argument("--batch-size", metavar="B", type=int, default=16, help="sequences per forward (default 16)")
     g.add_argument("--sequential", action="store_true", help="one sequence at a time (--batch-size 1), for comparison")
     g.add_argument("--max-new-tokens", metavar="N", type=int, default=256, help="longest answer in tokens")
+    g.add_argument("--engine", choices=("vllm",), default=None,
+                   help="answer through vLLM's continuous batching in its own environment (`make engine`); the same "
+                        "file, resumable the same way; --batch-size prompts per streamed batch (use a few hundred)")
+    g.add_argument("--engine-python", metavar="PATH", default=None,
+                   help="--engine: the vLLM environment's python (default $DRAFTSMITH_VLLM_PYTHON, else make engine's)")
     _sampling(g, temperature=0.0, top_p=1.0, unit="row")
     machine_options(g, run_generate)
     w = actions.add_parser("prompts", help="have the target write user prompts itself (Magpie; resumable)",
@@ -220,12 +225,27 @@ def run_generate(args: argparse.Namespace) -> int:
     from draftsmith.data.self_distill import generate_answers
 
     batch_size = 1 if args.sequential else args.batch_size
+    completer, generator = None, "draftsmith"
+    if args.engine is not None:
+        from draftsmith.inference.engines.environment import engine_python, engine_versions
+
+        python = engine_python(args.engine_python)  # refused before the target loads when missing
+        generator = f"vllm {engine_versions(python)['vllm']}"
     ids, prompts, source = load_prompt_sets(args.prompts, args.limit)
     model, tokenizer = load_data_target(args)
+    if args.engine is not None:
+        from draftsmith.inference.engines.generate import engine_completer
+        from draftsmith.launch.targets import tokenizer_source
+
+        target = str(model.config._name_or_path)
+        completer = engine_completer(python, target, tokenizer_source(target, args.tokenizer),
+                                     max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                     top_p=args.top_p, dtype=args.dtype, threads=args.threads and int(args.threads),
+                                     log=Path(str(args.out) + ".engine.log"))
     stats = generate_answers(model, tokenizer, prompts, args.out, ids=ids, source=source, batch_size=batch_size,
                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                              seed=args.seed, target_name=str(args.target), overwrite=args.overwrite,
-                             progress=not args.no_progress)
+                             progress=not args.no_progress, completer=completer, generator_name=generator)
     print(summary_line(stats))
     return 0
 

@@ -60,7 +60,8 @@ def engine_versions(python: Path) -> dict:
     code = ("import json, platform, torch, transformers, vllm; print(json.dumps({'vllm': vllm.__version__, "
             "'torch': torch.__version__, 'transformers': transformers.__version__, "
             "'python': platform.python_version()}))")
-    res = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=engine_env())
+    res = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=engine_env(),
+                         cwd=tempfile.gettempdir())
     if res.returncode != 0:
         last = (res.stderr.strip().splitlines() or ["no output"])[-1]
         raise EngineError(f"vLLM does not import in {python} ({last}): {SETUP_HINT}")
@@ -109,20 +110,36 @@ def engine_record(python: Path) -> dict | None:
     return read_json(python.parent.parent / RECORD)
 
 
+def absolute_paths(request: dict) -> dict:
+    """``request`` with its local model paths made absolute (the engine runs in a folder of its own)."""
+    def fix(value):
+        return str(Path(value).resolve()) if value and Path(value).exists() else value
+
+    out = dict(request) | {k: fix(request.get(k)) for k in ("model", "tokenizer") if k in request}
+    if request.get("speculative_config"):
+        out["speculative_config"] = dict(request["speculative_config"])
+        if "model" in out["speculative_config"]:
+            out["speculative_config"]["model"] = fix(out["speculative_config"]["model"])
+    return out
+
+
 def run_engine(request: dict, python: Path, *, threads: int | None = None, log: str | os.PathLike | None = None,
                timeout: float | None = None) -> dict:
     """Run :mod:`~draftsmith.inference.engines.vllm_runner` on ``request`` in the engine environment and return its
-    result; vLLM's own output goes to ``log`` (a temporary file unless given). A one-line error on failure."""
+    result; vLLM's own output goes to ``log`` (a temporary file unless given). A one-line error on failure.
+
+    The engine runs in a scratch folder: vLLM's subprocesses put their working directory on ``sys.path``, where a
+    project's own folders (draftsmith's ``kernels/``, say) would shadow packages transformers probes for."""
     with tempfile.TemporaryDirectory(prefix="draftsmith-engine-") as tmp:
         req, out = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        req.write_text(json.dumps(request))
+        req.write_text(json.dumps(absolute_paths(request)))
         runner = Path(tmp) / RUNNER.name  # run from a folder of its own: its package's modules would shadow vllm
         shutil.copyfile(RUNNER, runner)
         log_path = Path(log) if log else Path(tmp) / "engine.log"
         with open(log_path, "w") as log_file:
             try:
                 res = subprocess.run([str(python), str(runner), str(req), str(out)], stdout=log_file,
-                                     stderr=subprocess.STDOUT, env=engine_env(threads), timeout=timeout)
+                                     stderr=subprocess.STDOUT, env=engine_env(threads), timeout=timeout, cwd=tmp)
             except subprocess.TimeoutExpired:
                 raise EngineError(f"vLLM did not finish within {timeout:.0f} s: raise the timeout or ask for fewer "
                                   "questions") from None
@@ -141,4 +158,4 @@ def _last_line(path: Path) -> str:
 
 
 __all__ = ["CPU_DEFAULTS", "PYTHON_ENV", "RUNNER", "VLLM_VERSION", "engine_dir", "engine_env", "engine_python",
-           "engine_record", "engine_versions", "run_engine", "setup_engine", "vllm_package"]
+           "engine_record", "engine_versions", "run_engine", "setup_engine", "vllm_package", "absolute_paths"]

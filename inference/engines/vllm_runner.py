@@ -21,7 +21,12 @@ Result::
      "results": [{"token_ids": [...], "seconds": s, "spec": {"drafts", "draft_tokens", "accepted", "per_pos"}}],
      "throughput": [{"concurrency": c, "requests": n, "output_tokens": t, "seconds": s}]}
 
-Greedy only (temperature 0): the round trip checks identity and acceptance, which sampling would blur.
+Greedy (temperature 0) for the evaluation round trip: it checks identity and acceptance, which sampling would blur.
+
+Streaming (``draftsmith data generate --engine vllm``): ``{"stream": FILE, "batches": [[prompt ids, ...], ...],
+"seeds": [[seed per prompt] | null, ...], "temperature": t, "top_p": p}``; each batch is answered with vLLM's
+continuous batching and appended to FILE as one JSON line ``{"batch": b, "token_ids": [...], "seconds": s}``,
+flushed to disk before the next, so a reader loses nothing when the run is killed.
 """
 
 from __future__ import annotations
@@ -64,6 +69,27 @@ def versions() -> dict:
             "python": platform.python_version()}
 
 
+def stream(llm, request: dict) -> None:
+    """Answer ``request["batches"]`` one after the other, appending each to ``request["stream"]`` as it finishes."""
+    from vllm import SamplingParams
+
+    def params(seed):
+        return SamplingParams(temperature=float(request.get("temperature", 0.0)), top_p=float(request.get("top_p", 1.0)),
+                              max_tokens=int(request["max_tokens"]), seed=seed)
+
+    seeds = request.get("seeds") or [None] * len(request["batches"])
+    with open(request["stream"], "a") as f:
+        for b, batch in enumerate(request["batches"]):
+            row_seeds = seeds[b] or [None] * len(batch)
+            t0 = time.perf_counter()
+            outs = llm.generate([{"prompt_token_ids": list(p)} for p in batch], [params(s) for s in row_seeds],
+                                use_tqdm=False)
+            f.write(json.dumps({"batch": b, "token_ids": [list(o.outputs[0].token_ids) for o in outs],
+                                "seconds": time.perf_counter() - t0}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def run(request: dict) -> dict:
     from vllm import LLM, SamplingParams
 
@@ -73,9 +99,12 @@ def run(request: dict) -> dict:
               max_model_len=request.get("max_model_len"), speculative_config=request.get("speculative_config"),
               disable_log_stats=False, enforce_eager=True, generation_config="vllm")  # no sampling defaults of the model's
     load_seconds = time.perf_counter() - started
+    if request.get("stream"):
+        stream(llm, request)
+        return {"versions": versions(), "load_seconds": load_seconds, "results": [], "throughput": []}
     params = SamplingParams(temperature=0.0, max_tokens=int(request["max_tokens"]),
                             ignore_eos=bool(request.get("ignore_eos", False)))
-    prompts = [{"prompt_token_ids": list(p)} for p in request["prompts"]]
+    prompts = [{"prompt_token_ids": list(p)} for p in request.get("prompts", [])]
     if prompts:  # warm-up, unmeasured and outside the counters' deltas
         llm.generate(prompts[:1], params, use_tqdm=False)
     results = []

@@ -1,7 +1,8 @@
 """A stand-in for the vLLM environment in tests: an "interpreter" that runs :func:`main` here instead of the
 runner it is handed, answering the runner's protocol (request file in, result file out) with transformers' greedy
 decoding of the requested model and synthetic draft counters (every answer of ``n`` tokens: ``n // (k + 1) + 1``
-drafts, position ``i`` accepted in ``drafts // (i + 1)`` of them). ``FAKE_ENGINE_FAIL=1`` makes it answer an error.
+drafts, position ``i`` accepted in ``drafts // (i + 1)`` of them), or, for a streaming request, one stream line per
+batch. ``FAKE_ENGINE_FAIL=1`` makes it answer an error; ``FAKE_ENGINE_STOP_AFTER=N`` makes it die after N batches.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from pathlib import Path
 def make_fake_engine(directory: Path) -> Path:
     """An executable that stands in for the engine environment's python."""
     path = directory / "fake-python"
-    path.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} \"$2\" \"$3\"\n")
+    versions = '{"vllm": "fake", "torch": "fake", "transformers": "fake", "python": "fake"}'
+    path.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then echo '{versions}'; exit 0; fi\n"  # engine_versions' probe
+                    f"exec {sys.executable} {Path(__file__).resolve()} \"$2\" \"$3\"\n")
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     return path
 
@@ -39,14 +42,27 @@ def main(request_path: str, result_path: str) -> int:
         return 1
     model = AutoModelForCausalLM.from_pretrained(request["model"]).eval()
     eos = AutoTokenizer.from_pretrained(request["tokenizer"]).eos_token_id
+
+    def greedy(prompt):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=request["max_tokens"], do_sample=False,
+                                 eos_token_id=eos, pad_token_id=eos if eos is not None else 0)
+        return out[0, len(prompt):].tolist()
+
+    if request.get("stream"):
+        stop = int(os.environ.get("FAKE_ENGINE_STOP_AFTER", len(request["batches"])))
+        with open(request["stream"], "a") as f:
+            for b, batch in enumerate(request["batches"][:stop]):
+                f.write(json.dumps({"batch": b, "token_ids": [greedy(p) for p in batch], "seconds": 0.1}) + "\n")
+                f.flush()
+        if stop < len(request["batches"]):
+            return 1
+        Path(result_path).write_text(json.dumps({"versions": {"vllm": "fake"}, "results": [], "throughput": []}))
+        return 0
     k = int((request.get("speculative_config") or {}).get("num_speculative_tokens") or 0)
     results = []
     for prompt in request["prompts"]:
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=request["max_tokens"], do_sample=False, eos_token_id=eos,
-                                 pad_token_id=eos if eos is not None else 0)
-        tokens = out[0, len(prompt):].tolist()
+        tokens = greedy(prompt)
         results.append({"token_ids": tokens, "seconds": 0.01 * (len(tokens) + 1), "spec": counters(len(tokens), k)})
     throughput = [{"concurrency": c, "requests": len(results), "output_tokens": sum(len(r["token_ids"]) for r in results),
                    "seconds": 0.005 * c} for c in request.get("concurrency") or []]

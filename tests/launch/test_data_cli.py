@@ -181,3 +181,26 @@ def test_data_prompts_openers_steer_each_request(tiny_pair, tmp_path, capsys):
     capsys.readouterr()
     assert main([*args, "--out", str(tmp_path / "x.jsonl"), "--openers", "no-such-set"]) == 2
     assert "neither a built-in set" in _one_line_error(capsys)
+
+
+def test_generate_through_the_engine_writes_the_same_rows_and_a_killed_run_resumes(tiny_pair, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """`data generate --engine vllm` through the stand-in engine (tests/common/fake_engine.py): the same file as the
+    built-in generator's; an engine that dies after one batch keeps that batch's rows, and a rerun adds the rest
+    with none lost or duplicated."""
+    from fake_engine import make_fake_engine
+
+    fake = make_fake_engine(tmp_path)
+    ours, theirs = tmp_path / "ours.jsonl", tmp_path / "engine.jsonl"
+    assert _generate(tiny_pair["target"], tiny_pair["dataset"], ours, "--limit", 6, "--batch-size", 2) == 0
+    monkeypatch.setenv("FAKE_ENGINE_STOP_AFTER", "1")
+    assert _generate(tiny_pair["target"], tiny_pair["dataset"], theirs, "--limit", 6, "--batch-size", 2,
+                     "--engine", "vllm", "--engine-python", fake) == 2
+    assert "rerun to answer the rest" in _one_line_error(capsys) and len(_rows(theirs)) == 2
+    monkeypatch.delenv("FAKE_ENGINE_STOP_AFTER")
+    assert _generate(tiny_pair["target"], tiny_pair["dataset"], theirs, "--limit", 6, "--batch-size", 2,
+                     "--engine", "vllm", "--engine-python", fake) == 0
+    assert "6 rows (4 new)" in capsys.readouterr().out
+    assert _rows(theirs) == _rows(ours)  # greedy: the engine's answers are the target's, row for row, in prompt order
+    runs = json.loads(Path(f"{theirs}.meta.json").read_text())["runs"]
+    assert [r["generator"] for r in runs] == ["vllm fake", "vllm fake"]

@@ -46,3 +46,14 @@ def test_runner_protocol_round_trip_and_failure(tmp_path, tiny_target, monkeypat
     monkeypatch.setenv("FAKE_ENGINE_FAIL", "1")
     with pytest.raises(EngineError, match="told to fail"):
         run_engine(request, fake, log=tmp_path / "engine.log")
+
+
+def test_local_model_paths_are_made_absolute_for_the_engines_own_folder(tmp_path, monkeypatch):
+    from draftsmith.inference.engines.environment import absolute_paths
+
+    (tmp_path / "target").mkdir()
+    (tmp_path / "head").mkdir()
+    monkeypatch.chdir(tmp_path)
+    out = absolute_paths({"model": "target", "tokenizer": "org/hub-id", "speculative_config": {"model": "head"}})
+    assert out["model"] == str(tmp_path / "target") and out["tokenizer"] == "org/hub-id"  # a hub id stays
+    assert out["speculative_config"]["model"] == str(tmp_path / "head")
