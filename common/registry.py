@@ -217,7 +217,7 @@ def _builtin() -> dict[str, MethodSpec]:
                        trainer="draftsmith.trainers.eagle:EagleTrainer",
                        trainable="draftsmith.trainers.eagle:build_eagle_head",
                        export_formats={fmt: "draftsmith.inference.artefacts.eagle:export_eagle_artefact"
-                                       for fmt in ("eagle3", "vllm-eagle", "sglang-eagle")},
+                                       for fmt in ("eagle3", "vllm-eagle", "sglang-eagle", "speculators")},
                        engine_configs={"vllm": f"{engines}:eagle"},
                        eval_options=EAGLE_OPTIONS),
             MethodSpec(name="bita", summary="prompt and mask tokens tuned on the frozen target, which drafts and verifies "

@@ -40,5 +40,5 @@ def run_check(args: argparse.Namespace) -> int:
     from draftsmith.inference.engines.environment import engine_python, engine_versions
 
     python = engine_python(args.engine_python)
-    print(json.dumps({"python": str(python)} | engine_versions(python), indent=1))
+    print(json.dumps(engine_versions(python) | {"interpreter": str(python)}, indent=1))
     return 0

@@ -31,6 +31,9 @@ def add_engine_options(g) -> None:
     g.add_argument("--engine-python", metavar="PATH", default=None,
                    help="the vLLM environment's python (default: $DRAFTSMITH_VLLM_PYTHON, else the one `make engine` "
                         "made under DRAFTSMITH_HOME/engines/vllm)")
+    g.add_argument("--engine-export", choices=("auto", "speculators"), default="auto",
+                   help="--engine: the layout the artefact is exported in: each method's own (auto), or "
+                        "vllm-project/speculators' (EAGLE-3 heads)")
     g.add_argument("--concurrency", metavar="N,N", default=None,
                    help="--engine: also measure output tokens/s with and without speculation at these concurrencies "
                         "(e.g. 1,4,16)")
@@ -59,7 +62,8 @@ def engine_setup(args: argparse.Namespace, info: dict, target_model, export_dir:
     setup = EngineSetup(method=info["method"], length=args.draft_length, export_dir=export_dir,
                         target_model=info.get("original_target") or target_model,
                         artefact_dir=Path(args.artefact) if args.artefact else None, manifest=info["manifest"],
-                        draft_dir=info["draft"] if not args.artefact else None, options=options)
+                        draft_dir=info["draft"] if not args.artefact else None, options=options,
+                        export_format=args.engine_export)
     return resolve(spec.engine_configs["vllm"])(setup)
 
 

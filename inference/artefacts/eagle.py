@@ -34,7 +34,8 @@ from draftsmith.common.io import read_json
 from draftsmith.inference.artefacts.checkpoint import write_export
 from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, aux_layers
 
-EAGLE_FORMATS = ("eagle3", "vllm-eagle", "sglang-eagle")
+EAGLE_FORMATS = ("eagle3", "vllm-eagle", "sglang-eagle", "speculators")
+SPECULATORS_VERSION = "0.9.0"  # vllm-project/speculators' checkpoint layout, which vLLM loads natively
 ARCHITECTURES = {"eagle3": "LlamaForCausalLMEagle3", "vllm-eagle": "LlamaForCausalLM",
                  "sglang-eagle": "LlamaForCausalLMEagle"}
 _LAYER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
@@ -117,12 +118,36 @@ def check_portable(head) -> None:
                       "head in draftsmith (`draftsmith eval --artefact`), or train it on a Llama/Mistral target")
 
 
-def export_eagle(head, target_config, fmt: str, out: str | os.PathLike) -> Path:
+def speculators_config(head, target_config, speculative_tokens: int = 5) -> dict:
+    """The speculators layout's ``config.json`` of an EAGLE-3 head: the eagle3 export's layer config as the
+    ``transformer_layer_config``, the EAGLE-3 keys at the top level with ``norm_before_residual: false`` written out
+    (the layout's default is true; draftsmith's head, like the eagle3 export, adds the un-normed hidden state as the
+    residual), and the ``speculators_config`` block vLLM reads the method and draft length from."""
+    layer = layer_config(head, target_config, "eagle3")
+    top = {k: layer.pop(k) for k in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids")
+           if k in layer}
+    layer.pop("eagle_config", None)
+    layer["architectures"] = ["LlamaForCausalLM"]
+    return {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+            "speculators_version": SPECULATORS_VERSION, "transformer_layer_config": layer, **top,
+            "norm_before_residual": False, "norm_before_fc": False,
+            "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                   "proposal_methods": [{"proposal_type": "greedy",
+                                                         "speculative_tokens": int(speculative_tokens)}],
+                                   "verifier": {"name_or_path": str(getattr(target_config, "_name_or_path", "")),
+                                                "architectures": list(getattr(target_config, "architectures", None)
+                                                                      or [])}}}
+
+
+def export_eagle(head, target_config, fmt: str, out: str | os.PathLike, speculative_tokens: int = 5) -> Path:
     """Write ``head`` in layout ``fmt`` at ``out``, atomically (refused for heads the engines cannot load right:
-    :func:`check_portable`)."""
+    :func:`check_portable`). ``speculative_tokens``: the draft length the speculators layout records."""
     if fmt not in EAGLE_FORMATS:
         raise ConfigError(f"EAGLE export format {fmt!r} is unknown: choose one of {', '.join(EAGLE_FORMATS)}")
     check_portable(head)
+    if fmt == "speculators":
+        return write_export(out, eagle_tensors(head, "eagle3"), speculators_config(head, target_config,
+                                                                                 speculative_tokens))
     return write_export(out, eagle_tensors(head, fmt), layer_config(head, target_config, fmt))
 
 
@@ -130,6 +155,8 @@ def read_eagle_export(directory: str | os.PathLike, target) -> EagleHead | Eagle
     """An export (any of :data:`EAGLE_FORMATS`) back as a draftsmith head for ``target``."""
     directory = Path(directory)
     config = read_json(directory / "config.json")
+    if config is not None and config.get("speculators_model_type") == "eagle3":  # the speculators layout
+        config = {**config, "architectures": [ARCHITECTURES["eagle3"]]}
     arch = (config or {}).get("architectures", [None])[0]
     if arch not in ARCHITECTURES.values():
         raise ArtefactError(f"{directory} is not an EAGLE export (config.json architectures {arch!r})")
@@ -173,4 +200,4 @@ def export_eagle_artefact(artefact: str | os.PathLike, manifest: dict, fmt: str,
 
 
 __all__ = ["ARCHITECTURES", "EAGLE_FORMATS", "eagle_tensors", "export_eagle", "export_eagle_artefact", "layer_config",
-           "load_eagle_head", "read_eagle_export", "ascending_fc", "check_portable"]
+           "load_eagle_head", "read_eagle_export", "ascending_fc", "check_portable", "speculators_config"]

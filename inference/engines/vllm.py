@@ -30,6 +30,7 @@ class EngineSetup:
     manifest: dict | None = None
     draft_dir: str | None = None  # a separate draft model's directory (--draft or the zoo's)
     options: dict = field(default_factory=dict)  # the command line's evaluation options (None = not given)
+    export_format: str = "auto"  # auto: each method's own layout; speculators: vllm-project/speculators' (EAGLE-3)
 
     def option(self, name: str, default: Any) -> Any:
         value = self.options.get(name)
@@ -91,9 +92,14 @@ def eagle(setup: EngineSetup) -> EngineMethod:
     from draftsmith.inference.drafters.eagle import Eagle3Head
 
     head = load_eagle_head(_need_artefact(setup, "eagle"), setup.target_model)
-    fmt, method = ("eagle3", "eagle3") if isinstance(head, Eagle3Head) else ("vllm-eagle", "eagle")
-    out = export_eagle(head, setup.target_model.config, fmt, setup.export_dir / fmt)
     k = setup.length or DEFAULT_LENGTH
+    fmt, method = ("eagle3", "eagle3") if isinstance(head, Eagle3Head) else ("vllm-eagle", "eagle")
+    if setup.export_format == "speculators":
+        if method != "eagle3":
+            raise ConfigError("the speculators layout holds EAGLE-3 heads; this artefact is EAGLE-1: leave "
+                              "--engine-export auto")
+        fmt = "speculators"
+    out = export_eagle(head, setup.target_model.config, fmt, setup.export_dir / fmt, speculative_tokens=k)
     config = {"method": method, "model": str(out), "num_speculative_tokens": k}
     return EngineMethod(config, {"tree": "chain", "draft_length": k})
 

@@ -78,8 +78,11 @@ def stream(llm, request: dict) -> None:
                               max_tokens=int(request["max_tokens"]), seed=seed)
 
     seeds = request.get("seeds") or [None] * len(request["batches"])
+    parent = os.getppid()
     with open(request["stream"], "a") as f:
         for b, batch in enumerate(request["batches"]):
+            if os.getppid() != parent:  # draftsmith was killed: nobody reads the stream any more
+                return
             row_seeds = seeds[b] or [None] * len(batch)
             t0 = time.perf_counter()
             outs = llm.generate([{"prompt_token_ids": list(p)} for p in batch], [params(s) for s in row_seeds],

@@ -186,3 +186,18 @@ def test_heads_of_non_llama_families_are_refused_naming_what_llama_layers_lack(f
     with pytest.raises(ConfigError, match=named):
         export_eagle(head, target.config, fmt, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_the_speculators_layout_carries_the_eagle3_head_and_reads_back(tmp_path):
+    target, head = _head("eagle3", layers=8, aux=(1, 4, 6))
+    out = export_eagle(head, target.config, "speculators", tmp_path / "s", speculative_tokens=4)
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["draft_vocab_size"] == 80
+    assert config["norm_before_residual"] is False  # the layout's default (true) is not draftsmith's head
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 4, 6]
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
+    assert config["transformer_layer_config"]["num_hidden_layers"] == 1
+    assert set(load_file(str(out / "model.safetensors"))) == set(
+        load_file(str(export_eagle(head, target.config, "eagle3", tmp_path / "e") / "model.safetensors")))
+    back = read_eagle_export(out, target)
+    assert back.hidden_layers == (1, 4, 6)
