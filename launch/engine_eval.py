@@ -6,7 +6,7 @@
 
 ``vllm`` writes the engine report (``--out``; :mod:`draftsmith.inference.engines.report`). ``both`` also runs
 draftsmith's evaluator on the same first turns, drafting the same chain (the settings the method's engine function
-gives, ``draft_past_end`` on so that its acceptance by position counts as vLLM's does), and prints the two
+gives, ``engine_steps`` on so that its steps and acceptance by position count as vLLM's do), and prints the two
 acceptance curves side by side with their difference.
 """
 
@@ -104,7 +104,7 @@ def run_engine_eval(args: argparse.Namespace, setup: Callable, run_eval: Callabl
             setattr(args, name, value)
         ds_out = out.with_name(out.stem + "_draftsmith.json")
         args.out = str(ds_out)
-        run_eval(args, *setup(args), questions, SamplingParams(), draft_past_end=True)
+        run_eval(args, *setup(args), questions, SamplingParams(), engine_steps=True)
         ds = json.loads(ds_out.read_text())
         report["parity"] = parity(ds["summary"].get("acceptance_by_position") or [],
                                   report["summary"]["acceptance_by_position"])

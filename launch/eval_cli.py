@@ -282,7 +282,7 @@ def journal_settings(args: argparse.Namespace) -> dict:
             for k, v in sorted(vars(args).items()) if k not in skip}
 
 
-def run_eval(args, target, tokenizer, info, questions, sampling, draft_past_end: bool = False) -> int:
+def run_eval(args, target, tokenizer, info, questions, sampling, engine_steps: bool = False) -> int:
     from draftsmith.inference.evaluation.evaluator import evaluate
     from draftsmith.inference.evaluation.journal import EvalJournal, journal_path
     from draftsmith.inference.evaluation.questions import resolve_questions_path
@@ -319,7 +319,7 @@ def run_eval(args, target, tokenizer, info, questions, sampling, draft_past_end:
         original_model=info.get("original_target"),
         journal=journal,
         verify_padding=args.verify_padding != "off",
-        draft_past_end=draft_past_end,
+        engine_steps=engine_steps,
     )
     paths = write_report(report, out)
     journal.remove()

@@ -42,10 +42,10 @@ class GenerationConfig:
     # (rows, padded rows) pairs: verification forwards over `rows` tokens run over `padded rows` instead, where the
     # machine's measured forward is cheaper that way (draftsmith.inference.evaluation.cost.padding_plan); () = never pad
     verify_padding: tuple[tuple[int, int], ...] = ()
-    # draft as if the answer went on past max_new_tokens: a serving engine's accounting (vLLM never shortens a
-    # draft at an answer's end, and counts what the target accepts past it); the output is the same, only the last
-    # steps verify longer drafts. For acceptance parity with an engine, not for speed.
-    draft_past_end: bool = False
+    # take steps as a serving engine does (vLLM): the first new token comes from the prefill with no draft, and drafts
+    # never shorten at an answer's end (what the target accepts past max_new_tokens is counted, then cut). The output
+    # is the same; only the acceptance counts change. For acceptance parity with an engine, not for speed.
+    engine_steps: bool = False
 
 
 @dataclass
@@ -362,10 +362,10 @@ def generate(
         room = max_new - len(output)
         past = tokens.numel() - 1  # committed tokens in the cache; tokens[-1] is pending
         t_draft = time.perf_counter()
-        if proposer is None:
+        if proposer is None or (config.engine_steps and not accept_lengths):  # an engine's prefill drafts nothing
             draft = Draft.empty()
         else:
-            budget = target.max_positions - tokens.numel() - 1 if config.draft_past_end else room - 1
+            budget = target.max_positions - tokens.numel() - 1 if config.engine_steps else room - 1
             draft = proposer.propose(tokens, budget, config.sampling, generator)
             check_target_cache(cache, past, draft, getattr(proposer, "name", type(proposer).__name__))
         sync_device(device)

@@ -9,9 +9,10 @@ in the engine:
 - tokens/s: output tokens over the wall time of the answers, one request at a time, against the engine's AR in the
   same run; throughput at each concurrency likewise.
 
-vLLM counts a draft's acceptance before cutting the answer at ``max_tokens`` or an end of sequence, and never
-shortens a draft at an answer's end; draftsmith's loop does both unless run with ``draft_past_end`` (its
-``acceptance_by_position`` then means exactly the engine's).
+vLLM takes the first new token from the prefill without a draft, never shortens a draft at an answer's end, and
+counts a draft's acceptance before cutting the answer at ``max_tokens``; draftsmith's loop drafts from its first
+step and shortens its last drafts, unless run with ``engine_steps`` (its ``acceptance_by_position`` then counts
+the same steps the same way as the engine's).
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ def evaluate(
     original_model=None,
     journal: EvalJournal | None = None,
     verify_padding: bool = True,
-    draft_past_end: bool = False,
+    engine_steps: bool = False,
 ) -> dict:
     """Run AR and ``method`` on ``questions`` and return the report (see the module docstring and
     :func:`draftsmith.inference.evaluation.report.write_report`).
@@ -103,7 +103,8 @@ def evaluate(
     questions are recorded as they finish, and read back from to resume an interrupted run
     (:mod:`~draftsmith.inference.evaluation.journal`). ``verify_padding``: pad the method's verification forwards to the
     cheapest measured size at or above theirs (:func:`~draftsmith.inference.evaluation.cost.padding_plan`); AR never pads.
-    ``draft_past_end``: draft full length at an answer's end, as a serving engine does (acceptance parity)."""
+    ``engine_steps``: take steps as a serving engine does (no draft with the first token, full-length drafts at an
+    answer's end), so that acceptance counts as the engine's does."""
     sampling = sampling or SamplingParams()
     _check_settings(questions, max_new_tokens, warmup)
     target = ModelAdapter(target_model)
@@ -115,7 +116,7 @@ def evaluate(
     eos = tokenizer.eos_token_id
     config = GenerationConfig(
         max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=(eos,) if eos is not None else (),
-        draft_past_end=draft_past_end,
+        engine_steps=engine_steps,
     )
     hf: dict[str, Callable[[list[int]], HFRun]] = {}
     if compare_hf:

@@ -508,3 +508,20 @@ def test_stop_string_search_decodes_a_bounded_window(pair):
     assert max(tok.calls) <= window  # never the whole answer
     assert len(tok.calls) == res.steps  # one decode per step when nothing matches
     assert sum(tok.calls) <= res.steps * window
+
+
+def test_engine_steps_count_as_an_engine_and_change_no_token(pair):
+    """``engine_steps``: no draft with the first new token (an engine's prefill), full-length drafts to the end (what
+    the target accepts past max_new_tokens is counted, then cut); the answer is the same."""
+    target, draft_model = pair
+    adapter = ModelAdapter(target)
+    for seed in range(3):
+        p = _prompt(seed)
+        plain = generate(adapter, p, GenerationConfig(max_new_tokens=13),
+                         DraftModelProposer(draft_model, DraftLengthPolicy(length=4)))
+        engine = generate(adapter, p, GenerationConfig(max_new_tokens=13, engine_steps=True),
+                          DraftModelProposer(draft_model, DraftLengthPolicy(length=4)))
+        assert engine.output_ids == plain.output_ids
+        assert engine.accept_lengths[0] == 1  # the first step verified no draft
+        steps_with_drafts = len(engine.accept_lengths) - 1
+        assert engine.proposed_by_depth == [steps_with_drafts] * 4  # every later draft full length, even the last
