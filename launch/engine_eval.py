@@ -21,7 +21,7 @@ from pathlib import Path
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.io import atomic_write_text
-from draftsmith.common.registry import get_method, resolve
+from draftsmith.common.registry import REGISTRY, get_method, resolve
 
 
 def add_engine_options(g) -> None:
@@ -57,7 +57,7 @@ def engine_setup(args: argparse.Namespace, info: dict, target_model, export_dir:
 
     spec = get_method(info["method"])
     if "vllm" not in spec.engine_configs:
-        have = [n for n in _names() if "vllm" in get_method(n).engine_configs]
+        have = [n for n in REGISTRY.names() if "vllm" in get_method(n).engine_configs]
         raise ConfigError(f"{info['method']} has no vLLM counterpart: the engine runs {', '.join(have)}")
     setup = EngineSetup(method=info["method"], length=args.draft_length, export_dir=export_dir,
                         target_model=info.get("original_target") or target_model,
@@ -65,12 +65,6 @@ def engine_setup(args: argparse.Namespace, info: dict, target_model, export_dir:
                         draft_dir=info["draft"] if not args.artefact else None, options=options,
                         export_format=args.engine_export)
     return resolve(spec.engine_configs["vllm"])(setup)
-
-
-def _names() -> list[str]:
-    from draftsmith.common.registry import REGISTRY
-
-    return REGISTRY.names()
 
 
 def run_engine_eval(args: argparse.Namespace, setup: Callable, run_eval: Callable, options: dict,
