@@ -21,6 +21,7 @@ from pathlib import Path
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.io import atomic_write_text
+from draftsmith.common.models import resolve_model_path
 from draftsmith.common.registry import REGISTRY, get_method, resolve
 
 
@@ -87,7 +88,8 @@ def run_engine_eval(args: argparse.Namespace, setup: Callable, run_eval: Callabl
                                                                          per_category=args.per_category)]
     target, tokenizer, info = setup(args)
     method = engine_setup(args, info, target, out.parent / (out.stem + "_export"), options)
-    report = engine_evaluate(target, tokenizer, questions, method, python=python, model_dir=info["target"],
+    report = engine_evaluate(target, tokenizer, questions, method, python=python,
+                             model_dir=str(resolve_model_path(info["target"])),  # a named target's directory
                              tokenizer_dir=info["tokenizer"] or info["target"], max_new_tokens=args.max_new_tokens,
                              dtype=args.dtype, seed=args.seed, concurrency=levels, threads=args.threads,
                              log_dir=out.parent)
