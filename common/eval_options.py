@@ -138,6 +138,10 @@ TREE_NODES = EvalOption("tree_nodes", str, metavar="N|auto",
 TREE_TOP_K = EvalOption("tree_top_k", int, metavar="K",
                         help="nodes expanded per level and children per node (eagle --tree dynamic), or candidates per "
                              "mask position (bita)")
+TREE_CALIBRATION = EvalOption("tree_calibration", str, "auto", choices=("auto", "off"),
+                              help="medusa/eagle trees: auto = score nodes with the artefact's tree calibration "
+                                   "(`draftsmith tune`: per-depth acceptance measured on held-out prompts) when it has "
+                                   "one; off = the heads' raw probabilities and the trainer's per-head accuracies")
 SEED = EvalOption("seed", int, 0, flag=None)  # the artefact's initialisation seed; `eval --seed` seeds sampling
 
 
@@ -153,5 +157,6 @@ def self_drafting_options(length: int) -> tuple[EvalOption, ...]:
 
 
 __all__ = ["CONFIDENCE", "DRAFT_LENGTH", "DRAFT_LENGTH_MODE", "DRAFT_MAX_LENGTH", "DRAFT_VOCAB", "EvalOption",
-           "MergedOption", "SEED", "TREE", "TREE_NODES", "TREE_TOP_K", "draft_model_options", "merge_options",
+           "MergedOption", "SEED", "TREE", "TREE_CALIBRATION", "TREE_NODES",
+           "TREE_TOP_K", "draft_model_options", "merge_options",
            "resolve_option", "self_drafting_options"]

@@ -29,6 +29,7 @@ from draftsmith.common.eval_options import (
     DRAFT_LENGTH,
     SEED,
     TREE,
+    TREE_CALIBRATION,
     TREE_NODES,
     TREE_TOP_K,
     EvalOption,
@@ -72,7 +73,8 @@ class MethodSpec:
     (target, tokenizer, artefact directory and manifest or None, command-line options, draft model if any)
     and returns the proposer (None = plain AR). ``trainable`` (trained methods) is called as
     ``trainable(models, config)`` with the loaded models by role (and ``train_dataset=`` the tokenized training
-    set, when its signature takes it) and returns the module the trainer optimises (default: the draft model).
+    set, ``tokenizer=`` the target's tokenizer, when its signature takes them) and returns the module the trainer
+    optimises (default: the draft model).
     ``eval_options`` declare the proposer's decoding settings (:mod:`draftsmith.common.eval_options`): ``draftsmith
     eval`` makes its method flags from them and ``ProposerContext.option`` resolves each (command line, else the
     artefact's, else the declared default). ``export_formats`` name the ``draftsmith export`` formats of the
@@ -148,16 +150,26 @@ SKIP_ATTENTION = EvalOption("skip_attention", str, metavar="L,L",
                             help="draft-verify: the layers whose attention the draft skips (e.g. 1,3,5)")
 SKIP_MLP = EvalOption("skip_mlp", str, metavar="L,L", help="draft-verify: the layers whose MLP the draft skips")
 ADAPTIVE_THRESHOLD = EvalOption("threshold", dict, flag=None)  # the searched artefact's adaptive-exit rule
+THRESHOLD_RULE = EvalOption("threshold_rule", str, choices=("reference", "unsmoothed"),
+                            help="draft-verify: the adaptive draft-exiting rule: reference (the reference code's: "
+                                 "threshold from 0.8 towards acceptance 0.9, both smoothed, held after a full-length "
+                                 "draft) or unsmoothed (draftsmith's earlier rule: from 0.6 towards 0.8, whole steps); "
+                                 "unset: the artefact's rule, else reference")
 MEDUSA_OPTIONS = (
-    TREE.default_to("auto"), TREE_NODES.default_to(32),
+    TREE.default_to("auto"), TREE_NODES.default_to(32), TREE_CALIBRATION,
     EvalOption("acceptance", str, "exact", choices=("exact", "typical"),
-               help="head drafters: exact (lossless) or typical (Medusa's typical acceptance: LOSSY under sampling, "
-                    "labelled so in the report)"),
-    EvalOption("typical_epsilon", float, 0.09, metavar="E", help="typical acceptance: epsilon"),
-    EvalOption("typical_delta", float, 0.3, metavar="D", help="typical acceptance: delta"),
+               help="head drafters: exact (lossless) or typical (Medusa's typical acceptance: the longest candidate "
+                    "whose tokens pass p > min(E, D exp(-entropy)), ties by likelihood, then the target's argmax; "
+                    "LOSSY under sampling, labelled so in the report)"),
+    EvalOption("typical_epsilon", float, 0.09, metavar="E",
+               help="typical acceptance: epsilon, the hard probability threshold"),
+    EvalOption("typical_delta", float, metavar="D",
+               help="typical acceptance: delta, the entropy-scaled threshold (unset: sqrt(epsilon), the reference's "
+                    "recommendation, 0.3 at epsilon 0.09)"),
 )
 EAGLE_OPTIONS = (
     TREE.default_to("dynamic"), TREE_NODES.default_to(32), DRAFT_LENGTH.default_to(5), TREE_TOP_K.default_to(8),
+    TREE_CALIBRATION,
     EvalOption("tree_depth", int, 5, metavar="D", help="eagle --tree dynamic: levels the head expands"),
 )
 
@@ -194,7 +206,8 @@ def _builtin() -> dict[str, MethodSpec]:
             MethodSpec(name="draft-verify", summary="the target drafts with searched attention/MLP sublayers skipped "
                        "(Draft & Verify, Zhang et al. 2023)", proposer=f"{inference}:draft_verify_proposer",
                        artefact_kind="none", eval_method=True,
-                       eval_options=(SKIP_ATTENTION, SKIP_MLP, DRAFT_LENGTH.default_to(8), ADAPTIVE_THRESHOLD),
+                       eval_options=(SKIP_ATTENTION, SKIP_MLP, DRAFT_LENGTH.default_to(8), ADAPTIVE_THRESHOLD,
+                                     THRESHOLD_RULE),
                        train="draftsmith.launch.draft_verify:main"),
             MethodSpec(name="distillspec", summary="a draft model distilled into its target (Zhou et al. 2023)",
                        engine_configs={"vllm": f"{engines}:draft_model"},

@@ -5,13 +5,14 @@ users differ only in what they count and pass:
 
 - the zoo build (:func:`draftsmith.data.zoo.frequent_tokens`): counts over the packed training rows, the special
   tokens added (``config.draft_vocab`` of the zoo's draft);
-- EAGLE-3 (:func:`draftsmith.inference.drafters.eagle.draft_vocab`): counts over the training answers, turned into
+- EAGLE-3 (:func:`draftsmith.inference.drafters.eagle.draft_vocab`): counts over the answers the head trains on (the
+  target's own with ``data_mode=target``, ties broken by the dataset's responses: :func:`ranked_counts`), turned into
   the ``d2t`` / ``t2d`` maps its checkpoints store;
 - DistillSpec's ``draft_vocab=answers``: counts over the target's answers, the special tokens always in, and the
   draft's ``current`` vocabulary ranked before answer tokens seen fewer than ``min_count`` times.
 
 :func:`answer_token_counts` counts a tokenized dataset's answer tokens; :func:`draft_vocab_coverage` says how much of
-a dataset's answers a vocabulary covers.
+a dataset's answers a vocabulary covers; :func:`ranked_counts` merges two counts into one ranking.
 """
 
 from __future__ import annotations
@@ -59,6 +60,16 @@ def answer_token_counts(dataset, vocab_size: int) -> torch.Tensor:  # [V] long
     return counts
 
 
+def ranked_counts(primary: torch.Tensor, secondary: torch.Tensor) -> torch.Tensor:  # [V], [V] -> [V] long
+    """One count vector that ranks token ids as ``(primary, secondary)`` does, lexicographically: the ``primary``
+    counts decide, the ``secondary`` ones only order ids of equal primary count (``primary * (max secondary + 1) +
+    secondary``). Both must be non-negative."""
+    primary, secondary = primary.detach().cpu().long(), secondary.detach().cpu().long()
+    if bool((primary < 0).any()) or bool((secondary < 0).any()):
+        raise ValueError("ranked_counts takes token counts: every entry must be >= 0")
+    return primary * (int(secondary.max()) + 1 if secondary.numel() else 1) + secondary
+
+
 def draft_vocab_coverage(dataset, t2d: torch.Tensor) -> float:  # t2d [V] bool
     """The share of ``dataset``'s answer tokens inside the draft vocabulary ``t2d`` (which target ids are in): on
     held-out answers, the most of a target's tokens a draft with that vocabulary could ever propose."""
@@ -66,4 +77,4 @@ def draft_vocab_coverage(dataset, t2d: torch.Tensor) -> float:  # t2d [V] bool
     return float(counts[t2d.to(counts.device)].sum()) / max(1, int(counts.sum()))
 
 
-__all__ = ["answer_token_counts", "draft_vocab_coverage", "draft_vocabulary"]
+__all__ = ["answer_token_counts", "draft_vocab_coverage", "draft_vocabulary", "ranked_counts"]

@@ -160,8 +160,8 @@ def _layer_list(value) -> list[int]:
 
 def draft_verify_proposer(ctx: ProposerContext):
     """Draft & Verify's self-speculation from a searched artefact (``recipes/draft_verify.py``) or from skip lists
-    on the command line: the target minus its skip set drafts, stopping adaptively by the artefact's threshold rule
-    or, without one, the paper's default rule, which the search's own baselines use too."""
+    on the command line: the target minus its skip set drafts, stopping adaptively by the rule ``--threshold-rule``
+    names, else the artefact's threshold rule, else the reference code's rule (which the search drafts with too)."""
     from draftsmith.inference.core.draft_length import DraftLengthPolicy
     from draftsmith.inference.proposers.draft_verify import AdaptiveThreshold, DraftVerifyProposer
 
@@ -172,10 +172,10 @@ def draft_verify_proposer(ctx: ProposerContext):
         raise ConfigError("draft-verify needs a skip set: pass --artefact DIR (from recipes/draft_verify.py), or "
                           "--skip-attention/--skip-mlp with layer numbers")
     length = int(ctx.option("draft_length"))
-    threshold = ctx.option("threshold")
+    rule = ctx.option("threshold_rule")
+    stop = AdaptiveThreshold.preset(rule) if rule else AdaptiveThreshold.from_dict(ctx.option("threshold"))
     return DraftVerifyProposer(skip_attention=attention or (), skip_mlp=mlp or (),
-                             policy=DraftLengthPolicy(length=length, max_length=max(16, length)),
-                             stop=AdaptiveThreshold(**(threshold or {})))
+                             policy=DraftLengthPolicy(length=length, max_length=max(16, length)), stop=stop)
 
 
 def prompt_lookup_proposer(ctx: ProposerContext):
@@ -205,11 +205,21 @@ def prompt_lookup_proposer(ctx: ProposerContext):
         raise ConfigError(f"prompt lookup: {e}") from None
 
 
+def tree_calibration(ctx: ProposerContext) -> dict | None:
+    """The artefact's tree calibration (``proposer.tree_calibration``, written by ``draftsmith tune``:
+    :mod:`~draftsmith.inference.evaluation.tree_calibration`), or None without one or with ``--tree-calibration off``."""
+    if str(ctx.option("tree_calibration")) == "off":
+        return None
+    return ((ctx.manifest or {}).get("proposer") or {}).get("tree_calibration")
+
+
 def medusa_tree(ctx: ProposerContext, heads: int):
     """The static tree of a Medusa artefact: ``--tree chain`` (top-1 of each head), a JSON file of choice paths,
-    or ``auto`` (default): grown greedily from the heads' top-k accuracies the trainer measured on held-out data
-    (the manifest's ``training.head_accuracy``; else a typical profile), ``tree_nodes`` nodes — or, with
-    ``--tree-nodes auto``, the count with the best predicted speedup on the target's measured verification cost."""
+    or ``auto`` (default): the top-1 chain through every head, then grown greedily from the heads' top-k accuracies
+    — conditional ones measured in the decode loop on held-out prompts when the artefact is calibrated
+    (:func:`tree_calibration`), else those the trainer measured per head on held-out data (the manifest's
+    ``training.head_accuracy``), else a typical profile — ``tree_nodes`` nodes, or, with ``--tree-nodes auto``, the
+    count with the best predicted speedup on the target's measured verification cost."""
     import json
 
     import torch
@@ -221,13 +231,15 @@ def medusa_tree(ctx: ProposerContext, heads: int):
     if tree == "chain":
         return tree_from_choices(chain_choices(heads))
     if tree == "auto":
-        accuracy = ((ctx.manifest or {}).get("training") or {}).get("head_accuracy")
+        calibration = tree_calibration(ctx)
+        accuracy = (calibration or {}).get("rank_accuracy") or \
+            ((ctx.manifest or {}).get("training") or {}).get("head_accuracy")
         accuracy = torch.tensor(accuracy)[:heads] if accuracy else default_accuracy(heads)
         if str(nodes) == "auto":  # the size whose predicted speedup is best on this target's measured cost
-            nodes = medusa_tree_size(ctx.target_model, accuracy)["nodes"]
+            nodes = medusa_tree_size(ctx.target_model, accuracy, chain=heads)["nodes"]
         if not str(nodes).isdigit() or int(nodes) < 1:
             raise ConfigError(f"--tree-nodes {nodes}: give a number of nodes >= 1, or auto")
-        return tree_from_choices(greedy_choices(accuracy, int(nodes)))
+        return tree_from_choices(greedy_choices(accuracy, int(nodes), chain=heads))
     path = Path(tree)
     try:
         choices = json.loads(path.read_text())
@@ -247,11 +259,11 @@ def tree_verify_cost(target_model, max_nodes: int = 64):
     return CostModel(measure_verify_curve(ModelAdapter(target_model), sizes=sizes, repeats=5))
 
 
-def medusa_tree_size(target_model, accuracy, max_nodes: int = 64) -> dict:
+def medusa_tree_size(target_model, accuracy, max_nodes: int = 64, chain: int = 0) -> dict:
     """:func:`~draftsmith.inference.core.trees.tree_size_for_cost` on the target's verification cost, measured now."""
     from draftsmith.inference.core.trees import tree_size_for_cost
 
-    return tree_size_for_cost(accuracy, tree_verify_cost(target_model, max_nodes).relative_verify, max_nodes)
+    return tree_size_for_cost(accuracy, tree_verify_cost(target_model, max_nodes).relative_verify, max_nodes, chain)
 
 
 def medusa_proposer(ctx: ProposerContext):
@@ -269,7 +281,8 @@ def medusa_proposer(ctx: ProposerContext):
         raise ConfigError(f"acceptance must be exact (lossless) or typical (Medusa's, lossy), got {acceptance!r}")
     typical = None
     if acceptance == "typical":
-        typical = (float(ctx.option("typical_epsilon")), float(ctx.option("typical_delta")))
+        delta = ctx.option("typical_delta")  # None: sqrt(epsilon)
+        typical = (float(ctx.option("typical_epsilon")), None if delta is None else float(delta))
     return MedusaProposer(heads, target.get_output_embeddings(), medusa_tree(ctx, heads.num_heads), typical=typical)
 
 
@@ -296,7 +309,8 @@ def eagle_proposer(ctx: ProposerContext):
         cost = tree_verify_cost(target, total) if tree == "dynamic" else None
     return EagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(),
                          length=int(ctx.option("draft_length")), tree=tree, depth=int(ctx.option("tree_depth")),
-                         top_k=int(ctx.option("tree_top_k")), total_tokens=int(total), verify_cost=cost)
+                         top_k=int(ctx.option("tree_top_k")), total_tokens=int(total), verify_cost=cost,
+                         temperatures=(tree_calibration(ctx) or {}).get("temperatures"))
 
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 from draftsmith.common.errors import ConfigError, DraftsmithError
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
+THRESHOLD_RULE_NAMES = ("reference", "unsmoothed")  # draftsmith.inference.proposers.draft_verify.THRESHOLD_RULES
+
 METHOD = "draft-verify"
 
 
@@ -30,7 +32,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", default="measured", choices=("measured", "predicted"),
                    help="measured seconds per token (default), or predicted from teacher-forced agreement and "
                         "sublayer costs (cheap, noise-free)")
-    p.add_argument("--no-pin-ends", action="store_true", help="let the search skip the first and last layers too")
+    p.add_argument("--pin-ends", action=argparse.BooleanOptionalAction, default=False,
+                   help="keep the first and last layers running while drafting (default: no; the reference searches the "
+                        "attention and MLP of every layer)")
+    p.add_argument("--threshold-rule", default="reference", choices=tuple(THRESHOLD_RULE_NAMES),
+                   help="adaptive draft-exiting rule the trials and the artefact draft with: reference (the reference "
+                        "code's: threshold from 0.8, target acceptance 0.9, both smoothed, held after a full-length "
+                        "draft) or unsmoothed (draftsmith's earlier rule: from 0.6, target 0.8, whole steps)")
     p.add_argument("--storage", default=None, help="Optuna storage URL (default: sqlite:///<output_dir>/study.db)")
     p.add_argument("--threads", default=None, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0)
@@ -55,6 +63,7 @@ def run(args: argparse.Namespace) -> dict:
         study_summary,
     )
     from draftsmith.inference.evaluation.runs import chat_prompt_ids
+    from draftsmith.inference.proposers.draft_verify import AdaptiveThreshold
     from draftsmith.launch.eval_cli import threads_context
     from draftsmith.launch.targets import load_target
     from draftsmith.launch.tune_cli import calibration_questions
@@ -70,8 +79,9 @@ def run(args: argparse.Namespace) -> dict:
                    for q in calibration_questions(args.prompts, args.seed)]
         eos = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
         settings = SearchSettings(draft_length=args.draft_length, max_new_tokens=args.max_new_tokens,
-                                  pin_ends=not args.no_pin_ends, sampler=args.sampler, seed=args.seed,
-                                  objective=args.objective)
+                                  pin_ends=args.pin_ends, sampler=args.sampler, seed=args.seed,
+                                  objective=args.objective,
+                                  threshold=AdaptiveThreshold.preset(args.threshold_rule).to_dict())
         storage = args.storage or f"sqlite:///{(out / 'study.db').resolve()}"
         import time
 

@@ -281,8 +281,9 @@ def build_trainer(spec: MethodSpec, models: dict, method_config, training_args, 
         import inspect
 
         build = resolve(spec.trainable)
-        sees_data = "train_dataset" in inspect.signature(build).parameters  # e.g. EAGLE-3's draft vocabulary
-        trainable = build(models, method_config, train_dataset=train) if sees_data else build(models, method_config)
+        takes = inspect.signature(build).parameters  # e.g. EAGLE-3's draft vocabulary: the data, the target's answers
+        extra = {k: v for k, v in (("train_dataset", train), ("tokenizer", tokenizer)) if k in takes}
+        trainable = build(models, method_config, **extra)
     return trainer_cls(model=trainable, teacher_model=models["target"], method_config=method_config,
                        args=training_args, train_dataset=train, eval_dataset=heldout, processing_class=tokenizer,
                        data_collator=collator)
@@ -329,6 +330,15 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
 
             record = tune_artefact(artefact, models["target"], tokenizer, calibration_questions(recipe.tune_prompts,
                                    targs.seed), max_new_tokens=recipe.eval_max_new_tokens)
+            print("\n".join(summary_lines(record)))
+        from draftsmith.launch.tune_cli import TREE_METHODS
+
+        if recipe.calibrate_tree and spec.name in TREE_METHODS:
+            from draftsmith.launch.tune_cli import calibrate_tree_artefact, calibration_questions, summary_lines
+
+            record = calibrate_tree_artefact(artefact, models["target"], tokenizer,
+                                             calibration_questions(recipe.tune_prompts, targs.seed),
+                                             max_new_tokens=recipe.eval_max_new_tokens)
             print("\n".join(summary_lines(record)))
         if recipe.evaluate:
             baseline = None

@@ -68,8 +68,11 @@ class RecipeArguments:
     tune: bool = field(default=False, metadata=_help("After training a draft-model artefact, choose its draft length "
                                                      "and confidence stop on held-out calibration prompts "
                                                      "(`draftsmith tune`) and record them in the manifest."))
-    tune_prompts: int = field(default=40, metadata=_help("With --tune, calibration prompts (the corpus' held-out "
-                                                         "split)."))
+    tune_prompts: int = field(default=40, metadata=_help("With --tune or --calibrate_tree, calibration prompts (the "
+                                                         "corpus' held-out split)."))
+    calibrate_tree: bool = field(default=True, metadata=_help("After training a Medusa or EAGLE artefact, measure its "
+                                                              "per-depth acceptance on held-out calibration prompts "
+                                                              "and store it for its tree (`draftsmith tune`)."))
     evaluate: bool = field(default=False, metadata=_help("After training, run the evaluator (greedy, bundled dev "
                                                          "prompts) on the artefact and print its summary."))
     eval_baseline: bool = field(default=True, metadata=_help("With --evaluate, also evaluate the method as it was "

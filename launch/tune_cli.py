@@ -9,6 +9,11 @@ confidence threshold with the measured cost model, measures
 the best predicted ones against plain decoding and writes the winner into the artefact's manifest
 (``proposer``) with the runner-up and all figures (``tuning``). ``draftsmith eval --artefact`` then uses it.
 See :mod:`draftsmith.inference.evaluation.tune`.
+
+A Medusa or EAGLE artefact's tree is calibrated instead: its chain decodes the calibration prompts, and the
+per-depth acceptance it measures (conditional top-k accuracies, per-depth temperatures) is written as
+``proposer.tree_calibration``, which the trees then score nodes with
+(:mod:`draftsmith.inference.evaluation.tree_calibration`).
 """
 
 from __future__ import annotations
@@ -23,12 +28,14 @@ from draftsmith.common.io import atomic_write_json
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 AR_PROMPTS = 8  # calibration prompts decoded plainly to time a plain step
+TREE_METHODS = ("medusa", "eagle")  # head drafters whose trees draftsmith tune calibrates
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("tune", help="choose a draft artefact's draft length and confidence stop on calibration prompts",
+    p = sub.add_parser("tune", help="choose a draft artefact's draft length and confidence stop, or calibrate a Medusa/EAGLE "
+                       "artefact's tree, on calibration prompts",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--artefact", metavar="DIR", required=True, help="a draft-model artefact (e.g. DistillSpec's)")
+    p.add_argument("--artefact", metavar="DIR", required=True, help="a draft-model artefact (e.g. DistillSpec's), or a Medusa or EAGLE one")
     p.add_argument("--target", metavar="PATH", default=None, help="target: a model directory, a .gguf file, a hub id or smollm2-135m (default: the zoo's)")
     p.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer (default: the target's, or the zoo's)")
     p.add_argument("--zoo", default="tiny", choices=ZOO_SIZE_NAMES, help="zoo size used for the defaults")
@@ -85,6 +92,9 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
     from draftsmith.inference.methods import load_artefact
 
     manifest = read_manifest(artefact)
+    if manifest.get("method") in TREE_METHODS:
+        return calibrate_tree_artefact(artefact, target_model, tokenizer, questions, max_new_tokens=max_new_tokens,
+                                       allow_target_mismatch=allow_target_mismatch)
     profiler, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, draft_length=max_length,
                                 draft_length_mode="fixed", confidence_threshold=0.0)
     if getattr(profiler, "draft_model", None) is None:
@@ -123,6 +133,34 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
     return record
 
 
+def calibrate_tree_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new_tokens: int = 64,
+                            allow_target_mismatch: bool = False) -> dict:
+    """Calibrate a Medusa or EAGLE artefact's tree in place: decode the calibration ``questions`` with its chain
+    (every head, or the tree's depth) and store the per-depth temperatures and conditional rank accuracies as
+    ``proposer.tree_calibration``, the whole record as ``tuning`` (:mod:`~draftsmith.inference.evaluation.tree_calibration`)."""
+    from draftsmith.inference.artefacts.manifest import read_manifest
+    from draftsmith.inference.core.adapter import ModelAdapter
+    from draftsmith.inference.evaluation.runs import chat_prompt_ids
+    from draftsmith.inference.evaluation.tree_calibration import calibrate
+    from draftsmith.inference.methods import load_artefact
+
+    manifest = read_manifest(artefact)
+    depth = manifest["proposer"].get("tree_depth") or 5
+    options = {"tree": "chain", "draft_length": depth} if manifest["method"] == "eagle" else {"tree": "chain"}
+    proposer, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, **options)
+    depth = getattr(getattr(proposer, "tree", None), "max_depth", None) or depth  # Medusa: its number of heads
+    prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in questions]
+    eos = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
+    fitted = calibrate(ModelAdapter(target_model), proposer, prompts, depth, max_new_tokens, eos)
+    record = {"tree_calibration": fitted, "calibration": {"source": "shipped corpus, held-out split",
+                                                          "prompts": len(questions), "max_new_tokens": max_new_tokens}}
+    manifest["proposer"]["tree_calibration"] = {"temperatures": fitted["temperatures"],
+                                                "rank_accuracy": fitted["rank_accuracy"]}
+    manifest["tuning"] = record
+    atomic_write_json(artefact / "manifest.json", manifest)
+    return record
+
+
 def summary_lines(record: dict) -> list[str]:
     from draftsmith.inference.evaluation.tune import Candidate
 
@@ -134,6 +172,13 @@ def summary_lines(record: dict) -> list[str]:
         return (f"{name}: {Candidate(**c).label()}: predicted tau {c['predicted_tau']:.3f} speedup "
                 f"{c['predicted_speedup']:.3f}{measured}")
 
+    if "tree_calibration" in record:
+        fit = record["tree_calibration"]
+        return [f"tree calibration on {fit['steps']} steps: chain acceptance by depth "
+                + " / ".join(f"{a:.3f}" for a in fit["chain_acceptance"]) + "; head confidence "
+                + " / ".join(f"{c:.3f}" for c in fit["confidence"]) + "; calibrated "
+                + " / ".join(f"{c:.3f}" for c in fit["calibrated_confidence"]) + " (temperatures "
+                + " / ".join(f"{t:.3g}" for t in fit["temperatures"]) + ")"]
     return [line("chosen", record["chosen"]), line("runner-up", record["runner_up"])]
 
 
@@ -150,5 +195,5 @@ def run(args: argparse.Namespace) -> int:
                                measure_top=args.measure_top, allow_target_mismatch=args.allow_target_mismatch)
     for line in summary_lines(record):
         print(line)
-    print(json.dumps({"artefact": str(args.artefact), "proposer": record["chosen"]}))
+    print(json.dumps({"artefact": str(args.artefact), "proposer": record.get("chosen") or record["tree_calibration"]}))
     return 0

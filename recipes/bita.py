@@ -8,7 +8,7 @@ forward per step.
     python recipes/bita.py prompt_mode=embeddings mask_tokens=4       # plain prompt embeddings, 4 masks
     accelerate launch --config_file launch/configs/accelerate/cpu_2proc.yaml recipes/bita.py --max_steps 50
     deepspeed --num_gpus 2 recipes/bita.py --deepspeed launch/configs/deepspeed/zero2.json
-    draftsmith eval --artefact runs/bita_tiny/artefact --tree triangle   # the paper's tree instead of the chain
+    draftsmith eval --artefact runs/bita_tiny/artefact --tree triangle   # the reference code's tree instead of the chain
     draftsmith eval --method bita                                        # untrained embeddings (before training)
 
 Settings: --config YAML (default configs/bita_tiny.yaml), then flags from RecipeArguments, BitaConfig

@@ -1,7 +1,7 @@
 """BiTA (Lin et al. 2024): bi-directional tuning of prompt and mask tokens on a frozen target.
 
 Only :class:`~draftsmith.inference.drafters.bita.BitaEmbeddings` train: ``virtual_tokens`` prompt tokens (deep per-layer
-keys/values through peft's ``PrefixEncoder``, the paper's; or plain input embeddings through peft's
+keys/values through peft's ``PrefixEncoder``, as the reference trains it; or plain input embeddings through peft's
 ``PromptEmbedding``) and ``mask_tokens`` mask embeddings. The target's weights never change, so its own greedy
 output is the reference for losslessness.
 
@@ -55,16 +55,17 @@ POINTS_KEY = "bita_points"  # [B, G] insertion points of a prepared batch (-1 = 
 class BitaConfig(TargetAnswers):
     """BiTA settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
 
-    virtual_tokens: int = field(default=PROMPT_TOKENS, metadata=_help("Prompt tokens P (BiTA: 16)."))
-    mask_tokens: int = field(default=MASK_TOKENS, metadata=_help("Mask tokens M: tokens drafted per step (BiTA: 3)."))
-    prompt_mode: str = field(default="deep", metadata=_help("deep = per-layer prompt keys/values (P-tuning v2, the "
-                                                            "paper's); embeddings = plain prompt input embeddings."))
+    virtual_tokens: int = field(default=PROMPT_TOKENS, metadata=_help("Prompt tokens P (BiTA's reference code: 16)."))
+    mask_tokens: int = field(default=MASK_TOKENS, metadata=_help("Mask tokens M: tokens drafted per step (BiTA's reference code: 3 "
+                                                                                  "for 7B-13B targets)."))
+    prompt_mode: str = field(default="deep", metadata=_help("deep = per-layer prompt keys/values (P-tuning v2, as "
+                                                            "the reference trains it); embeddings = plain prompt input embeddings."))
     mask_attention: str = field(default="bidirectional", metadata=_help("How a group's masks see each other: "
-                                                                        "bidirectional (the paper) or causal."))
+                                                                        "bidirectional or causal (the reference code's)."))
     groups: int = field(default=16, metadata=_help("Mask groups (insertion points) per training sequence."))
     init_seed: int = field(default=0, metadata=_help("Seed of the vocabulary tokens the prompt and masks start from."))
     tree: str = field(default="chain", metadata=_help("Evaluation draft: chain (top-1 of each mask) or triangle (the "
-                                                      "paper's upper-triangle tree over the masks' top-k)."))
+                                                      "reference code's upper-triangle tree over the masks' top-k)."))
     tree_top_k: int = field(default=5, metadata=_help("Candidates of the first mask in the triangle tree."))
 
     def __post_init__(self) -> None:

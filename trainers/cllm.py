@@ -16,9 +16,11 @@ distribution at block position ``i`` given ``x`` and the first ``i`` tokens of `
 
       L_LC = sum_i KL( sg[q_theta(. | y^(j+1), x)_i] || q_theta(. | y^(j), x)_i )
 
-- the AR loss (CLLM eq. 6) on the fixed points keeps the model's own distribution (the greedy answer)::
+- the AR loss (CLLM eq. 6) on the fixed points keeps the model's own distribution (the greedy answer), with label
+  smoothing ``eps`` (``ar_label_smoothing``, 0.1: the reference implementation's; the paper's eq. 6 is plain
+  ``-log q``, ``eps = 0``)::
 
-      L_AR = sum_i CE( q_theta(. | y^*, x)_i, y^*_i )
+      L_AR = sum_i [ (1 - eps) * (-log q_theta(y^*_i | y^*_<i, x)) + eps * mean_v (-log q_theta(v | y^*_<i, x)) ]
 
   ``L = L_consistency + ar_weight * L_AR`` (``ar_weight`` 10, the reference implementation's).
 
@@ -59,6 +61,8 @@ class CllmConfig(AnswerTokens, TunableCopy):
     consistency: str = field(default="global", metadata=_help("global = every state to the fixed point (eq. 4); local "
                                                               "= each state to the next (eq. 5)."))
     ar_weight: float = field(default=10.0, metadata=_help("Weight of the AR loss on the fixed points (reference: 10)."))
+    ar_label_smoothing: float = field(default=0.1, metadata=_help("Label smoothing eps of the AR loss (reference: "
+                                                                  "0.1; the paper's plain AR loss: 0)."))
     lora_r: int = field(default=32, metadata=_help("finetune=lora: the LoRA rank (reference: 32)."))
     lora_alpha: float = field(default=16.0, metadata=_help("finetune=lora: LoRA alpha (reference: 16)."))
     trajectory_batch_size: int = field(default=8, metadata=_help("Prompts whose Jacobi trajectories are collected "
@@ -74,6 +78,8 @@ class CllmConfig(AnswerTokens, TunableCopy):
         check_choice("consistency", self.consistency, CONSISTENCY)
         if float(self.ar_weight) < 0:
             raise ConfigError(f"ar_weight={self.ar_weight} must be >= 0")
+        if not 0.0 <= float(self.ar_label_smoothing) < 1.0:
+            raise ConfigError(f"ar_label_smoothing={self.ar_label_smoothing} must lie in [0, 1)")
 
     def proposer_settings(self) -> dict[str, Any]:
         return {"draft_length": int(self.block)}
@@ -152,10 +158,12 @@ def block_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor, mask: t
     return (teacher.exp() * (teacher - student)).sum()
 
 
-def ar_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed CE of ``logits`` ``[B, T, V]`` at ``t`` against ``labels[t + 1]``."""
+def ar_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Summed CE of ``logits`` ``[B, T, V]`` at ``t`` against ``labels[t + 1]``; with ``label_smoothing`` ``eps`` each
+    position adds ``(1 - eps) * (-log p_label) + eps * mean_v(-log p_v)`` (the reference's ``LabelSmoother``)."""
     rows = labels[:, 1:] != IGNORE_INDEX
-    return F.cross_entropy(logits[:, :-1][rows].float(), labels[:, 1:][rows], reduction="sum")
+    return F.cross_entropy(logits[:, :-1][rows].float(), labels[:, 1:][rows], reduction="sum",
+                           label_smoothing=float(label_smoothing))
 
 
 class ConsistencyTraining(nn.Module):
@@ -172,8 +180,9 @@ class ConsistencyTraining(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, input_state: torch.Tensor, input_next: torch.Tensor,
                 attention_mask: torch.Tensor, labels: torch.Tensor, consistency_mask: torch.Tensor,
-                consistency: str = "global", ar_weight: float = 10.0) -> torch.Tensor:
-        """``L_consistency + ar_weight * L_AR`` (module docstring), summed."""
+                consistency: str = "global", ar_weight: float = 10.0, label_smoothing: float = 0.1) -> torch.Tensor:
+        """``L_consistency + ar_weight * L_AR`` (module docstring; ``L_AR`` label-smoothed by ``label_smoothing``),
+        summed."""
         fixed = self.logits(input_ids, attention_mask)  # with gradient: the AR term
         if consistency == "global":
             teacher = fixed.detach()
@@ -181,7 +190,7 @@ class ConsistencyTraining(nn.Module):
             with torch.no_grad():
                 teacher = self.logits(input_next, attention_mask)
         student = self.logits(input_state, attention_mask)
-        return block_kl(teacher, student, consistency_mask) + float(ar_weight) * ar_loss(fixed, labels)
+        return block_kl(teacher, student, consistency_mask) + float(ar_weight) * ar_loss(fixed, labels, label_smoothing)
 
     def artefact_model(self) -> nn.Module:
         return merged_model(self.model)
@@ -234,7 +243,8 @@ class CllmTrainer(FrozenTargetTrainer):
     def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
         cfg = self.method_config
         return model(inputs["input_ids"], inputs["input_state"], inputs["input_next"], inputs["attention_mask"],
-                     inputs["labels"], inputs["consistency_mask"], cfg.consistency, cfg.ar_weight), None
+                     inputs["labels"], inputs["consistency_mask"], cfg.consistency, cfg.ar_weight,
+                     cfg.ar_label_smoothing), None
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Held-out loss and how often the model, from an intermediate state, already predicts the fixed point's
@@ -257,8 +267,8 @@ class CllmTrainer(FrozenTargetTrainer):
 
     def eval_metrics(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
         """``state_top1`` (above), and the AR loss per fixed-point token of the trained model and of the original
-        target (``ar_loss``, ``original_ar_loss``): how far consistency training moved the model's own
-        distribution."""
+        target (``ar_loss``, ``original_ar_loss``; plain cross-entropy, no label smoothing): how far consistency
+        training moved the model's own distribution."""
         n = sums[4].clamp(min=1)
         return {f"{prefix}_state_top1": float(sums[0] / sums[1].clamp(min=1)), f"{prefix}_state_positions": float(sums[1]),
                 f"{prefix}_ar_loss": float(sums[2] / n), f"{prefix}_original_ar_loss": float(sums[3] / n)}

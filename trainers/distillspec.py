@@ -15,11 +15,13 @@ The loss (DistillSpec eq. 2 / GKD eq. 2) is the mean, over every response positi
 is not -100) of the optimizer step's whole accumulation window and every process (:mod:`draftsmith.trainers.base`), of ``D(p(. | y_<t), q(. | y_<t))``: logits at position ``t - 1`` are compared, so the alignment
 is the usual next-token shift. The teacher is frozen, in eval mode and run without gradients.
 
-At each evaluation the trainer also measures, on the held-out set, the mean TVD between the two next-token
-distributions (temperature 1), the estimated acceptance rate ``alpha = 1 - mean TVD`` and the mean
-accepted tokens it predicts for ``draft_length`` drafted tokens, ``(1 - alpha**(k+1)) / (1 - alpha)``
-(Leviathan et al. 2023, eq. 1), plus the greedy agreement (how often both argmaxes match, the acceptance
-rate of greedy verification) and its predicted tau; all are logged beside ``eval_loss`` (TensorBoard).
+At each evaluation the trainer also measures, on the held-out set, the mean TVD between the target's next-token
+distribution and the one the draft proposes from (temperature 1; with a reduced ``config.draft_vocab``, the
+renormalised softmax over it: :func:`~draftsmith.trainers.logits.proposal_logits`), the estimated acceptance rate
+``alpha = 1 - mean TVD`` and the mean accepted tokens it predicts for ``draft_length`` drafted tokens,
+``(1 - alpha**(k+1)) / (1 - alpha)`` (Leviathan et al. 2023, eq. 1), plus the greedy agreement (how often the
+target's argmax is the draft's argmax over its vocabulary, the acceptance rate of greedy verification) and its
+predicted tau; all are logged beside ``eval_loss`` (TensorBoard).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from draftsmith.trainers.logits import (
     draft_labels,
     fused_kernel_blocker,
     head_rows,
+    proposal_logits,
 )
 from draftsmith.trainers.losses import DIVERGENCES, divergence, divergence_per_token, sequence_kd_nll
 from draftsmith.trainers.mixins import AnswerTokens, FeatureCache, check_choice, offline_feature_datasets
@@ -434,7 +437,8 @@ class DistillSpecTrainer(FrozenTargetTrainer):
             cfg = self.method_config
             loss = divergence(self._loss_columns(student), self._loss_columns(teacher), kind=cfg.divergence,
                               beta=cfg.beta, temperature=cfg.temperature)
-            tvd = divergence_per_token(student, teacher, "tvd")  # [N], temperature 1: what sampling sees
+            proposed = proposal_logits(student, self.draft_ids)  # [N, V]: what the proposer samples from
+            tvd = divergence_per_token(proposed, teacher, "tvd")  # [N], temperature 1: what sampling sees
             agree = (draft_argmax(student, self.draft_ids) == teacher.argmax(-1)).float()  # [N], greedy acceptance
             self.add_eval_sums(torch.stack([tvd.sum(), agree.sum(), torch.tensor(float(tvd.numel()), device=tvd.device)]))
         return loss.detach(), None, None

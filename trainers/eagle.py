@@ -13,24 +13,35 @@ drafts on its own outputs. Loss (EAGLE sec. 4, eqs. 2-4)::
     L     = reg_weight * L_reg + cls_weight * L_cls          (the paper's weights: 1.0 and 0.1)
 
 summed over the positions ``t`` whose token ``x_{t+2}`` is a response token, then normalised by the base trainer
-over those positions of the accumulation window. The training data is the target's own answers by default
-(``data_mode=target``, the shared self-distillation), as the paper recommends for robustness; ``fixed`` trains on
-the dataset's responses. Evaluation reports the held-out top-1 agreement of the head's next token with the
-target's (the acceptance proxy of the first draft step) and logs it to TensorBoard.
+over those positions of the accumulation window. The ``fc`` layer has a bias by default, as the reference's
+EAGLE-1 head (``fc_bias``). The training data is the target's own answers by default (``data_mode=target``, the
+shared self-distillation) — draftsmith's choice, not the paper's: EAGLE-1 trains on a fixed dataset (ShareGPT's
+responses as they are) and reports low sensitivity to the training data; ``data_mode=fixed`` trains on the
+dataset's responses, as the paper does. Evaluation reports the held-out top-1 agreement of the head's next token
+with the target's (the acceptance proxy of the first draft step) and logs it to TensorBoard.
 
 EAGLE-3 (``variant=eagle3``, :class:`draftsmith.inference.drafters.eagle.Eagle3Head`) fuses three target layers, drops the
 feature regression and trains on tokens alone, with the target's distribution over the draft vocabulary as the
 label, through the *training-time test*: the head is unrolled ``ttt_steps`` times, step ``j`` reading at anchor
 ``t`` the token ``x_{t+1+j}`` and its own step ``j-1`` output (step 0: ``g_t = fc(target features)``), at position
 ``t + j``, attending to the step-0 keys of positions ``<= t`` and to its own earlier steps at the same anchor —
-exactly what decoding shows draft depth ``j + 1`` (:func:`ttt_visibility`). Loss (EAGLE-3 sec. 3; SpecForge's
-weights)::
+exactly what decoding shows draft depth ``j + 1`` (:func:`~draftsmith.trainers.eagle3.ttt_visibility`). Loss
+(EAGLE-3 sec. 3; SpecForge's weights)::
 
-    L = sum_j decay**j * sum_t CE(p_{t+2+j}|Vd, softmax(LMHead_d(norm(h^j_t))))
+    L = sum_j decay**j * sum_t m^j_t * CE(p_{t+2+j}|Vd, softmax(LMHead_d(norm(h^j_t))))
+    m^j_t = [x_{t+2+j} is a response token] * t2d[argmax_v p_{t+2+j}(v)]
 
-``p|Vd`` the target's next-token distribution restricted to the draft vocabulary and renormalised (``t2d``), over
-the anchors whose ``x_{t+2+j}`` is a response token. Evaluation logs the top-1 agreement at every unrolled step
-(``eval_step{j}_top1``): the acceptance proxy of draft depth ``j + 1``.
+``p|Vd`` the target's next-token distribution restricted to the draft vocabulary and renormalised (``t2d``); the
+mask ``m`` is the reference's ``position_mask = t2d[target_argmax] * loss_mask``, shifted with the labels at every
+unrolled step: an anchor whose target token lies outside the draft vocabulary — which no draft could propose —
+is not trained (:func:`~draftsmith.trainers.eagle3.ttt_anchors`). Every step's sum is divided by the same count, the anchors of step 0 whose
+``x_{t+2}`` is a response token (those outside the vocabulary included), over the accumulation window: the
+reference too divides every step by one count that the vocabulary mask does not change (its ``.mean()`` over
+every position of the batch, prompt and padding included; draftsmith counts the response anchors, the base
+trainer's rule). The draft vocabulary is counted on the answers the head trains on (:func:`draft_vocab_counts`).
+Evaluation logs the top-1 agreement at every unrolled step (``eval_step{j}_top1``, out-of-vocabulary anchors
+counted as misses, as the reference's ``acc``): the acceptance proxy of draft depth ``j + 1``; and the share of
+the evaluated answer tokens inside the draft vocabulary (``eval_draft_vocab_coverage``).
 """
 
 from __future__ import annotations
@@ -41,13 +52,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.data.draft_vocab import answer_token_counts, draft_vocab_coverage
+from draftsmith.data.draft_vocab import answer_token_counts, ranked_counts
 from draftsmith.data.feature_cache import features_of
-from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, GrowingCache, aux_layers, draft_vocab
+from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, aux_layers, draft_vocab
 from draftsmith.trainers.base import FrozenTargetTrainer
+from draftsmith.trainers.eagle3 import Eagle3TTT, shifted, ttt_anchors
 from draftsmith.trainers.mixins import FeatureCache, TargetAnswers, offline_feature_datasets
 from draftsmith.trainers.mixins import help_text as _help
 
@@ -67,10 +78,19 @@ class EagleConfig(TargetAnswers, FeatureCache):
     ttt_steps: int = field(default=7, metadata=_help("EAGLE-3: unrolled steps of the training-time test."))
     step_decay: float = field(default=0.8, metadata=_help("EAGLE-3: weight decay**j of unrolled step j's loss."))
     draft_vocab_size: int = field(default=8192, metadata=_help("EAGLE-3: the draft vocabulary, the most frequent "
-                                                               "target tokens of the training answers (capped at the "
-                                                               "target's vocabulary)."))
-    fc_bias: bool = field(default=False, metadata=_help("Bias in the (2H -> H) fc layer (vLLM's EAGLE-1 model "
-                                                        "has none, so the default leaves it out)."))
+                                                               "target tokens of the answers the head trains on "
+                                                               "(capped at the target's vocabulary)."))
+    draft_vocab_prompts: int = field(default=512, metadata=_help("EAGLE-3 with data_mode=target and online features: "
+                                                                 "the first N training prompts the target answers "
+                                                                 "(greedy, once, before training) to count the draft "
+                                                                 "vocabulary on, the dataset's responses breaking "
+                                                                 "ties; 0 = every training prompt. Offline features "
+                                                                 "count the cached answers, data_mode=fixed the "
+                                                                 "dataset's responses."))
+    fc_bias: bool = field(default=True, metadata=_help("EAGLE-1: bias in the (2H -> H) fc layer, as the reference's "
+                                                       "head (EAGLE-3's fc has none). vLLM's EAGLE-1 fc has no bias: "
+                                                       "the vllm-eagle export folds it into the layer's attention "
+                                                       "biases (exact)."))
     reg_weight: float = field(default=1.0, metadata=_help("Weight of the smooth-L1 feature regression (EAGLE: 1.0)."))
     cls_weight: float = field(default=0.1, metadata=_help("Weight of the token cross-entropy (EAGLE: 0.1)."))
     noise: float = field(default=0.1, metadata=_help("Uniform noise U(-noise, noise) on the input features (EAGLE: "
@@ -87,6 +107,8 @@ class EagleConfig(TargetAnswers, FeatureCache):
             raise ConfigError(f"variant={self.variant!r} is unknown: choose one of {', '.join(VARIANTS)}")
         if int(self.ttt_steps) < 1 or int(self.draft_vocab_size) < 1 or not 0.0 < float(self.step_decay) <= 1.0:
             raise ConfigError("ttt_steps and draft_vocab_size must be >= 1 and step_decay in (0, 1]")
+        if int(self.draft_vocab_prompts) < 0:
+            raise ConfigError(f"draft_vocab_prompts={self.draft_vocab_prompts} must be >= 0 (0 = every training prompt)")
         if self.layers != "auto":
             try:
                 picked = [int(x) for x in str(self.layers).split(",")]
@@ -128,82 +150,47 @@ def coverage_warning(coverage: float, size: int) -> str | None:
             f"head can never draft the rest: raise draft_vocab_size")
 
 
-def build_eagle_head(models: dict, config: EagleConfig, train_dataset=None) -> EagleHead | Eagle3TTT:
+def draft_vocab_counts(target, config: EagleConfig, train_dataset, tokenizer=None) -> torch.Tensor:  # [V] long
+    """How often each target token occurs in the answers the head trains on, the counts EAGLE-3's draft vocabulary
+    keeps the most frequent of (the reference counts the response tokens of its training data).
+
+    ``data_mode=fixed``, or cached features (whose rows hold the target's answers already): the training rows'
+    labelled tokens. ``data_mode=target`` online: the target's greedy answers to the first ``draft_vocab_prompts``
+    training prompts, generated here once, in batches, on the process's device
+    (:func:`~draftsmith.data.feature_cache.answer_rows`, the answers training regenerates); the dataset's responses
+    only order the tokens those answers count alike (:func:`~draftsmith.data.draft_vocab.ranked_counts`). The
+    answers are greedy, so a resumed run counts the same; its checkpoint restores ``d2t``/``t2d`` in any case."""
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    given = answer_token_counts(train_dataset, vocab)  # [V] the rows' own answers
+    if config.data_mode != "target" or config.features == "offline" or not train_dataset:
+        return given
+    import itertools
+
+    from accelerate import PartialState
+
+    from draftsmith.data.feature_cache import answer_rows
+    from draftsmith.data.generation import eos_token_ids, pad_token_id
+
+    limit = int(config.draft_vocab_prompts) or len(train_dataset)
+    rows = [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])}
+            for r in itertools.islice(train_dataset, limit)]
+    if not (getattr(target, "hf_device_map", None) or getattr(target, "is_quantized", False)):
+        target = target.to(PartialState().device)  # where the trainer puts it next
+    answers = answer_rows(target, rows, max_new_tokens=int(config.max_new_tokens),
+                          prompt_tokens=int(config.prompt_tokens), pad_token_id=pad_token_id(tokenizer, target.config),
+                          eos_ids=eos_token_ids(tokenizer, target.config), batch_size=16)
+    return ranked_counts(answer_token_counts(answers, vocab), given)
+
+
+def build_eagle_head(models: dict, config: EagleConfig, train_dataset=None, tokenizer=None) -> EagleHead | Eagle3TTT:
     """The trainable module of the recipe: a fresh head for the target (EAGLE-3: with its draft vocabulary, the
-    most frequent answer tokens of ``train_dataset``)."""
+    most frequent tokens of the answers it trains on: :func:`draft_vocab_counts`)."""
     target = models["target"]
     if config.variant == "eagle1":
         return EagleHead.for_target(target, fc_bias=config.fc_bias)
-    vocab = int(target.get_output_embeddings().weight.shape[0])
-    d2t, t2d = draft_vocab(answer_token_counts(train_dataset, vocab), config.draft_vocab_size)
+    d2t, t2d = draft_vocab(draft_vocab_counts(target, config, train_dataset, tokenizer), config.draft_vocab_size)
     layers = None if config.layers == "auto" else tuple(int(x) for x in str(config.layers).split(","))
     return Eagle3TTT(Eagle3Head.for_target(target, d2t, t2d, layers))
-
-
-class Eagle3TTT(nn.Module):
-    """EAGLE-3's trainable module: the head, whose ``forward`` runs the whole unrolled training-time test (one
-    forward per training step, as data-parallel wrappers require). The artefact keeps the head's own tensors."""
-
-    def __init__(self, head: Eagle3Head) -> None:
-        super().__init__()
-        self.head = head
-
-    @property
-    def hidden_layers(self) -> tuple[int, ...]:
-        return self.head.hidden_layers
-
-    @property
-    def t2d(self) -> torch.Tensor:
-        return self.head.t2d
-
-    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head.to_target(ids)
-
-    def forward(self, features: torch.Tensor, step_embeds: torch.Tensor,
-                keep: torch.Tensor | None = None) -> torch.Tensor:
-        """``features`` ``[B, A, 3Ht]`` (the target's three layers at anchors ``0 .. A-1``), ``step_embeds``
-        ``[K, B, A, H]`` (``E(x_{t+1+j})`` for step ``j``) -> draft logits ``[K, B, A, Vd]``; with ``keep``
-        ``[K, B, A]`` bool (the anchors each step is trained on), only those: ``[sum_j keep[j].sum(), Vd]``, step by
-        step (the draft LM head skips the unlabelled anchors, most of a prompt)."""
-        steps, b, a = step_embeds.shape[:3]
-        hidden = self.head.fc(features)  # [B, A, H]: g
-        cache = GrowingCache()
-        logits = []
-        for j in range(steps):
-            pos = (torch.arange(a, device=features.device) + j)[None].expand(b, a)
-            hidden = self.head(step_embeds[j], hidden, pos, cache, visible=ttt_visibility(a, j, features.device))
-            logits.append(self.head.draft_logits(hidden if keep is None else hidden[keep[j]]))
-        return torch.stack(logits) if keep is None else torch.cat(logits)
-
-    def artefact_config(self) -> dict:
-        return self.head.artefact_config()
-
-    @staticmethod
-    def artefact_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k.removeprefix("head."): v for k, v in state_dict.items() if k.startswith("head.")}
-
-
-def ttt_visibility(anchors: int, step: int, device=None) -> torch.Tensor:  # [A, (step + 1) * A] bool
-    """What unrolled step ``step`` sees in the training-time test, over the keys of steps ``0 .. step`` (``anchors``
-    keys each): step 0's keys causally (``s <= t``, the true prefix), and each later step's key at the same anchor
-    only (``s == t``: the draft's own ancestors) — decoding's view of draft depth ``step + 1``."""
-    causal = torch.ones(anchors, anchors, dtype=torch.bool, device=device).tril()
-    eye = torch.eye(anchors, dtype=torch.bool, device=device)
-    return torch.cat([causal] + [eye] * step, dim=1)
-
-
-def ttt_anchors(labels: torch.Tensor, step: int) -> torch.Tensor:  # labels [B, T] -> [B, A = T-1] bool
-    """The anchors ``t`` unrolled step ``step`` is trained on: those whose ``x_{t+2+step}`` is an answer token (the
-    last anchor never has a label)."""
-    keep = shifted(labels[:, 2:], step, -100) != -100  # [B, A-1]
-    return torch.cat([keep, keep.new_zeros(keep.shape[0], 1)], dim=1)
-
-
-def shifted(x: torch.Tensor, by: int, fill: float = 0) -> torch.Tensor:  # [B, A, ...] -> [B, A, ...]
-    """``x`` moved ``by`` places to the left along dim 1, ``fill`` at the end."""
-    if by == 0:
-        return x
-    return torch.cat([x[:, by:], x.new_full((x.shape[0], by, *x.shape[2:]), fill)], dim=1)
 
 
 def supervised_positions(labels: torch.Tensor) -> torch.Tensor:  # [B, T-2] bool
@@ -249,13 +236,8 @@ class EagleTrainer(FrozenTargetTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        t2d = getattr(self.model, "t2d", None)  # EAGLE-3: how much of the held-out answers can a draft propose?
-        self.vocab_coverage = None
-        if t2d is not None and self.eval_dataset is not None:
-            self.vocab_coverage = draft_vocab_coverage(self.eval_dataset, t2d)
-            message = coverage_warning(self.vocab_coverage, int(t2d.sum()))
-            if message:
-                logger.warning(message)
+        self.vocab_coverage = None  # EAGLE-3: the share of the evaluated answer tokens a draft can propose
+        self._coverage_warned = False
 
     def _target_outputs(self, inputs: dict[str, torch.Tensor], layers: tuple[int, ...], logits: bool = True):
         """``({layer: [B, T, H]}, logits [B, T, V])``: from the batch's cached features when it has them (the
@@ -283,6 +265,8 @@ class EagleTrainer(FrozenTargetTrainer):
         return self.answers_batch(inputs)
 
     def count_loss_tokens(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The positions ``t`` whose ``x_{t+2}`` is a response token (EAGLE-3: step 0's labelled anchors, those outside
+        the draft vocabulary included, the one count every unrolled step is divided by)."""
         return supervised_positions(inputs["labels"]).sum()
 
     def _head_outputs(self, model, inputs: dict[str, torch.Tensor], noise: float):
@@ -316,7 +300,8 @@ class EagleTrainer(FrozenTargetTrainer):
         return reg, cls, agree, keep.sum().float()
 
     def _ttt(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """EAGLE-3's unrolled steps: ``(weighted loss sum, [K] per-step CE sums, [K, 2] top-1 hits and anchors)``."""
+        """EAGLE-3's unrolled steps: ``(weighted loss sum, [K] per-step CE sums, [K, 2] top-1 hits and labelled
+        anchors)``; the loss over the anchors whose target token the draft vocabulary holds (module docstring)."""
         cfg = self.method_config
         unrolled = self.accelerator.unwrap_model(model)
         ids, labels = inputs["input_ids"], inputs["labels"]
@@ -330,7 +315,9 @@ class EagleTrainer(FrozenTargetTrainer):
             following = target_logits[:, 1:]  # [B, A, V]: p_{t+2} at anchor t, from the logits at t+1
             label_probs = following[..., unrolled.t2d].float().softmax(-1)  # [B, A, Vd]: p|Vd
             label_top1 = following.argmax(-1)  # [B, A]: the target's next token (any vocabulary)
-            keep = torch.stack([ttt_anchors(labels, j) for j in range(steps)])  # [K, B, A]
+            draftable = unrolled.t2d[label_top1]  # [B, A]: ... inside the draft vocabulary
+            labelled = torch.stack([ttt_anchors(labels, j) for j in range(steps)])  # [K, B, A]
+            keep = torch.stack([ttt_anchors(labels, j, draftable) for j in range(steps)])  # [K, B, A] position_mask
         logits = model(features, step_embeds, keep)  # [sum_j N_j, Vd]
         total = logits.new_zeros((), dtype=torch.float32)
         ce_sums, hits = [], []
@@ -339,8 +326,8 @@ class EagleTrainer(FrozenTargetTrainer):
             ce = -(shifted(label_probs, j)[keep[j]] * logq).sum()  # p_{t+2+j}|Vd, from the logits at t+1+j
             total = total + cfg.step_decay ** j * ce
             agree = unrolled.to_target(logq.argmax(-1)) == shifted(label_top1, j)[keep[j]]
-            ce_sums.append(ce.detach())
-            hits.append(torch.stack([agree.sum().float(), keep[j].sum().float()]).detach())
+            ce_sums.append(ce.detach())  # out-of-vocabulary anchors: never trained, counted as misses
+            hits.append(torch.stack([agree.sum().float(), labelled[j].sum().float()]).detach())
         return total, torch.stack(ce_sums), torch.stack(hits)
 
     def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
@@ -362,9 +349,12 @@ class EagleTrainer(FrozenTargetTrainer):
             with torch.no_grad():
                 total, ce, hits = self._ttt(model, inputs)
                 steps = int(cfg.ttt_steps)
-                row = torch.zeros(3, steps, device=total.device)  # per step: CE sum, top-1 hits, anchors
+                row = torch.zeros(3, steps, device=total.device)  # per step: CE sum, top-1 hits, labelled anchors
                 row[0, : ce.numel()], row[1, : ce.numel()], row[2, : ce.numel()] = ce, hits[:, 0], hits[:, 1]
-                self.add_eval_sums(row)
+                answer = inputs["labels"][inputs["labels"] != -100]  # [n] the evaluated answer tokens
+                t2d = self.accelerator.unwrap_model(model).t2d
+                inside = torch.tensor([int(t2d[answer.to(t2d.device)].sum()), answer.numel()], dtype=torch.float32)
+                self.add_eval_sums(torch.cat([row.flatten(), inside.to(row.device)]))
                 return (total / self.count_loss_tokens(inputs).clamp(min=1).to(total.device)).detach(), None, None
         with torch.no_grad():
             reg, cls, agree, n = self._terms(model, inputs, 0.0)
@@ -373,17 +363,28 @@ class EagleTrainer(FrozenTargetTrainer):
         return loss.detach(), None, None
 
     def eval_metrics(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
-        if self.method_config.variant == "eagle3":  # [3, K]: CE sums, hits, anchors per unrolled step
-            n = sums[2].clamp(min=1)
-            self.top1 = float(sums[1, 0] / n[0])
-            metrics = {f"{prefix}_step{j}_top1": float(sums[1, j] / n[j]) for j in range(sums.shape[1])}
-            if self.vocab_coverage is not None:
+        if self.method_config.variant == "eagle3":  # [3K + 2]: CE sums, hits, anchors per step; answer tokens inside
+            steps = int(self.method_config.ttt_steps)
+            per_step, (inside, answers) = sums[: 3 * steps].view(3, steps), sums[3 * steps:].tolist()
+            n = per_step[2].clamp(min=1)
+            self.top1 = float(per_step[1, 0] / n[0])
+            metrics = {f"{prefix}_step{j}_top1": float(per_step[1, j] / n[j]) for j in range(steps)}
+            if answers > 0:
+                self.vocab_coverage = inside / answers
                 metrics[f"{prefix}_draft_vocab_coverage"] = self.vocab_coverage
-            metrics.update({f"{prefix}_step{j}_ce": float(sums[0, j] / n[j]) for j in range(sums.shape[1])})
+                self._warn_coverage(self.vocab_coverage)
+            metrics.update({f"{prefix}_step{j}_ce": float(per_step[0, j] / n[j]) for j in range(steps)})
             return metrics | {f"{prefix}_top1": self.top1}
         n = float(sums[3].clamp(min=1))
         self.top1 = float(sums[2]) / n
         return {f"{prefix}_reg": float(sums[0]) / n, f"{prefix}_cls": float(sums[1]) / n, f"{prefix}_top1": self.top1}
+
+    def _warn_coverage(self, coverage: float) -> None:
+        """Log :func:`coverage_warning` once, at the first evaluation that falls short."""
+        message = coverage_warning(coverage, int(self.accelerator.unwrap_model(self.model).t2d.sum()))
+        if message and not self._coverage_warned:
+            logger.warning(message)
+            self._coverage_warned = True
 
     def manifest_training(self) -> dict[str, Any]:
         out = {"head_top1": self.top1} if getattr(self, "top1", None) is not None else {}
@@ -392,6 +393,5 @@ class EagleTrainer(FrozenTargetTrainer):
         return out
 
 
-__all__ = ["Eagle3TTT", "EagleConfig", "EagleTrainer", "build_eagle_head", "coverage_warning",
-           "eagle_losses", "feature_layers", "shifted", "supervised_positions", "ttt_anchors",
-           "ttt_visibility", "uniform_noise"]
+__all__ = ["EagleConfig", "EagleTrainer", "build_eagle_head", "coverage_warning", "draft_vocab_counts",
+           "eagle_losses", "feature_layers", "supervised_positions", "uniform_noise"]

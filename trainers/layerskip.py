@@ -5,20 +5,28 @@ The trained module is a copy of the target (full fine-tuning, or a peft LoRA ada
 the frozen original stays the reference for the held-out figures). Its layers run one by one through the adapter (:meth:`ModelAdapter.forward_layers`, the
 model's own layer modules; no copied modeling code).
 
-**Layer dropout** (sec. 4.1): at step ``t`` of ``T`` layer ``l`` of ``L`` is skipped, per sample, with probability::
+**Layer dropout** (sec. 4.1.1, eqs. 2-4): at step ``t`` of ``T`` layer ``l`` of ``L`` is skipped, per sample, with
+probability::
 
     p_{l,t} = S(t) * D(l) * p_max
     D(l) = exp(l ln 2 / (L - 1)) - 1         ("exp", the paper's; "linear": l / (L - 1); "uniform": 1)
-    S(t) = exp(t ln 2 / (T - 1)) - 1         ("increasing"; "constant": 1)
+    S(t) = 1                                 ("constant", the default: the paper's for continual pretraining and
+                                              fine-tuning, which is what draftsmith does)
+    S(t) = exp(t ln 2 / (T - 1)) - 1         ("increasing": the paper's S_exp, for pretraining from scratch)
 
 so the first layer is never dropped and the last at ``p_max`` (a skipped layer passes its input through).
 
-**Early-exit loss** (sec. 4.2): every enabled exit ``l`` (the model's own final norm and LM head on layer ``l``'s
-output) adds its next-token cross-entropy, with scales that grow with depth and are normalised over the enabled
-exits::
+**Early-exit loss** (sec. 4.1.2, eqs. 5-6): every enabled exit ``l`` (the model's own final norm and LM head on layer
+``l``'s output) adds its next-token cross-entropy, with scales that grow with depth and are normalised over the
+enabled exits::
 
     J = sum_l  e~(t, l) * CE(LMHead(norm(h_l)), Y),      e~(t, l) = C(t, l) e(l) / sum_i C(t, i) e(i)
-    e(l) = e_scale * sum_{i=0..l} (i + 1)  for l < L - 1,    e(L - 1) = sum_{i=0..L-1} (i + 1)
+    e(l) = e_scale * sum_{i=0..l} i                      for 0 <= l < L - 1
+    e(L - 1) = (L - 1) + e_scale * sum_{i=0..L-2} i
+
+(so the first layer's exit has weight 0, and with ``e_scale = 1`` every ``e(l)`` is ``sum_{i<=l} i``). The paper's
+sum, not the reference code's: torchtune's ``sum_l_loss_scale`` takes the running sum of ``l + 1`` over the enabled
+exits only.
 
 **Curricula** ``C(t, l)`` (the last layer is always enabled): ``rotational`` enables every ``R``-th exit, rotating
 by one layer each step (``C = 1`` when ``(l - t) mod R == 0``); ``gradual`` enables exits from the last layer
@@ -56,9 +64,13 @@ class LayerSkipConfig(TargetAnswers, TunableCopy):
                                                            "target = the target's own answers."))
     dropout_max: float = field(default=0.1, metadata=_help("p_max: the last layer's dropout rate."))
     dropout_shape: str = field(default="exp", metadata=_help("D(l): exp (the paper's), linear or uniform."))
-    dropout_time: str = field(default="increasing", metadata=_help("S(t): increasing or constant."))
+    dropout_time: str = field(default="constant", metadata=_help("S(t): constant = 1 (the paper's for continual "
+                                                                 "pretraining and fine-tuning) or increasing = "
+                                                                 "exp(t ln 2 / (T - 1)) - 1 (the paper's for "
+                                                                 "pretraining from scratch)."))
     early_exit_scale: float = field(default=1.0, metadata=_help("e_scale: weight of the early exits against the "
-                                                                "last layer."))
+                                                                "last layer (the paper: 1.0 for fine-tuning, "
+                                                                "0.1-0.2 for continual pretraining)."))
     curriculum: str = field(default="rotational", metadata=_help("rotational, gradual or all."))
     rotation: int = field(default=4, metadata=_help("Rotational curriculum: R, every R-th exit enabled per step."))
     gradual_fraction: float = field(default=0.5, metadata=_help("Gradual curriculum: all exits enabled after this "
@@ -89,7 +101,7 @@ class LayerSkipConfig(TargetAnswers, TunableCopy):
 
 
 def dropout_rates(num_layers: int, step: int, total_steps: int, p_max: float, shape: str = "exp",
-                  time: str = "increasing") -> torch.Tensor:  # [L]
+                  time: str = "constant") -> torch.Tensor:  # [L]
     """``p_{l,t} = S(t) D(l) p_max`` for every layer (module docstring)."""
     L, T = int(num_layers), max(2, int(total_steps))
     depth = torch.arange(L, dtype=torch.float64) / max(1, L - 1)
@@ -115,13 +127,17 @@ def enabled_exits(num_layers: int, step: int, total_steps: int, curriculum: str,
 
 
 def exit_scales(enabled: torch.Tensor, e_scale: float) -> torch.Tensor:  # [L] float, zero where disabled
-    """``e~(t, l)``: ``e(l) = e_scale * sum_{i<=l} (i + 1)`` (the last layer unscaled), normalised over the enabled
-    exits (module docstring)."""
+    """``e~(t, l)`` (LayerSkip eq. 6): ``e(l) = e_scale * sum_{i=0..l} i`` for ``l < L - 1``, ``e(L - 1) = (L - 1) +
+    e_scale * sum_{i=0..L-2} i``, normalised over the enabled exits (module docstring). Where every enabled exit
+    weighs 0 (a one-layer model) the enabled exits share the loss equally."""
     L = enabled.numel()
-    e = torch.cumsum(torch.arange(1, L + 1, dtype=torch.float32), 0)
-    e[:-1] *= e_scale
-    e = e * enabled.float()
-    return e / e.sum().clamp(min=1e-12)
+    layers = torch.arange(L, dtype=torch.float64)
+    e = e_scale * layers * (layers + 1) / 2  # e_scale * sum_{i=0..l} i
+    e[-1] = (L - 1) + e_scale * (L - 2) * (L - 1) / 2
+    e = e * enabled.double()
+    if float(e.sum()) <= 0.0:  # L = 1, or only the zero-weight first exit enabled: equal weights
+        e = enabled.double()
+    return (e / e.sum().clamp(min=1e-12)).float()
 
 
 # ------------------------------------------------------------------------------------------------- the model
@@ -206,13 +222,14 @@ class LayerSkipTrainer(FrozenTargetTrainer):
         layers = ModelAdapter(self.accelerator.unwrap_model(model).causal_lm).num_layers
         step, total = self.state.global_step, max(1, self.state.max_steps)
         exits = enabled_exits(layers, step, total, cfg.curriculum, cfg.rotation, cfg.gradual_fraction)
+        scales = exit_scales(exits, cfg.early_exit_scale)  # [L]
+        exits = exits & (scales > 0)  # an exit of weight 0 (the first layer's, e(0) = 0) needs no LM head
         keep = None
         if model.training and cfg.dropout_max > 0:
             rates = dropout_rates(layers, step, total, cfg.dropout_max, cfg.dropout_shape, cfg.dropout_time)
             keep = torch.rand(inputs["input_ids"].shape[0], layers) >= rates[None]  # [B, L], per sample
             keep = keep.to(inputs["input_ids"].device)
-        scales = exit_scales(exits, cfg.early_exit_scale).to(inputs["input_ids"].device)
-        return model(inputs["input_ids"], inputs["labels"], keep, exits, scales), None
+        return model(inputs["input_ids"], inputs["labels"], keep, exits, scales.to(inputs["input_ids"].device)), None
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Held-out: the training loss (no dropout, this step's exits), and per exit the CE and the top-1 agreement

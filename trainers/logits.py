@@ -1,6 +1,7 @@
 """The logits a distillation loss compares, as pure functions: an LM head's rows (a draft's reduced vocabulary, a
 padded head's real rows), the target's tokens as indices into the draft's vocabulary, the draft's greedy token over
-it, and what keeps the fused kernel (:mod:`draftsmith.kernels`) from computing a loss exactly."""
+it and the distribution it samples from, and what keeps the fused kernel (:mod:`draftsmith.kernels`) from computing
+a loss exactly."""
 
 from __future__ import annotations
 
@@ -27,6 +28,19 @@ def draft_argmax(logits: torch.Tensor, rows: torch.Tensor | None) -> torch.Tenso
         return logits.argmax(-1)
     rows = rows.to(logits.device)
     return rows[logits[:, rows].argmax(-1)]
+
+
+def proposal_logits(logits: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:  # [..., V] -> [..., V]
+    """The logits of the distribution the draft proposes from: over its vocabulary ``rows`` only, every other
+    column ``-inf``, so that a softmax renormalises over ``rows``, ``q_K(v) = q(v) / sum_{u in K} q(u)`` and zero
+    outside, as the draft-model proposer samples (:class:`~draftsmith.inference.proposers.draft_model.DraftModelProposer`
+    with ``vocab``); ``logits`` itself when ``rows`` is None (every token)."""
+    if rows is None:
+        return logits
+    rows = rows.to(logits.device)
+    out = torch.full_like(logits, float("-inf"))
+    out[..., rows] = logits[..., rows]
+    return out
 
 
 def check_same_vocabulary(draft, target) -> None:
@@ -97,4 +111,4 @@ def check_triton_backend() -> None:
 
 
 __all__ = ["LOGIT_TRANSFORMS", "check_offline_logits", "check_same_vocabulary", "check_triton_backend", "draft_argmax", "draft_labels",
-           "fused_kernel_blocker", "head_rows", "logit_transform"]
+           "fused_kernel_blocker", "head_rows", "logit_transform", "proposal_logits"]

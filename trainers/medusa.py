@@ -16,8 +16,11 @@ it (the frozen original stays the teacher and the source of the training answers
     L = w_lm * sum_t CE(p'_t, x_{t+1})  +  w_kl * sum_t KL(p_t || p'_t)  +  lambda_0 * L_medusa1(h'_t)
 
 with ``p`` the original target's next-token distribution, ``p'`` and ``h'`` the adapted target's, and
-``lambda_0 = heads_weight`` (0.2, the paper's); the KL is the paper's self-distillation term that keeps the adapted
-target close to the original. For the first ``heads_warmup_ratio`` of the steps only the heads train (Medusa-1 on
+``lambda_0 = heads_weight`` (0.2). The default ``w_lm = 0, w_kl = 1`` is the paper's self-distillation (sec. 2.3.2,
+``L_LM-distill = KL(p_original || p)``; the reference's ``medusa_self_distillation``): on the target's own answers
+the KL to the original *replaces* the LM loss of the joint loss ``L_LM + lambda_0 L_medusa1``. ``w_lm = 1, w_kl = 0``
+is that joint loss on data the target was trained on (``data_mode=fixed``); both at 1 is draftsmith's earlier
+default. For the first ``heads_warmup_ratio`` of the steps only the heads train (Medusa-1 on
 the adapter, which starts as the identity), as the paper warms the heads up before joint training; the adapter
 then trains at its own, lower ``lora_learning_rate`` (the paper's differential learning rates). The artefact
 carries the adapter (``adapter/``) next to the heads, and the evaluator verifies against the adapted target.
@@ -68,9 +71,12 @@ class MedusaConfig(TargetAnswers):
                                                                           "comma-separated names like q_proj,v_proj)."))
     lora_learning_rate: float = field(default=1.0e-4, metadata=_help("Medusa-2: the adapter's learning rate (the "
                                                                      "heads use learning_rate)."))
-    lm_weight: float = field(default=1.0, metadata=_help("Medusa-2: w_lm, weight of the adapted target's own "
-                                                         "next-token loss."))
-    kl_weight: float = field(default=1.0, metadata=_help("Medusa-2: w_kl, weight of KL(original || adapted)."))
+    lm_weight: float = field(default=0.0, metadata=_help("Medusa-2: w_lm, weight of the adapted target's own "
+                                                         "next-token CE. 0 = the paper's self-distillation (the KL "
+                                                         "replaces the LM loss); 1 with kl_weight=0 = the joint loss "
+                                                         "on the target's training data; both 1 = the earlier sum."))
+    kl_weight: float = field(default=1.0, metadata=_help("Medusa-2: w_kl, weight of KL(original || adapted), the "
+                                                         "paper's self-distillation loss of the target."))
     heads_weight: float = field(default=0.2, metadata=_help("Medusa-2: lambda_0, weight of the heads' loss."))
     heads_warmup_ratio: float = field(default=0.3, metadata=_help("Medusa-2: fraction of the steps that train the "
                                                                   "heads alone before the adapter joins."))
@@ -92,6 +98,9 @@ class MedusaConfig(TargetAnswers):
             raise ConfigError(f"lora_r={self.lora_r} must be >= 1 and lora_learning_rate={self.lora_learning_rate} > 0")
         if min(float(self.lm_weight), float(self.kl_weight), float(self.heads_weight)) < 0 or float(self.heads_weight) == 0:
             raise ConfigError("lm_weight and kl_weight must be >= 0 and heads_weight > 0 (the heads must train)")
+        if self.joint and float(self.lm_weight) + float(self.kl_weight) == 0:
+            raise ConfigError("lm_weight and kl_weight are both 0: nothing keeps the adapted target close to the "
+                              "original; set kl_weight=1 (self-distillation)")
         if not 0.0 <= float(self.heads_warmup_ratio) < 1.0:
             raise ConfigError(f"heads_warmup_ratio={self.heads_warmup_ratio} must lie in [0, 1)")
 
@@ -99,6 +108,11 @@ class MedusaConfig(TargetAnswers):
     def joint(self) -> bool:
         """Whether the target is tuned with the heads (Medusa-2)."""
         return self.variant == "medusa2"
+
+    @property
+    def loss_weights(self) -> tuple[float, float, float]:
+        """Medusa-2's ``(w_lm, w_kl, lambda_0)``."""
+        return float(self.lm_weight), float(self.kl_weight), float(self.heads_weight)
 
     def proposer_settings(self) -> dict[str, Any]:
         return {"tree": self.tree, "tree_nodes": self.tree_nodes}
@@ -182,7 +196,7 @@ class AdaptedTargetHeads(HeadsTraining):
         return out.hidden_states[-1], out.logits
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module,
-                decay: float, original_logits: torch.Tensor | None = None, weights: tuple[float, float, float] = (1, 1, 1),
+                decay: float, original_logits: torch.Tensor | None = None, weights: tuple[float, float, float] = (0, 1, 0.2),
                 joint: bool = True) -> torch.Tensor:
         """``joint``: ``w_lm CE + w_kl KL(original || adapted) + w_heads heads loss`` (``weights``, with
         ``original_logits`` ``[B, T, V]`` from the frozen original); warm-up (not ``joint``): the heads' loss over
@@ -279,7 +293,7 @@ class MedusaTrainer(FrozenTargetTrainer):
         joint = not self.warming_up() or not model.training  # held-out: always the whole combined loss
         original = self._original_logits(inputs) if joint else None
         total = model(inputs["input_ids"], inputs["attention_mask"], inputs["labels"], lm_head, cfg.loss_decay,
-                      original, (cfg.lm_weight, cfg.kl_weight, cfg.heads_weight), joint)
+                      original, cfg.loss_weights, joint)
         return total, None
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):

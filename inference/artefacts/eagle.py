@@ -13,12 +13,15 @@ engines' loaders in tests/contracts/engines.json), and reading an export back in
   (vLLM builds no vocabulary map then and refuses the tensors).
 - ``vllm-eagle`` / ``sglang-eagle`` (EAGLE-1; the engines disagree, so there are two): ``fc.weight`` ``[H, 2H]`` and
   ``layers.0.*`` without ``input_layernorm`` (identity in both engines, as in draftsmith's head). vLLM:
-  ``architectures: ["LlamaForCausalLM"]`` (vLLM renames it ``EagleLlamaForCausalLM``) and no ``fc.bias`` (its loader
-  raises on one); SGLang: ``["LlamaForCausalLMEagle"]`` and an ``fc.bias`` always (zeros for a head trained without
-  one: SGLang's ``fc`` has a bias and would keep it randomly initialised otherwise).
+  ``architectures: ["LlamaForCausalLM"]`` (vLLM renames it ``EagleLlamaForCausalLM``) and no ``fc.bias`` (its ``fc``
+  has none, and its loader raises on one): a head trained with an fc bias (the default, as EAGLE-1's reference) has
+  it folded, exactly, into the layer's attention biases, with ``bias: true``, which makes vLLM's layer create them
+  (:func:`fold_fc_bias`); SGLang: ``["LlamaForCausalLMEagle"]`` and an ``fc.bias`` always (zeros for a head trained
+  without one: SGLang's ``fc`` has a bias and would keep it randomly initialised otherwise).
 
-Keys neither engine agrees on are never written (``bias``, ``norm_before_residual``, ``norm_before_fc``,
-``norm_output``).
+Keys the engines read differently are never written (``norm_before_residual``, ``norm_before_fc``,
+``norm_output``; ``bias``, an fc bias in SGLang and q/k/v/o biases in vLLM, only in the vllm-eagle layout of a folded
+fc bias).
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ def layer_config(head, target_config, fmt: str) -> dict:
         config["rope_theta"] = theta
     config["rope_scaling"] = source.get("rope_scaling")
     config["torch_dtype"] = str(next(head.parameters()).dtype).removeprefix("torch.")
+    if fmt == "vllm-eagle" and getattr(head, "fc_bias", False):
+        config["bias"] = True  # vLLM's layer then has q/k/v/o biases: the folded fc bias (fold_fc_bias)
     if fmt == "eagle3":
         config["draft_vocab_size"] = int(head.d2t.numel())
         if head.target_hidden != head.hidden:
@@ -86,10 +91,38 @@ def eagle_tensors(head, fmt: str) -> dict[str, torch.Tensor]:
         raise ConfigError(f"--format {fmt} exports EAGLE-1 heads; this artefact is EAGLE-3: use --format eagle3")
     out = {("layers.0." + k.removeprefix("layer.")) if k.startswith("layer.") else k: v for k, v in state.items()}
     if fmt == "vllm-eagle" and "fc.bias" in out:
-        raise ConfigError("this head was trained with an fc bias, which vLLM's EAGLE model cannot load: export "
-                          "--format sglang-eagle, or retrain with fc_bias=false")
+        out = fold_fc_bias(out)
     if fmt == "sglang-eagle" and "fc.bias" not in out:
         out["fc.bias"] = torch.zeros(head.hidden, dtype=out["fc.weight"].dtype)
+    return out
+
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def fold_fc_bias(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """EAGLE-1 tensors (``vllm-eagle`` names) with ``fc.bias`` ``b`` folded into the layer's attention biases, for
+    vLLM's EAGLE-1 model, whose ``fc`` has no bias and whose layer has q/k/v/o biases under ``bias: true``. Exact: the
+    layer reads ``h = W x + b`` with no input norm, so ``q/k/v = W_{q,k,v} (W x) + W_{q,k,v} b`` (their biases), and
+    ``b``'s share of the residual stream joins the attention output as ``o_proj``'s bias (computed in float32, stored
+    in the weights' dtype). :func:`unfold_fc_bias` undoes it."""
+    out = dict(tensors)
+    taken = [n for n in ATTENTION if f"layers.0.self_attn.{n}.bias" in out]
+    if taken:
+        raise ConfigError(f"this EAGLE-1 head's layer has attention biases of its own ({', '.join(taken)}), so its fc "
+                          "bias cannot be folded into them for vLLM: export --format sglang-eagle")
+    b = out.pop("fc.bias")  # [H]
+    for name in ATTENTION[:3]:
+        weight = out[f"layers.0.self_attn.{name}.weight"]  # [out, H]
+        out[f"layers.0.self_attn.{name}.bias"] = (weight.float() @ b.float()).to(weight.dtype)  # [out]
+    out["layers.0.self_attn.o_proj.bias"] = b.clone()
+    return out
+
+
+def unfold_fc_bias(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """:func:`fold_fc_bias` undone: ``fc.bias`` back from ``o_proj``'s bias, the attention biases dropped."""
+    out = {k: v for k, v in tensors.items() if k not in {f"layers.0.self_attn.{n}.bias" for n in ATTENTION}}
+    out["fc.bias"] = tensors["layers.0.self_attn.o_proj.bias"]
     return out
 
 
@@ -169,6 +202,8 @@ def read_eagle_export(directory: str | os.PathLike, target) -> EagleHead | Eagle
         head = Eagle3Head.for_target(target, tensors["d2t"], tensors["t2d"], tuple(layers))
         head.load_state_dict(tensors)
         return head
+    if arch == ARCHITECTURES["vllm-eagle"] and config.get("bias") and "fc.bias" not in tensors:
+        tensors = unfold_fc_bias(tensors)  # draftsmith's fold of an fc bias
     head = EagleHead.for_target(target, fc_bias="fc.bias" in tensors)
     state = {("layer." + k.removeprefix("layers.0.")) if k.startswith("layers.0.") else k: v for k, v in tensors.items()}
     head.load_state_dict(state)
@@ -199,5 +234,6 @@ def export_eagle_artefact(artefact: str | os.PathLike, manifest: dict, fmt: str,
     return export_eagle(load_eagle_head(artefact, target_model), target_model.config, fmt, out)
 
 
-__all__ = ["ARCHITECTURES", "EAGLE_FORMATS", "eagle_tensors", "export_eagle", "export_eagle_artefact", "layer_config",
-           "load_eagle_head", "read_eagle_export", "ascending_fc", "check_portable", "speculators_config"]
+__all__ = ["ARCHITECTURES", "EAGLE_FORMATS", "eagle_tensors", "export_eagle", "export_eagle_artefact", "fold_fc_bias",
+           "layer_config", "load_eagle_head", "read_eagle_export", "ascending_fc", "check_portable", "speculators_config",
+           "unfold_fc_bias"]

@@ -89,7 +89,7 @@ class Proposer(Protocol):
     def propose(
         self,
         tokens: torch.Tensor,  # [L] long, committed tokens; tokens[-1] is pending
-        max_tokens: int,  # never propose more than this many nodes
+        max_tokens: int,  # never propose a path deeper than this (a tree may hold more nodes)
         sampling: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> Draft:

@@ -14,7 +14,7 @@ Node order is by depth, then lexicographic by path (parents before children, as 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -120,50 +120,57 @@ def chain_choices(depth: int) -> list[Path]:
     return [(0,) * d for d in range(1, depth + 1)]
 
 
-def greedy_choices(accuracy: torch.Tensor, nodes: int) -> list[Path]:
-    """The ``nodes`` paths of highest estimated acceptance, grown greedily from the root (Medusa's ``gen_tree``).
-
-    ``accuracy[d, r]`` is the measured probability that head ``d + 1``'s rank-``r`` candidate is the target's
-    token; a path's value is the product of its steps' accuracies (the chance the whole path is accepted), so
-    a child never beats its parent and the best tree of ``n + 1`` nodes is the best of ``n`` plus one frontier
-    node."""
+def grown_paths(accuracy: torch.Tensor, nodes: int, chain: int = 0) -> Iterator[tuple[Path, float]]:
+    """Paths in the order a tree grows (Medusa's ``gen_tree``), with each path's value: the product of its steps'
+    accuracies (``accuracy[d, r]``: the chance head ``d + 1``'s rank-``r`` candidate is the target's token), the
+    chance the whole path is accepted. The first ``chain`` paths are the top-1 chain (kept whatever its value, so
+    that a tree never loses to its own chain); then, greedily, the frontier path of highest value: a child never
+    beats its parent, so the best tree of ``n + 1`` nodes is the best of ``n`` plus one frontier node."""
     heads, k = accuracy.shape
     acc = accuracy.double().tolist()
-    frontier = [(-acc[0][r], (r,)) for r in range(k)]
+    spine = [(0,) * d for d in range(1, min(chain, heads) + 1)]
+    value, taken = 1.0, 0
+    frontier: list[tuple[float, Path]] = []
+    for path in [(), *spine]:  # the chain's nodes; their children (but the chain's own) are the frontier
+        if path:
+            value *= acc[len(path) - 1][0]
+            if taken == nodes:
+                return
+            taken += 1
+            yield path, value
+        if len(path) < heads:
+            frontier += [(-value * acc[len(path)][r], (*path, r)) for r in range(k) if (*path, r) not in spine]
     heapq.heapify(frontier)
-    chosen: list[Path] = []
-    while frontier and len(chosen) < nodes:
+    while frontier and taken < nodes:
         neg, path = heapq.heappop(frontier)
-        chosen.append(path)
+        taken += 1
+        yield path, -neg
         if len(path) < heads:
             for r in range(k):
                 heapq.heappush(frontier, (neg * acc[len(path)][r], (*path, r)))
-    return chosen
 
 
-def tree_size_for_cost(accuracy: torch.Tensor, relative_verify, max_nodes: int = 64) -> dict:
-    """The node count whose greedy tree (:func:`greedy_choices` on ``accuracy``) has the best predicted speedup on a
-    measured verification cost: ``relative_verify(n)`` = V(n) / V(1), the cost of one target forward over ``n``
-    tokens against a plain decoding step (:meth:`draftsmith.inference.evaluation.cost.CostModel.relative_verify`)::
+def greedy_choices(accuracy: torch.Tensor, nodes: int, chain: int = 0) -> list[Path]:
+    """The ``nodes`` paths of highest estimated acceptance, grown greedily from the root (Medusa's ``gen_tree``),
+    after the top-1 chain of depth ``chain`` (:func:`grown_paths`)."""
+    return [path for path, _ in grown_paths(accuracy, nodes, chain)]
+
+
+def tree_size_for_cost(accuracy: torch.Tensor, relative_verify, max_nodes: int = 64, chain: int = 0) -> dict:
+    """The node count whose grown tree (:func:`greedy_choices` on ``accuracy``, the top-1 chain of depth ``chain``
+    first) has the best predicted speedup on a measured verification cost: ``relative_verify(n)`` = V(n) / V(1), the
+    cost of one target forward over ``n`` tokens against a plain decoding step
+    (:meth:`draftsmith.inference.evaluation.cost.CostModel.relative_verify`)::
 
         tau(N)     = 1 + sum of the N chosen paths' values (each the chance the whole path is accepted)
         speedup(N) = tau(N) / relative_verify(N + 1)
 
     (the heads' own cost is left out: one small matmul per head against a target forward). Returns ``{"nodes",
     "predicted_tau", "predicted_speedup", "table": [[N, tau, speedup], ...]}``."""
-    heads, k = accuracy.shape
-    acc = accuracy.double().tolist()
-    frontier = [(-acc[0][r], (r,)) for r in range(k)]
-    heapq.heapify(frontier)
     tau, table = 1.0, []
-    while frontier and len(table) < max_nodes:
-        neg, path = heapq.heappop(frontier)
-        tau += -neg
-        n = len(table) + 1
+    for n, (_, value) in enumerate(grown_paths(accuracy, max_nodes, chain), start=1):
+        tau += value
         table.append([n, round(tau, 5), round(tau / relative_verify(n + 1), 5)])
-        if len(path) < heads:
-            for r in range(k):
-                heapq.heappush(frontier, (neg * acc[len(path)][r], (*path, r)))
     best = max(table, key=lambda row: row[2])
     return {"nodes": best[0], "predicted_tau": best[1], "predicted_speedup": best[2], "table": table}
 
@@ -194,24 +201,42 @@ def default_accuracy(heads: int, k: int = 10) -> torch.Tensor:  # [heads, k]
 
 
 def default_choices(heads: int, nodes: int = 32) -> list[Path]:
-    """The default tree for ``heads`` heads: ``nodes`` paths chosen by :func:`greedy_choices` on
-    :func:`default_accuracy`."""
+    """The default tree for ``heads`` heads: the top-1 chain through every head, then paths chosen by
+    :func:`greedy_choices` on :func:`default_accuracy`, ``nodes`` in all."""
     if heads < 1 or nodes < 1:
         raise ConfigError(f"a default tree needs heads >= 1 and nodes >= 1, got {heads} and {nodes}")
-    return greedy_choices(default_accuracy(heads), nodes)
+    return greedy_choices(default_accuracy(heads), nodes, chain=heads)
 
 
-def rerank(scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, total: int) -> tuple[torch.Tensor,
-                                                                                              torch.Tensor]:
+def within_depth(draft: Draft, max_depth: int) -> Draft:
+    """``draft`` without its nodes deeper than ``max_depth`` (near the end of an answer: a path longer than the tokens
+    left could not be kept, while its shallower branches still can). Nodes are in topological order and the kept set
+    is closed under ancestors, so parents are renumbered in place."""
+    if len(draft) == 0 or int(draft.depths.max()) <= max_depth:
+        return draft
+    keep = draft.depths <= max_depth  # [n] bool
+    new_index = keep.long().cumsum(0) - 1  # [n]
+    parents = draft.parents[keep]
+    parents = torch.where(parents >= 0, new_index[parents.clamp(min=0)], parents)
+    q = draft.q[keep.to(draft.q.device)] if draft.q is not None else None
+    return Draft(tokens=draft.tokens[keep.to(draft.tokens.device)], parents=parents, q=q)
+
+
+def rerank(scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, total: int,
+           keep: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """EAGLE-2's rerank: of the candidate nodes an expansion produced, keep the ``total`` with the highest cumulative
     draft log-probability (``scores`` ``[n]``; ties: the shallower first, so a parent, never scoring below its
     child, always precedes it and the kept set is closed under ancestors). ``parents`` ``[n]`` index into the
-    candidates (-1 = the root), ``depths`` ``[n]`` (1 = a child of the root).
+    candidates (-1 = the root), ``depths`` ``[n]`` (1 = a child of the root). ``keep``: candidates kept before any
+    other (the top-1 chain, root first, so that a tree never loses to its own chain: a prefix of it when ``total``
+    is smaller); it must be closed under ancestors.
 
     Returns ``(keep, new_parents)``: the kept candidates' indices in topological order (by depth, then by score)
     and their parents as indices into ``keep`` (-1 = the root)."""
     n = scores.numel()
-    order = sorted(range(n), key=lambda i: (-float(scores[i]), int(depths[i]), i))[: max(0, min(total, n))]
+    forced = list(dict.fromkeys(int(i) for i in keep))[: max(0, total)]
+    rest = sorted(set(range(n)) - set(forced), key=lambda i: (-float(scores[i]), int(depths[i]), i))
+    order = (forced + rest)[: max(0, min(total, n))]
     kept = sorted(order, key=lambda i: (int(depths[i]), -float(scores[i]), i))
     where = {c: j for j, c in enumerate(kept)}
     new_parents = []
@@ -223,5 +248,5 @@ def rerank(scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, to
     return torch.tensor(kept, dtype=torch.long), torch.tensor(new_parents, dtype=torch.long)
 
 
-__all__ = ["rerank", "size_for_step", "tree_size_for_cost", "StaticTree", "tree_from_choices", "chain_choices", "greedy_choices", "default_accuracy",
+__all__ = ["grown_paths", "rerank", "within_depth", "size_for_step", "tree_size_for_cost", "StaticTree", "tree_from_choices", "chain_choices", "greedy_choices", "default_accuracy",
            "default_choices"]

@@ -16,14 +16,19 @@ Rules:
   distributed exactly as the target's, for chains and for trees, with or without replacement.
   When every proposal at a node is rejected, or the node is a leaf, one token is drawn from what
   is left (the correction or the bonus token).
+- :func:`~draftsmith.inference.core.typical.typical_verifier` — Medusa's typical acceptance (LOSSY under sampling; a proposer that
+  carries it says so): a node passes when the target gives its token more than an entropy-dependent
+  threshold, the longest passing candidate path is committed (ties by likelihood) and the token
+  after it is the target's argmax.
 
-Both rules run as a fixed sequence of tensor ops on the logits' device and move one small tensor to
+The rules run as a fixed sequence of tensor ops on the logits' device and move one small tensor to
 the host per step (gpt-fast style), for chains and trees alike: every node gets its own test
 (greedy: its token equals the target's argmax at its parent; sampling: ``u < p'(x) / q(x)`` with
 ``p'`` the residual left by its earlier siblings, computed for all nodes by sibling rank), the first
 passing child of each node is kept, and the accepted path is the deepest node whose ancestors all
-pass. Drawing a uniform for every node instead of only the nodes tried changes nothing in
-distribution, since each tried node still uses a fresh independent uniform.
+pass (typical acceptance keeps every passing child and picks among the passing paths). Drawing a
+uniform for every node instead of only the nodes tried changes nothing in distribution, since each
+tried node still uses a fresh independent uniform.
 
 A draft may also carry :class:`Resume` (the proposer already ran the first layers of the
 verification, early exit) and :class:`ExtraInputs` (tokens of the proposer's own that ride along in
@@ -283,7 +288,7 @@ def chain_path(ok: torch.Tensor) -> torch.Tensor:  # [n] bool -> [] long
     return ok.long().cumprod(0).sum()
 
 
-def _to_host(
+def verdict_on_host(
     length: torch.Tensor,  # []
     next_token: torch.Tensor,  # [] or [1]
     tokens: torch.Tensor,  # [n]
@@ -308,11 +313,11 @@ def _accept(
     node, followed from the root — and the token after it, in one device-to-host transfer."""
     if draft.is_chain:
         length = chain_path(passed)
-        return _to_host(length, next_token(length[None]), tokens)
+        return verdict_on_host(length, next_token(length[None]), tokens)
     device = tokens.device
     ok = first_in_siblings(passed, draft.parents.to(device))  # [n]
     length, row, on_path = accepted_path(ok, draft.ancestors.to(device), draft.depths.to(device))
-    return _to_host(length, next_token(row[None]), tokens, on_path)
+    return verdict_on_host(length, next_token(row[None]), tokens, on_path)
 
 
 def verify_greedy(
@@ -371,34 +376,6 @@ def verify_sampling(
     ratio = tried.gather(1, x)[:, 0] / q.gather(1, x)[:, 0].clamp_min(1e-30)  # [n]
     passed = uniform((len(draft),), generator, device) < ratio  # [n]
     return _accept(passed, draft, tokens, lambda row: draw(left.index_select(0, row)[0], generator))
-
-
-def typical_verifier(epsilon: float = 0.09, delta: float = 0.3):
-    """Medusa's *typical acceptance* (Cai et al. 2024, Sec. 2.3.1) as a verification rule. LOSSY under sampling:
-    the output no longer follows the target's distribution (the distribution check shows it); under greedy
-    decoding the target's probabilities are one-hot and it reduces to exact matching.
-
-    A node ``x`` under a row with target distribution ``p`` is accepted when
-    ``p(x) > min(epsilon, delta * exp(-H(p)))`` (H the entropy), the first such child of each node is followed
-    from the root, and the token after the accepted branch is drawn from ``p`` at its last row."""
-    if not (0.0 < epsilon < 1.0 and delta > 0.0):
-        raise ValueError(f"typical acceptance needs 0 < epsilon < 1 and delta > 0, got {epsilon} and {delta}")
-
-    def verify_typical(target_probs: torch.Tensor, draft: Draft, generator: torch.Generator | None = None) -> Verdict:
-        probs = target_probs.float()  # [1 + n, V]
-        device = probs.device
-        if len(draft) == 0:
-            return Verdict([], int(draw(probs[0], generator)), tokens=[])
-        entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)  # [1 + n]
-        threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)  # [1 + n]
-        tokens = draft.tokens.to(device)  # [n]
-        parents = draft.parents.to(device)  # [n]
-        rows = parents + 1  # [n] each node's verification row
-        passed = probs[rows, tokens] > threshold[rows]  # [n]
-        return _accept(passed, draft, tokens, lambda row: draw(probs.index_select(0, row)[0], generator))
-
-    verify_typical.__name__ = f"typical_acceptance(epsilon={epsilon}, delta={delta})"
-    return verify_typical
 
 
 def verify_accept_all(target_probs: torch.Tensor, draft: Draft, generator: torch.Generator | None = None) -> Verdict:

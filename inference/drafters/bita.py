@@ -2,17 +2,17 @@
 
 Two small sets of weights sit beside the unchanged target:
 
-- the *prompt*: ``P`` tokens (16 in the paper) of per-layer keys and values (deep prompt tuning, P-tuning v2, the
-  paper's; ``prompt_mode=deep``, peft's ``PrefixEncoder``) or of input embeddings (plain prompt tuning,
+- the *prompt*: ``P`` tokens (16 in the reference code) of per-layer keys and values (deep prompt tuning, P-tuning v2, as the
+  reference trains it; ``prompt_mode=deep``, peft's ``PrefixEncoder``) or of input embeddings (plain prompt tuning,
   ``prompt_mode=embeddings``, peft's ``PromptEmbedding``; their keys/values are what the frozen target computes
   for them);
-- ``M`` *mask tokens* (3 in the paper), each its own learnable input embedding.
+- ``M`` *mask tokens* (3 in the reference code for 7B-13B targets, 4 for 33B-70B), each its own learnable input embedding.
 
 A group of the ``M`` mask tokens placed after token ``x_t`` sits at positions ``t+1 .. t+M`` and mask ``k`` learns
 to predict ``x_{t+k+1}``: the target's own logits at ``t`` already give ``x_{t+1}``, so one forward that carries a
 group after the last verified token yields the next token *and* an ``M``-token draft after it. The masks of a
-group attend to each other (``mask_attention``: bidirectional, as the paper describes; causal, as its reference
-code runs), to the sequence up to their insertion point and to the prompt; **no sequence token ever sees the
+group attend to each other (``mask_attention``: bidirectional by default; causal, as the reference code runs:
+docs/METHODS.md#bita), to the sequence up to their insertion point and to the prompt; **no sequence token ever sees the
 prompt or a mask**, so the target's outputs are exactly its own and verification stays lossless.
 
 The module lives in ``inference`` because the decode loop runs it; ``draftsmith.trainers.bita`` trains it.
@@ -27,8 +27,8 @@ from draftsmith.common.errors import ArtefactError, ConfigError
 from draftsmith.inference.core.adapter import ModelAdapter
 
 PROMPT_MODES = ("deep", "embeddings")
-PROMPT_TOKENS = 16  # the paper's P: the default of training (BitaConfig) and of ``--method bita`` alike
-MASK_TOKENS = 3  # the paper's M: tokens drafted per step
+PROMPT_TOKENS = 16  # the reference code's P: the default of training (BitaConfig) and of ``--method bita`` alike
+MASK_TOKENS = 3  # the reference code's M for 7B-13B targets: tokens drafted per step
 MASK_ATTENTION = ("bidirectional", "causal")
 CONFIG_FILE = "embeddings_config.json"
 WEIGHTS_FILE = "embeddings.safetensors"

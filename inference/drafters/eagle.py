@@ -19,7 +19,7 @@ high one (the input of decoder layers ``2, n//2, n-3``, as in EAGLE-3 and the en
 of fewer than 6 layers), fused by ``fc`` (``3 Ht -> H``, no bias) into ``g_t``; its layer attends over
 ``[input_norm(E(x_{t+1})); hidden_norm(g_t)]`` (q/k/v read ``2H``) with ``g_t`` as the residual, and its own final
 norm and LM head give logits over a reduced draft vocabulary (the ``Vd`` most frequent target tokens of the
-training data; ``d2t``/``t2d`` map between the two vocabularies as in EAGLE-3's and the engines' checkpoints). While
+answers it trains on; ``d2t``/``t2d`` map between the two vocabularies as in EAGLE-3's and the engines' checkpoints). While
 drafting, the head's own output ``h`` takes the place of ``g`` (no fc).
 
 Both heads answer the same calls, which is all the proposer uses: ``hidden_layers`` (the target layers they read),
@@ -57,7 +57,7 @@ def aux_layers(num_layers: int) -> tuple[int, int, int]:
 
 
 def draft_vocab(counts: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:  # [V] -> [Vd], [V]
-    """EAGLE-3's reduced draft vocabulary from target-token counts ``[V]`` over the training answers: the ``size``
+    """EAGLE-3's reduced draft vocabulary from target-token counts ``[V]`` over the answers it trains on: the ``size``
     most frequent ids (ties and unseen ids: the smaller id first; :func:`draftsmith.data.draft_vocab.draft_vocabulary`),
     as EAGLE-3's checkpoints store it: ``d2t`` ``[Vd]`` int64 (the offset ``target_id - draft_id``) and ``t2d``
     ``[V]`` bool (which target ids are in)."""

@@ -1,18 +1,20 @@
 """Draft & Verify's search (Zhang et al. 2023) with Optuna: which attention and MLP sublayers the target skips
 while it drafts for itself, so that self-speculative decoding is fastest.
 
-The study has one boolean per sublayer (``attn_<i>``, ``mlp_<i>``; the first and last layers pinned to run, as in
-the paper, unless ``pin_ends=False``), TPE by default (``random`` selectable), seeded. A trial's objective is the
-*measured* seconds per generated token of self-speculative decoding with that skip set (the
-:class:`~draftsmith.inference.proposers.draft_verify.DraftVerifyProposer` with adaptive draft-exiting) over the
+The study has one boolean per sublayer (``attn_<i>``, ``mlp_<i>``), all 2L of them as the reference searches
+(searching.py: one variable per attention and per MLP of every layer, the first and last included; its published
+LLaMA-2-70B set skips the last layer's attention); ``pin_ends=True`` keeps the first and last layers running
+instead. TPE by default (``random`` selectable; the reference uses Gaussian-process Bayesian optimisation), seeded.
+A trial's objective is the *measured* seconds per generated token of self-speculative decoding with that skip set
+(the :class:`~draftsmith.inference.proposers.draft_verify.DraftVerifyProposer` with adaptive draft-exiting) over the
 calibration prompts, greedy; after each prompt the running value is reported, so a trial whose first half of the
-prompts is worse than the median of earlier trials is pruned (median pruner, after 5 complete trials; timing
-noise makes an earlier verdict unreliable). A skip set that skips nothing is scored as plain decoding. Selectable instead
-(``objective="predicted"``): the seconds per token predicted from the skip set's teacher-forced agreement with
-the full model along the target's answers and the measured per-sublayer costs (cheap and free of timing noise;
-:func:`predicted_seconds_per_token`). The study lives in
-an SQLite file (``storage``), so a killed search rerun continues it (finished trials are kept and not repeated)
-and ``optuna-dashboard sqlite:///.../study.db`` shows it as it is.
+prompts is worse than the median of earlier trials is pruned (median pruner, after 5 complete trials; timing noise
+makes an earlier verdict unreliable). A skip set that skips nothing is scored as plain decoding. Selectable instead
+(``objective="predicted"``): the seconds per token predicted from the skip set's teacher-forced agreement with the
+full model along the target's answers and the measured per-sublayer costs (cheap and free of timing noise;
+:func:`predicted_seconds_per_token`). The study lives in an SQLite file (``storage``), so a killed search rerun
+continues it (finished trials are kept and not repeated) and ``optuna-dashboard sqlite:///.../study.db`` shows it as
+it is.
 
 The baselines the search is compared against are measured the same way: every other layer skipped, and the last
 half of the layers skipped (an untrained early exit at ``L/2``).
@@ -56,12 +58,13 @@ class SkipSet:
 
 @dataclass
 class SearchSettings:
-    draft_length: int = 8  # the longest draft; adaptive draft-exiting usually stops earlier
-    max_new_tokens: int = 48
-    pin_ends: bool = True
-    sampler: str = "tpe"
-    seed: int = 0
+    draft_length: int = 8  # the longest draft (the reference's max_step_draft); adaptive draft-exiting stops earlier
+    max_new_tokens: int = 48  # tokens per calibration answer
+    pin_ends: bool = False  # True: keep the first and last layers out of the search (the reference searches all)
+    sampler: str = "tpe"  # Optuna's TPE, or "random"
+    seed: int = 0  # the sampler's seed
     objective: str = "measured"  # or "predicted": teacher-forced agreement and sublayer costs (noise-free)
+    # the adaptive draft-exiting rule every trial drafts with (AdaptiveThreshold.to_dict; default: the reference's)
     threshold: dict = field(default_factory=lambda: AdaptiveThreshold().to_dict())
 
     def __post_init__(self) -> None:
@@ -71,6 +74,13 @@ class SearchSettings:
             raise ConfigError(f"objective {self.objective!r} is unknown: choose one of {', '.join(OBJECTIVES)}")
         if self.draft_length < 1 or self.max_new_tokens < 1:
             raise ConfigError("draft_length and max_new_tokens must be >= 1")
+
+
+def search_space(num_layers: int, pin_ends: bool = False) -> list[str]:
+    """The study's variables: ``attn_<i>`` and ``mlp_<i>`` of every layer (2L, as the reference searches), or of
+    layers 1..L-2 with ``pin_ends`` (on a target of at most 2 layers nothing is pinned)."""
+    layers = range(1, num_layers - 1) if pin_ends and num_layers > 2 else range(num_layers)
+    return [f"{kind}_{i}" for i in layers for kind in ("attn", "mlp")]
 
 
 def skip_set_of(params: dict[str, bool], num_layers: int) -> SkipSet:
@@ -91,7 +101,7 @@ def proposer_for(skip: SkipSet, settings: SearchSettings) -> DraftVerifyProposer
         return None
     return DraftVerifyProposer(skip_attention=skip.attention, skip_mlp=skip.mlp,
                              policy=DraftLengthPolicy(length=settings.draft_length, max_length=settings.draft_length),
-                             stop=AdaptiveThreshold(**settings.threshold))
+                             stop=AdaptiveThreshold.from_dict(settings.threshold))
 
 
 @torch.inference_mode()
@@ -195,7 +205,7 @@ def search(target, prompts: Sequence[torch.Tensor], storage: str, n_trials: int,
         costs = sublayer_seconds(adapter)
         verify = measure_verify_curve(adapter, sizes=range(1, settings.draft_length + 2))
     layers = adapter.num_layers
-    free = range(1, layers - 1) if settings.pin_ends and layers > 2 else range(layers)
+    variables = search_space(layers, settings.pin_ends)
     sampler = optuna.samplers.TPESampler(seed=settings.seed) if settings.sampler == "tpe" else \
         optuna.samplers.RandomSampler(seed=settings.seed)
     study = optuna.create_study(study_name=STUDY, storage=storage, direction="minimize", sampler=sampler,
@@ -206,8 +216,7 @@ def search(target, prompts: Sequence[torch.Tensor], storage: str, n_trials: int,
     left = max(0, n_trials - len(done))
 
     def objective(trial) -> float:
-        params = {f"{kind}_{i}": trial.suggest_categorical(f"{kind}_{i}", [False, True])
-                  for i in free for kind in ("attn", "mlp")}
+        params = {name: trial.suggest_categorical(name, [False, True]) for name in variables}
         skip = skip_set_of(params, layers)
 
         def report(i: int, value: float) -> bool:
@@ -251,5 +260,5 @@ def study_summary(study, num_layers: int, top: int = 5) -> dict:
             "history": [t.value for t in complete]}
 
 
-__all__ = ["OBJECTIVES", "SAMPLERS", "predicted_seconds_per_token", "skip_agreement", "sublayer_seconds", "SearchSettings", "SkipSet", "baselines", "best_skip_set", "proposer_for", "search",
+__all__ = ["OBJECTIVES", "SAMPLERS", "predicted_seconds_per_token", "skip_agreement", "sublayer_seconds", "SearchSettings", "SkipSet", "baselines", "best_skip_set", "proposer_for", "search", "search_space",
            "seconds_per_token", "skip_set_of", "study_summary"]

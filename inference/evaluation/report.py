@@ -87,7 +87,7 @@ def build_report(
         "seed": seed,
         "warmup": warmup,
         "lossless": lossless,
-        "verification": "greedy (exact match)" if greedy else "speculative sampling",
+        "verification": _verification(proposer, greedy),
         "proposer": _proposer_info(proposer),
         "summary": summary,
         "categories": categories,
@@ -143,6 +143,15 @@ def _baselines(runs: Sequence[QuestionRun], summary: dict) -> dict[str, dict]:
         "greedy": True,
     }
     return baselines
+
+
+def _verification(proposer, greedy: bool) -> str:
+    """The acceptance rule the run used: a lossy proposer's own (e.g. Medusa's typical acceptance), else the exact
+    rule of the decoding mode."""
+    rule = getattr(proposer, "verifier", None)
+    if rule is not None:
+        return getattr(rule, "__name__", "custom") + ("" if getattr(proposer, "lossless", True) else " (LOSSY)")
+    return "greedy (exact match)" if greedy else "speculative sampling"
 
 
 def _proposer_info(proposer) -> dict | None:

@@ -7,7 +7,7 @@ group after the last accepted node (the pending token when nothing was accepted)
 ``M`` tokens after the step's correction/bonus token, which become the next draft:
 
 - ``tree="chain"``: the top-1 token of each mask, a chain of ``M``;
-- ``tree="triangle"`` (the paper's "upper-triangle" tree): level ``j`` (0-based) holds the top ``top_k - j``
+- ``tree="triangle"`` (the reference code's "upper-triangle" tree): level ``j`` (0-based) holds the top ``top_k - j``
   tokens of mask ``j``, every level hanging from the top-1 node of the level above.
 
 The candidates are deterministic (no ``q``), so speculative sampling verifies them as one-hot proposals and stays
@@ -70,15 +70,14 @@ class BitaProposer:
         self._candidates = None  # the first step drafts nothing: its masks give the second step's draft
 
     def draft_nodes(self, max_tokens: int) -> tuple[list[int], list[int]]:
-        """The next draft's ``(tokens, parents)`` from the stored candidates, at most ``max_tokens`` nodes."""
+        """The next draft's ``(tokens, parents)`` from the stored candidates, at most ``max_tokens`` deep."""
         if self._candidates is None or max_tokens <= 0:
             return [], []
+        candidates = self._candidates[:max_tokens]  # [<= M, K]: one mask per depth
         if self.tree == "chain":
-            tokens = [int(t) for t in self._candidates[:, 0]]
-            parents = list(range(-1, len(tokens) - 1))
-        else:
-            tokens, parents = triangle_tree(self._candidates, self.top_k)
-        return tokens[:max_tokens], parents[:max_tokens]
+            tokens = [int(t) for t in candidates[:, 0]]
+            return tokens, list(range(-1, len(tokens) - 1))
+        return triangle_tree(candidates, self.top_k)
 
     def propose(self, tokens: torch.Tensor, max_tokens: int, sampling: SamplingParams,
                 generator: torch.Generator | None = None) -> Draft:

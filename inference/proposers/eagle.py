@@ -28,6 +28,8 @@ so the loop's multi-branch verification keeps greedy decoding identical and samp
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from draftsmith.common.errors import ConfigError
@@ -49,7 +51,8 @@ class EagleProposer:
     lossless = True
 
     def __init__(self, head, embed: torch.nn.Module, lm_head: torch.nn.Module, length: int = 5,
-                 tree: str = "chain", depth: int = 5, top_k: int = 8, total_tokens: int = 32, verify_cost=None) -> None:
+                 tree: str = "chain", depth: int = 5, top_k: int = 8, total_tokens: int = 32, verify_cost=None,
+                 temperatures: Sequence[float] | None = None) -> None:
         if min(length, depth, top_k, total_tokens) < 1:
             raise ConfigError(f"EAGLE needs draft length, tree depth, top-k and total tokens >= 1, got {length}, "
                               f"{depth}, {top_k}, {total_tokens}")
@@ -58,6 +61,13 @@ class EagleProposer:
         self.head, self.embed, self.lm_head, self.length = head.eval(), embed, lm_head, int(length)
         self.hidden_layers = tuple(head.hidden_layers)  # the target layers the loop hands over
         self._t2d = getattr(head, "t2d", None)  # EAGLE-3's [V] bool draft vocabulary (None: EAGLE-1 drafts any token)
+        # [V] target id -> draft id (-1: not in the draft vocabulary); None: the identity
+        self._draft_of = None if self._t2d is None else torch.where(self._t2d, self._t2d.long().cumsum(0) - 1, -1)
+        # per tree depth, the temperature that calibrates the head's probabilities (tree_calibration); 1 = as trained
+        self.temperatures = tuple(float(t) for t in (temperatures or ()))
+        if any(t <= 0 for t in self.temperatures):
+            raise ConfigError(f"EAGLE tree temperatures must be > 0, got {list(self.temperatures)}")
+        self.last_draft_logits: torch.Tensor | None = None  # [k, Vd] the last chain's logits per drafted depth
         self.vocab_size = int(lm_head.weight.shape[0])
         self.tree, self.depth, self.top_k, self.total_tokens = tree, int(depth), int(top_k), int(total_tokens)
         if tree == "dynamic":
@@ -144,12 +154,14 @@ class EagleProposer:
         if self._feature is None or k <= 0 or tokens.numel() - 1 != self._true:
             return Draft.empty()  # no features yet, or the head fell out of step (a step that drafted nothing)
         if self.tree == "dynamic":
-            return self._dynamic_tree(min(self.total_tokens, max_tokens))
+            return self._dynamic_tree(self.total_tokens, min(self.depth, max_tokens))
         feature, pos = self._feature, self._true
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
+        rows: list[torch.Tensor] = []
         for i in range(k):
             logits = self.head.draft_logits(feature, self.lm_head).float()  # [Vd]
+            rows.append(logits)
             if sampling.greedy:
                 idx = logits.argmax()
             else:
@@ -163,7 +175,12 @@ class EagleProposer:
                 p = torch.tensor([[pos]], device=feature.device)
                 feature = self.head(self.embed(ids), feature[None, None], p, self._cache)[0, -1]
                 pos += 1
+        self.last_draft_logits = torch.stack(rows)
         return Draft.chain(drafted, q=torch.stack(qs) if qs else None)
+
+    def draft_index(self, tokens: torch.Tensor) -> torch.Tensor:  # [m] target ids -> [m] draft ids (-1: outside)
+        """Target token ids as indices into the vocabulary the head drafts from (tree calibration)."""
+        return tokens if self._draft_of is None else self._draft_of.to(tokens.device)[tokens]
 
     def _on_target_vocab(self, q: torch.Tensor) -> torch.Tensor:  # [Vd] -> [V]
         """A draft-vocabulary distribution as one over the target's vocabulary (zero outside the draft's)."""
@@ -173,13 +190,18 @@ class EagleProposer:
         full[self.head.to_target(torch.arange(q.numel(), device=q.device))] = q
         return full
 
-    def _logprobs(self, features: torch.Tensor) -> torch.Tensor:  # [m, H] -> [m, Vd]
-        return torch.log_softmax(self.head.draft_logits(features, self.lm_head).float(), dim=-1)
+    def _logprobs(self, features: torch.Tensor, depth: int) -> torch.Tensor:  # [m, H] -> [m, Vd]
+        """The head's log-probabilities for tree depth ``depth`` (1 = the root's children), at that depth's
+        calibrated temperature."""
+        logits = self.head.draft_logits(features, self.lm_head).float()
+        t = self.temperatures[min(depth, len(self.temperatures)) - 1] if self.temperatures else 1.0
+        return torch.log_softmax(logits / t, dim=-1)
 
-    def _dynamic_tree(self, total: int) -> Draft:
-        """EAGLE-2's expansion and rerank (module docstring)."""
+    def _dynamic_tree(self, total: int, depth: int) -> Draft:
+        """EAGLE-2's expansion and rerank (module docstring), ``depth`` levels (fewer than the tree's near the end of
+        an answer)."""
         device, k = self._feature.device, self.top_k
-        top = self._logprobs(self._feature[None])[0].topk(k)  # the root's children
+        top = self._logprobs(self._feature[None], 1)[0].topk(k)  # the root's children
         tokens, scores = [self.head.to_target(top.indices)], [top.values]  # per level: [c] target ids, log-probs
         parents = [torch.full((k,), -1, dtype=torch.long)]  # candidate index of each node's parent (-1 = root)
         depths = [torch.ones(k, dtype=torch.long)]
@@ -187,9 +209,12 @@ class EagleProposer:
         ancestors: dict[int, list[int]] = {-1: []}  # candidate index -> cache slots of its forwarded ancestors
         feature_of: dict[int, torch.Tensor] = {-1: self._feature}  # expanded candidate -> the head's output there
         offset = 0  # candidate index of the first node of the newest level
-        for level in range(1, self.depth):
+        spine = [0]  # candidate index of the top-1 chain's node at each level: always expanded and kept
+        for level in range(1, depth):
             level_scores = scores[-1]
             chosen = level_scores.topk(min(k, level_scores.numel())).indices  # [e] within the level
+            if spine[-1] - offset not in chosen.tolist():  # the chain's node ranks below the level's top-k
+                chosen[-1] = spine[-1] - offset
             cands = [offset + int(i) for i in chosen]
             all_parents = torch.cat(parents)
             feats = torch.stack([feature_of[int(all_parents[c])] for c in cands])  # [e, H]
@@ -207,8 +232,9 @@ class EagleProposer:
             out = self.head(self.embed(ids)[None], feats[None], pos, self._cache, visible=visible)[0]  # [e, H]
             for row, c in enumerate(cands):
                 feature_of[c] = out[row]
-            child = self._logprobs(out).topk(k, dim=-1)  # [e, k]
+            child = self._logprobs(out, level + 1).topk(k, dim=-1)  # [e, k]
             offset += scores[-1].numel()
+            spine.append(offset + cands.index(spine[-1]) * k)  # the chain node's top-1 child
             tokens.append(self.head.to_target(child.indices).reshape(-1))
             scores.append((level_scores[chosen][:, None] + child.values).reshape(-1))
             parents.append(torch.tensor(cands, dtype=torch.long).repeat_interleave(k))
@@ -216,7 +242,7 @@ class EagleProposer:
         all_scores = torch.cat(scores).cpu()  # [c]
         if self.verify_cost is not None:
             total = min(total, self._size(all_scores))
-        keep, new_parents = rerank(all_scores, torch.cat(parents), torch.cat(depths), total)
+        keep, new_parents = rerank(all_scores, torch.cat(parents), torch.cat(depths), total, keep=spine)
         if self.verify_cost is not None:
             self._pending_mass = float(all_scores[keep].double().exp().sum())
         self.stats["trees"] += 1

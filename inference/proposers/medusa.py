@@ -7,7 +7,9 @@ guesses the token ``k + 1`` places after the pending one, the candidates of tree
 nodes are the heads' top-k candidates, so they are deterministic proposals (``q`` one-hot): greedy
 verification accepts the longest matching branch, and sampling stays exact through the loop's multi-branch
 rejection sampling. With ``typical=(epsilon, delta)`` the proposer carries Medusa's typical acceptance instead
-(:func:`~draftsmith.inference.core.verify.typical_verifier`), which is lossy under sampling and reported as lossy.
+(:func:`~draftsmith.inference.core.typical.typical_verifier`: the longest candidate whose tokens the target finds
+typical, ties by likelihood, then the target's argmax; ``delta=None`` is ``sqrt(epsilon)``), which is lossy under
+sampling and reported as lossy.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import torch
 from draftsmith.common.errors import ProposerError
 from draftsmith.inference.core.proposer import StepFeedback
 from draftsmith.inference.core.sampling import SamplingParams
-from draftsmith.inference.core.trees import StaticTree
-from draftsmith.inference.core.verify import Draft, typical_verifier
+from draftsmith.inference.core.trees import StaticTree, within_depth
+from draftsmith.inference.core.typical import typical_verifier
+from draftsmith.inference.core.verify import Draft
 from draftsmith.inference.drafters.medusa import MedusaHeads
 
 
@@ -30,12 +33,13 @@ class MedusaProposer:
     hidden_layers: tuple[int, ...] = (-1,)
 
     def __init__(self, heads: MedusaHeads, lm_head: torch.nn.Module, tree: StaticTree,
-                 typical: tuple[float, float] | None = None) -> None:
+                 typical: tuple[float, float | None] | None = None) -> None:
         if tree.max_depth > heads.num_heads:
             raise ProposerError(f"the tree is {tree.max_depth} deep but there are only {heads.num_heads} Medusa heads: "
                                 "use a shallower tree (--tree chain, or fewer levels in the choice paths)")
         self.heads, self.lm_head, self.tree = heads.eval(), lm_head, tree
         self._hidden: torch.Tensor | None = None  # [H] the target's last-processed hidden state
+        self.last_draft_logits: torch.Tensor | None = None  # [D, V] the heads' logits of the last draft
         if typical is not None:  # Medusa's typical acceptance: lossy under sampling, reported as such
             self.verifier = typical_verifier(*typical)
             self.lossless = False
@@ -54,17 +58,18 @@ class MedusaProposer:
     def candidates(self) -> torch.Tensor:  # [depth, k] token ids, best first
         depth, k = self.tree.max_depth, self.tree.top_k
         logits = torch.stack([self.heads.head_logits(self._hidden, d, self.lm_head) for d in range(depth)])  # [D, V]
+        self.last_draft_logits = logits  # per depth: what a chain tree drafts from (tree calibration)
         return logits.topk(k, dim=-1).indices
+
+    def draft_index(self, tokens: torch.Tensor) -> torch.Tensor:  # [m] target ids, the heads' vocabulary too
+        return tokens
 
     @torch.inference_mode()
     def propose(self, tokens: torch.Tensor, max_tokens: int, sampling: SamplingParams,
                 generator: torch.Generator | None = None) -> Draft:
         if self._hidden is None or max_tokens <= 0:
             return Draft.empty()
-        draft = self.tree.draft(self.candidates())
-        if len(draft) > max_tokens:  # nodes are ordered by depth: a prefix keeps every parent
-            draft = Draft(tokens=draft.tokens[:max_tokens], parents=draft.parents[:max_tokens])
-        return draft
+        return within_depth(self.tree.draft(self.candidates()), max_tokens)
 
 
 __all__ = ["MedusaProposer"]

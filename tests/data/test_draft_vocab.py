@@ -1,12 +1,13 @@
 """The one draft-vocabulary builder and its three uses: the zoo's draft (most frequent + specials), EAGLE-3's
-d2t/t2d maps (most frequent, ties to the smaller id), DistillSpec's refit to the target's answers."""
+d2t/t2d maps (most frequent, ties to the smaller id; the target's answers first, the dataset's responses breaking
+ties), DistillSpec's refit to the target's answers."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from draftsmith.data.draft_vocab import answer_token_counts, draft_vocab_coverage, draft_vocabulary
+from draftsmith.data.draft_vocab import answer_token_counts, draft_vocab_coverage, draft_vocabulary, ranked_counts
 
 
 def _by_count(counts: torch.Tensor, size: int) -> list[int]:
@@ -41,3 +42,14 @@ def test_answer_counts_and_coverage_count_labelled_tokens_only():
     t2d = torch.zeros(6, dtype=torch.bool)
     t2d[draft_vocabulary(counts, 2)] = True  # 3 and 4
     assert draft_vocab_coverage(rows, t2d) == pytest.approx(4 / 5)
+
+
+def test_ranked_counts_let_the_first_counts_decide_and_the_second_break_ties():
+    answers = torch.tensor([0, 3, 3, 1, 0, 0])  # [V=6] the target's answers
+    responses = torch.tensor([9, 0, 4, 7, 2, 0])  # the dataset's responses
+    merged = ranked_counts(answers, responses)
+    assert sorted(range(6), key=lambda i: (-int(merged[i]), i)) == [2, 1, 3, 0, 4, 5]  # 2 before 1: a tie, 4 > 0
+    assert draft_vocabulary(merged, 3).tolist() == [1, 2, 3]  # 0, the responses' favourite, never in an answer
+    assert draft_vocabulary(merged, 4).tolist() == [0, 1, 2, 3]  # ... first of the tokens the answers never use
+    with pytest.raises(ValueError, match=">= 0"):
+        ranked_counts(torch.tensor([-1]), torch.tensor([0]))

@@ -17,8 +17,7 @@ def test_search_writes_an_artefact_the_evaluator_runs(tiny_pair, tmp_path, capsy
 
     out = tmp_path / "search"
     argv = ["draft_verify.py", "--target", str(tiny_pair["target"]), "--output_dir", str(out), "--n-trials", "3",
-            "--prompts", "2", "--max-new-tokens", "6", "--draft-length", "3", "--threads", "1", "--no-progress",
-            "--no-pin-ends"]
+            "--prompts", "2", "--max-new-tokens", "6", "--draft-length", "3", "--threads", "1", "--no-progress"]
     old = sys.argv
     sys.argv = argv
     try:
@@ -56,3 +55,15 @@ def test_an_empty_searched_set_decodes_plainly(tmp_path):
                    proposer={"skip_attention": [], "skip_mlp": [], "draft_length": 4})
     proposer, manifest = load_artefact(tmp_path / "a", target, None)
     assert proposer is None and manifest["method"] == "draft-verify"
+
+
+def test_threshold_rule_names_agree_everywhere():
+    """The command lines list the rules without importing the proposer; they must name the same ones."""
+    from draftsmith.common.registry import THRESHOLD_RULE
+    from draftsmith.inference.proposers.draft_verify import THRESHOLD_RULES
+    from draftsmith.launch.draft_verify import THRESHOLD_RULE_NAMES, parser
+
+    assert set(THRESHOLD_RULE_NAMES) == set(THRESHOLD_RULE.choices) == set(THRESHOLD_RULES)
+    args = parser().parse_args([])
+    assert args.threshold_rule == "reference" and args.pin_ends is False  # the reference's rule and search space
+    assert parser().parse_args(["--pin-ends"]).pin_ends is True

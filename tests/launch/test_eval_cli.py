@@ -125,13 +125,16 @@ def test_bita_method_with_untrained_embeddings(tiny_pair, qfile, tmp_path, tree)
     assert rep["method"] == "bita" and rep["summary"]["greedy_identical"] == 1.0
 
 
-def test_draft_verify_with_a_skip_set_on_the_command_line(tiny_pair, qfile, tmp_path):
+@pytest.mark.parametrize("rule", [None, "unsmoothed"])
+def test_draft_verify_with_a_skip_set_on_the_command_line(tiny_pair, qfile, tmp_path, rule):
     out = tmp_path / "dv.json"
+    chosen = ("--threshold-rule", rule) if rule else ()
     assert _eval(tiny_pair, "--method", "draft-verify", "--skip-attention", "1", "--skip-mlp", "1", "--questions", qfile,
-                 "--limit", "1", "--out", out) == 0
+                 "--limit", "1", *chosen, "--out", out) == 0
     rep = json.loads(out.read_text())
     assert rep["skip_set"] == {"attention": ".x", "mlp": ".x"} and rep["summary"]["greedy_identical"] == 1.0
-    assert rep["draft_stop"]["rule"] == "adaptive"  # the paper's rule, as the search's baselines draft
+    # adaptive draft-exiting, by default with the reference code's rule (the search drafts with it too)
+    assert rep["draft_stop"]["rule"] == "adaptive" and rep["draft_stop"]["threshold_rule"] == (rule or "reference")
 
 
 def test_sampling_run(tiny_pair, qfile, tmp_path):

@@ -58,6 +58,8 @@ def test_recipe_trains_a_head_writes_the_artefact_and_decodes_identically(tiny_p
         warned = [r.message for r in caplog.records if "raise draft_vocab_size" in r.getMessage()]
         assert bool(warned) == (coverage < 0.97)  # a one-line warning when the draft can never propose 3%+
     assert manifest["proposer"]["draft_length"] == 3
+    calibration = json.loads((artefact / "manifest.json").read_text())["proposer"]["tree_calibration"]
+    assert len(calibration["temperatures"]) == 3  # the tree calibrated after training, one temperature per depth
     target = random_model("llama", seed=0, layers=layers)  # the recipe's target (same seed)
     adapter = ModelAdapter(target)
     for tree in ("dynamic", "chain"):
@@ -78,6 +80,29 @@ def test_recipe_trains_a_head_writes_the_artefact_and_decodes_identically(tiny_p
                      "--target", str(target_dir)]) == 0
         back, head = read_eagle_export(export, target), load_eagle_head(artefact, target)
         assert all(torch.equal(v, back.state_dict()[k]) for k, v in head.state_dict().items())
+
+
+def test_a_resumed_eagle3_run_keeps_the_draft_vocabulary_of_its_checkpoint(tiny_pair, tmp_path):
+    """The draft vocabulary is counted on the target's answers before training; a resumed run restores the one its
+    checkpoint trained with (d2t/t2d are saved with the head), even when it would count another."""
+    from safetensors.torch import load_file
+
+    torch.set_num_threads(1)
+    target = _target_with_layers(tiny_pair, tmp_path, 4)
+
+    def run(out: Path, *extra: str):
+        return run_recipe("eagle", [
+            "--config", str(ROOT / "recipes" / "configs" / "eagle_test.yaml"), "variant=eagle3", "ttt_steps=2",
+            "draft_vocab_size=64", "evaluate=false", "eval_strategy=no", "--target", str(target),
+            "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out), *extra])
+
+    run(tmp_path / "resumed", "--max_steps", "2")
+    saved = load_file(str(tmp_path / "resumed" / "checkpoint-2" / "model.safetensors"))["head.t2d"]
+    result = run(tmp_path / "resumed", "--max_steps", "3", "draft_vocab_prompts=1", "--resume_from_checkpoint", "latest")
+    assert result.manifest["training"]["steps"] == 3
+    assert torch.equal(load_file(str(result.artefact / "heads.safetensors"))["t2d"], saved)
+    fresh = run(tmp_path / "fresh", "--max_steps", "1", "draft_vocab_prompts=1").artefact  # what it would count
+    assert not torch.equal(load_file(str(fresh / "heads.safetensors"))["t2d"], saved)
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("eagle*.yaml")), ids=lambda p: p.name)

@@ -34,6 +34,8 @@ def test_recipe_trains_heads_writes_the_artefact_and_decodes_identically(tiny_pa
     accuracy = manifest["training"]["head_accuracy"]
     assert len(accuracy) == 3 and len(accuracy[0]) == 10 and all(0 <= a <= 1 for row in accuracy for a in row)
     assert "head0_top1" in manifest["metrics"]
+    calibration = json.loads((artefact / "manifest.json").read_text())["proposer"]["tree_calibration"]
+    assert len(calibration["rank_accuracy"]) == 3  # conditional accuracies measured in the loop after training
     target = random_model("llama", seed=0, layers=2)  # the pair's target (same seed)
     tok = None
     adapter = ModelAdapter(target)
@@ -47,6 +49,9 @@ def test_recipe_trains_heads_writes_the_artefact_and_decodes_identically(tiny_pa
             ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=20))
             sp = generate(adapter, prompt, GenerationConfig(max_new_tokens=20), proposer)
             assert sp.output_ids == ar.output_ids
+    typical, _ = load_artefact(artefact, target, tok, acceptance="typical")  # Medusa's rule: lossy, exact when greedy
+    assert typical.lossless is False and typical.verifier.__name__ == "typical_acceptance(epsilon=0.09, delta=0.3)"
+    assert generate(adapter, prompt, GenerationConfig(max_new_tokens=20), typical).output_ids == ar.output_ids
     # the vLLM export of the same artefact, through the command line, reads back to the same heads
     from draftsmith.inference.artefacts.medusa import load_heads_artefact, read_vllm_medusa
     from draftsmith.launch.cli import main

@@ -56,3 +56,31 @@ def test_tune_writes_the_choice_into_the_manifest(tiny_pair, tmp_path, capsys):
                  str(report)]) == 0
     rep = json.loads(report.read_text())
     assert rep["proposer"]["draft_length"] == 2 and rep["proposer"]["draft_length_mode"] == "fixed"
+
+
+def test_tune_calibrates_a_medusa_artefacts_tree_and_eval_grows_the_tree_from_it(tiny_pair, tmp_path, capsys):
+    """A heads artefact is calibrated instead of tuned: per-depth temperatures and conditional rank accuracies go into
+    ``proposer.tree_calibration``; the auto tree then keeps the full top-1 chain and stays identical to AR."""
+    import torch
+
+    from draftsmith.inference.drafters.medusa import MedusaHeads
+
+    target = transformers.AutoModelForCausalLM.from_pretrained(tiny_pair["target"])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_pair["target"])
+    torch.manual_seed(0)
+    heads = MedusaHeads(target.config.hidden_size, target.config.vocab_size, heads=3)
+    out = tmp_path / "artefact"
+    write_artefact(out, "heads", method="medusa", target=target_identity(target, tokenizer),
+                   proposer={"tree": "auto", "tree_nodes": 8}, tensors=heads.state_dict(),
+                   config=heads.artefact_config())
+    assert main(["tune", "--artefact", str(out), "--target", str(tiny_pair["target"]), "--prompts", "3",
+                 "--max-new-tokens", "12", "--threads", "1"]) == 0
+    assert "tree calibration on " in capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    calibration = manifest["proposer"]["tree_calibration"]
+    assert len(calibration["temperatures"]) == 3 and len(calibration["rank_accuracy"]) == 3
+    assert manifest["tuning"]["tree_calibration"]["steps"] > 0
+    report = tmp_path / "report.json"
+    assert main(["eval", "--artefact", str(out), "--target", str(tiny_pair["target"]), "--limit", "2",
+                 "--max-new-tokens", "12", "--threads", "1", "--no-progress", "--out", str(report)]) == 0
+    assert json.loads(report.read_text())["summary"]["greedy_identical"] == 1.0

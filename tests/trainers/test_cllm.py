@@ -1,9 +1,14 @@
 """CLLM's collator and losses against hand-built ones."""
 
+import math
+
+import pytest
 import torch
 
+from draftsmith.common.errors import ConfigError
 from draftsmith.data.tiny_models import random_model
 from draftsmith.trainers.cllm import (
+    CllmConfig,
     ConsistencyTraining,
     TrajectoryCollator,
     TrajectoryDataset,
@@ -50,6 +55,36 @@ def test_losses():
     labels = torch.tensor([[-100, 3, 4, -100]])
     want = torch.nn.functional.cross_entropy(logits[0, :2], torch.tensor([3, 4]), reduction="sum")
     assert torch.allclose(ar_loss(logits, labels), want)
+
+
+def test_ar_loss_is_label_smoothed_by_0_1_by_default_as_in_the_reference():
+    """The reference (hao-ai-lab/Consistency_LLM, cllm/cllm_trainer_global.py) computes its AR loss with
+    LabelSmoother(epsilon=0.1): per position (1 - eps) * (-log p_label) + eps * mean_v(-log p_v)."""
+    assert CllmConfig().ar_label_smoothing == 0.1
+    probs = torch.tensor([0.5, 0.25, 0.25])
+    logits = torch.stack([probs.log(), torch.zeros(3)])[None]  # [1, 2, 3]: position 0 predicts position 1
+    labels = torch.tensor([[-100, 0]])
+    # -log p_0 = ln 2, mean_v(-log p_v) = (ln 2 + ln 4 + ln 4) / 3 = 5 ln 2 / 3: 0.9 ln 2 + 0.1 * 5 ln 2 / 3 = 16/15 ln 2
+    assert float(ar_loss(logits, labels, 0.1)) == pytest.approx(16 / 15 * math.log(2), rel=1e-6)
+    assert float(ar_loss(logits, labels)) == pytest.approx(math.log(2), rel=1e-6)  # eps 0: the paper's eq. 6
+    from transformers.trainer_pt_utils import LabelSmoother  # the reference's own call, a mean over the labels
+
+    wide = torch.randn(2, 5, 7, generator=torch.Generator().manual_seed(0))  # [B, T, V]
+    marks = torch.tensor([[-100, 1, 2, 3, -100], [-100, -100, 4, 5, 6]])  # 6 labelled positions
+    reference = LabelSmoother(epsilon=0.1, ignore_index=-100)({"logits": wide}, marks, shift_labels=True)
+    assert float(ar_loss(wide, marks, 0.1)) == pytest.approx(6 * float(reference), rel=1e-5)
+    # the module's AR term (ar_weight 1, no consistency positions) uses the smoothing it is given, 0.1 by default
+    model = random_model("llama", seed=0, layers=1, hidden=32)
+    module = ConsistencyTraining(model)
+    batch = TrajectoryCollator(0)([{"prefix": [1, 2], "state": [3, 4, 5], "next": [3, 4, 5], "fixed": [3, 4, 5]}])
+    args = (batch["input_ids"], batch["input_state"], batch["input_next"], batch["attention_mask"], batch["labels"],
+            batch["consistency_mask"], "global", 1.0)
+    with torch.no_grad():
+        logits = module.logits(batch["input_ids"], batch["attention_mask"])
+        assert torch.allclose(module(*args), ar_loss(logits, batch["labels"], 0.1), atol=1e-5)
+        assert torch.allclose(module(*args, 0.0), ar_loss(logits, batch["labels"]), atol=1e-5)
+    with pytest.raises(ConfigError, match="ar_label_smoothing"):
+        CllmConfig(ar_label_smoothing=1.0)
 
 
 def test_global_consistency_trains_the_student_side_only():

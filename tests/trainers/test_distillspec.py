@@ -314,6 +314,44 @@ def test_draft_vocab_answers_refits_the_vocabulary_to_the_training_answers(pair,
         make_trainer((target, full), tokenizer, tmp_path, cfg, train_rows=rows)
 
 
+def test_proposal_logits_give_the_distribution_the_draft_proposer_samples():
+    """A draft with a reduced vocabulary proposes from its softmax over those tokens, renormalised (zero elsewhere):
+    on a hand-made case where that distribution is the target's, the TVD is 0, not the full softmax's 0.5."""
+    from draftsmith.inference.proposers.draft_model import scatter_rows
+    from draftsmith.trainers.logits import proposal_logits
+    from draftsmith.trainers.losses import divergence_per_token
+
+    rows = torch.tensor([0, 1])
+    student = torch.zeros(1, 4)  # uniform over 4 tokens; over its vocabulary {0, 1}: 1/2, 1/2
+    teacher = torch.tensor([[0.0, 0.0, -1e9, -1e9]])  # the target: 1/2, 1/2, 0, 0
+    proposed = proposal_logits(student, rows)
+    assert torch.equal(proposed.softmax(-1)[0], scatter_rows(student[0, rows].softmax(-1), rows, 4))  # the proposer's q
+    assert divergence_per_token(proposed, teacher, "tvd").item() == pytest.approx(0.0, abs=1e-7)
+    assert divergence_per_token(student, teacher, "tvd").item() == pytest.approx(0.5)  # the full softmax's
+    assert proposal_logits(student, None) is student
+
+
+def test_evaluation_tvd_and_acceptance_are_of_the_distribution_the_proposer_samples(pair, tokenizer, tmp_path):
+    target, draft = pair
+    draft = copy.deepcopy(draft)
+    vocab = [2, 3, 5, 6, 7, 9, 40, 97]
+    draft.config.draft_vocab = vocab  # the proposer drafts among these only, renormalised
+    rows = chat_rows(tokenizer, 5)
+    metrics = make_trainer((target, draft), tokenizer, tmp_path, DistillSpecConfig(), eval_rows=rows).evaluate()
+    batch = PadCollator(0)(rows)
+    with torch.no_grad():
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+        p = torch.softmax(target(**inputs).logits[:, :-1], -1)  # [B, T-1, V] the target, every token
+        s = draft(**inputs).logits[:, :-1]
+    q = torch.zeros_like(p)
+    q[..., vocab] = torch.softmax(s[..., vocab], -1)  # the draft's proposal distribution
+    mask = response_mask(batch["labels"])
+    tvd = (0.5 * (p - q).abs().sum(-1))[mask].mean().item()
+    full = (0.5 * (p - torch.softmax(s, -1)).abs().sum(-1))[mask].mean().item()
+    assert metrics["eval_tvd"] == pytest.approx(tvd, rel=1e-4) and abs(tvd - full) > 1e-3
+    assert metrics["eval_estimated_acceptance"] == pytest.approx(1 - tvd, rel=1e-4)
+
+
 def test_draft_labels_and_argmax_use_the_drafts_vocabulary():
     rows = torch.tensor([2, 5, 7])
     assert draft_labels(torch.tensor([5, 3, 7, 2]), rows, 10).tolist() == [1, -100, 2, 0]

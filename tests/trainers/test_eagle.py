@@ -149,16 +149,21 @@ def test_rerank_keeps_the_best_nodes_closed_under_ancestors():
         rerank(torch.tensor([-1.0, -0.5]), torch.tensor([-1, 0]), torch.tensor([1, 2]), 1)
 
 
-def test_dynamic_tree_matches_a_brute_force_expansion():
+@pytest.mark.parametrize("total, temperatures", [(9, None), (9, (0.5, 0.3, 0.2)), (4, None), (6, (2.0, 3.0, 4.0))])
+def test_dynamic_tree_matches_a_brute_force_expansion(total, temperatures):
     """EAGLE-2's expansion and rerank, computed by the proposer in batched head forwards over the head cache with
-    tree visibility, equal the same rule applied path by path with a fresh sequential head run per path."""
+    tree visibility, equal the same rule applied path by path with a fresh sequential head run per path: scores at
+    each depth's calibrated temperature, and the top-1 chain always expanded and kept (a tree never loses to its
+    own chain)."""
     import copy
 
     target = random_model("llama", seed=0, layers=2)
     head = _trained_like_head(target)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-    k, depth, total = 3, 3, 9
-    proposer = EagleProposer(head, embed, lm_head, tree="dynamic", depth=depth, top_k=k, total_tokens=total)
+    k, depth = 3, 3
+    temps = temperatures or (1.0,) * depth
+    proposer = EagleProposer(head, embed, lm_head, tree="dynamic", depth=depth, top_k=k, total_tokens=total,
+                             temperatures=temperatures)
     prompt = torch.randint(3, 100, (8,), generator=torch.Generator().manual_seed(2))
     proposer.reset(prompt)
     with torch.no_grad():
@@ -171,26 +176,47 @@ def test_dynamic_tree_matches_a_brute_force_expansion():
         cache, feature = copy.deepcopy(true_cache), root
         for i, tok in enumerate(path):
             feature = head(embed(torch.tensor([[tok]])), feature[None, None], torch.tensor([[p0 + i]]), cache)[0, -1]
-        return torch.log_softmax(lm_head(feature).float(), -1)
+        return torch.log_softmax(lm_head(feature).float() / temps[len(path)], -1)
 
     def children(path, score):
         top = logprobs(path).topk(k)
         return [(path + (int(t),), score + float(v)) for t, v in zip(top.indices, top.values)]
 
     level = children((), 0.0)
+    chain = [level[0][0]]  # the top-1 chain, one path per depth
     candidates = list(level)
     for _ in range(depth - 1):
         expanded = sorted(level, key=lambda c: -c[1])[:k]
+        if chain[-1] not in [p for p, _ in expanded]:
+            expanded[-1] = next(c for c in level if c[0] == chain[-1])
         level = [c for path, score in expanded for c in children(path, score)]
+        chain.append(next(p for p, _ in level if p[:-1] == chain[-1]))  # children come best first
         candidates += level
-    want = sorted(candidates, key=lambda c: (-c[1], len(c[0])))[:total]
+    rest = sorted((c for c in candidates if c[0] not in chain), key=lambda c: (-c[1], len(c[0])))
+    want = (chain + [p for p, _ in rest])[:total]
 
     draft = proposer.propose(prompt, 100, SamplingParams(), None)
     paths = []
     for i, tok in enumerate(draft.tokens.tolist()):
         parent = int(draft.parents[i])
         paths.append((paths[parent] if parent >= 0 else ()) + (tok,))
-    assert sorted(paths) == sorted(p for p, _ in want)
+    assert sorted(paths) == sorted(want)
+    assert chain[min(depth, total) - 1] in paths  # the greedy chain to full depth (or to the tree's size)
+
+
+def test_chain_logits_and_draft_index_feed_the_tree_calibration():
+    target = random_model("llama", seed=0, layers=2)
+    proposer = EagleProposer(_trained_like_head(target), target.get_input_embeddings(),
+                             target.get_output_embeddings(), length=3)
+    prompt = torch.randint(3, 100, (8,), generator=torch.Generator().manual_seed(2))
+    proposer.reset(prompt)
+    with torch.no_grad():
+        feats = target(input_ids=prompt[None, :-1], output_hidden_states=True).hidden_states[-1][0]
+    proposer.prefill_hidden({-1: feats})
+    draft = proposer.propose(prompt, 100, SamplingParams(), None)
+    assert proposer.last_draft_logits.shape == (3, target.config.vocab_size)
+    assert draft.tokens.tolist() == proposer.last_draft_logits.argmax(-1).tolist()
+    assert proposer.draft_index(torch.tensor([5, 7])).tolist() == [5, 7]  # EAGLE-1 drafts the whole vocabulary
 
 
 # --------------------------------------------------------------------------------------------------- EAGLE-3
@@ -248,7 +274,7 @@ def test_eagle3_head_shapes_and_layers():
 def test_training_time_test_step_j_sees_what_decoding_sees():
     """The unrolled step j's logits at every anchor t equal decoding's at draft depth j+1: the head fed true inputs
     up to t, then its own outputs with the next tokens x_{t+2}, x_{t+3}, ..."""
-    from draftsmith.trainers.eagle import Eagle3TTT, shifted
+    from draftsmith.trainers.eagle3 import Eagle3TTT, shifted
 
     target = random_model("llama", seed=0, layers=4)
     unrolled = Eagle3TTT(_eagle3(target)).eval()
@@ -271,7 +297,7 @@ def test_training_time_test_step_j_sees_what_decoding_sees():
 
 
 def test_training_time_test_on_the_labelled_anchors_only_gives_their_rows_of_the_full_unroll():
-    from draftsmith.trainers.eagle import Eagle3TTT, shifted, ttt_anchors
+    from draftsmith.trainers.eagle3 import Eagle3TTT, shifted, ttt_anchors
 
     target = random_model("llama", seed=0, layers=4)
     unrolled = Eagle3TTT(_eagle3(target)).eval()
@@ -334,3 +360,117 @@ def test_a_cost_sized_dynamic_tree_follows_the_verification_cost_and_stays_ident
         assert sized["mean_nodes"] == fixed["mean_nodes"]
     else:
         assert sized["mean_nodes"] == 1.0
+
+
+# ------------------------------------------------------------------------ EAGLE-3: loss mask and draft vocabulary
+
+
+def test_ttt_anchors_keep_only_labels_the_draft_vocabulary_holds():
+    """EAGLE-3's position_mask = t2d[target_argmax] * loss_mask, shifted with the labels at every unrolled step."""
+    from draftsmith.trainers.eagle3 import ttt_anchors
+
+    labels = torch.tensor([[-100, -100, 5, 6, 7, 8, -100]])  # answer x_2..x_5; anchors t = 0..5
+    draftable = torch.tensor([[True, False, True, True, False, True]])  # argmax p_{t+2} inside the draft vocabulary
+    assert ttt_anchors(labels, 0).tolist() == [[True, True, True, True, False, False]]  # x_{t+2} an answer token
+    assert ttt_anchors(labels, 0, draftable).tolist() == [[True, False, True, True, False, False]]
+    assert ttt_anchors(labels, 1).tolist() == [[True, True, True, False, False, False]]  # x_{t+3}
+    assert ttt_anchors(labels, 1, draftable).tolist() == [[False, True, True, False, False, False]]  # argmax p_{t+3}
+
+
+def _eagle3_trainer(target, head, tokenizer, tmp_path, **config):
+    import transformers
+
+    from draftsmith.trainers.eagle import EagleTrainer
+    from draftsmith.trainers.eagle3 import Eagle3TTT
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no",
+                                          disable_tqdm=True)
+    return EagleTrainer(model=Eagle3TTT(head), teacher_model=target, args=args, processing_class=tokenizer,
+                        method_config=EagleConfig(variant="eagle3", data_mode="fixed", **config))
+
+
+def test_eagle3_loss_leaves_out_anchors_whose_target_token_is_outside_the_draft_vocabulary(tokenizer, tmp_path):
+    """A hand-made vocabulary without the target's argmax at anchors 4 and 6: those anchors (and wherever else the
+    target's next token is one of those two) add nothing to any unrolled step's loss, the normaliser still counts
+    them, and top-1 counts them as misses."""
+    from draftsmith.inference.drafters.eagle import Eagle3Head
+    from draftsmith.trainers.eagle3 import shifted
+
+    target = random_model("llama", seed=0, layers=4)
+    ids = torch.randint(3, 100, (1, 12), generator=torch.Generator().manual_seed(2))
+    labels = ids.clone()
+    labels[0, :3] = -100  # a 3-token prompt
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True)
+    p_logits = out.logits[0]  # [T, V]: row t + 1 is p_{t+2}, anchor t's step-0 label
+    t2d = torch.ones(128, dtype=torch.bool)
+    t2d[p_logits[[5, 7]].argmax(-1)] = False  # anchors 4 and 6: their target token is not in the draft vocabulary
+    used = t2d.nonzero().squeeze(1)
+    head = Eagle3Head.for_target(target, used - torch.arange(used.numel()), t2d)
+    torch.manual_seed(3)
+    for p in head.midlayer.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    steps, decay = 3, 0.8
+    trainer = _eagle3_trainer(target, head, tokenizer, tmp_path, ttt_steps=steps, step_decay=decay)
+    batch = {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        total, ce, hits = trainer._ttt(trainer.model, batch)
+        feats = torch.cat([out.hidden_states[i][:, :-1] for i in head.hidden_layers], -1)
+        embeds = torch.stack([target.get_input_embeddings()(shifted(ids[:, 1:], j)) for j in range(steps)])
+        full = trainer.model(feats, embeds)  # [K, 1, A, Vd]: every anchor, every step
+    want, with_outside, skipped = 0.0, 0.0, 0
+    for j in range(steps):
+        for t in range(ids.shape[1] - 1):
+            if t + 2 + j >= ids.shape[1] or labels[0, t + 2 + j] == -100:
+                continue
+            logits = p_logits[t + 1 + j]  # p_{t+2+j}
+            term = -(logits[t2d].softmax(-1) * full[j, 0, t].log_softmax(-1)).sum().item() * decay ** j
+            with_outside += term
+            if not t2d[logits.argmax()]:
+                skipped += 1
+                continue
+            want += term
+    assert skipped >= 2 and total.item() == pytest.approx(want, rel=1e-4) and with_outside > want + 1e-3
+    labelled = [sum(1 for t in range(11) if t + 2 + j < 12 and labels[0, t + 2 + j] != -100) for j in range(steps)]
+    assert hits[:, 1].tolist() == labelled  # top-1 over every labelled anchor: the skipped ones are misses
+    assert int(trainer.count_loss_tokens(batch)) == labelled[0]  # the normaliser keeps them too
+
+
+def test_draft_vocabulary_is_counted_on_the_targets_answers_with_data_mode_target(tokenizer):
+    """data_mode=target: the draft vocabulary ranks the target's greedy answers to the first draft_vocab_prompts
+    training prompts (the dataset's responses only break ties); data_mode=fixed: the dataset's responses."""
+    import datasets
+
+    from draftsmith.data.chat import tokenize_messages
+    from draftsmith.data.draft_vocab import answer_token_counts, ranked_counts
+    from draftsmith.data.generation import cut_at_eos
+    from draftsmith.trainers.eagle import build_eagle_head, draft_vocab_counts
+
+    target = random_model("llama", seed=0, layers=4)
+    rows = [tokenize_messages(tokenizer, [{"role": "user", "content": f"question {i}?"},
+                                          {"role": "assistant", "content": "zzzz"}], 64) for i in range(5)]
+    train = datasets.Dataset.from_list(rows)
+    answers = torch.zeros(128, dtype=torch.long)
+    for row in rows[:3]:  # the first draft_vocab_prompts prompts, answered greedily, one at a time
+        prompt = [i for i, lab in zip(row["input_ids"], row["labels"]) if lab == -100]
+        out = target.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=2,
+                              pad_token_id=0)
+        answers += torch.bincount(torch.tensor(cut_at_eos(out[0, len(prompt):].tolist(), [2])), minlength=128)
+    responses = answer_token_counts(train, 128)  # "zzzz</s>" five times
+    cfg = EagleConfig(variant="eagle3", data_mode="target", max_new_tokens=6, draft_vocab_prompts=3)
+    assert torch.equal(draft_vocab_counts(target, cfg, train, tokenizer), ranked_counts(answers, responses))
+    cfg.draft_vocab_size = int((answers > 0).sum())
+    head = build_eagle_head({"target": target}, cfg, train_dataset=train, tokenizer=tokenizer).head
+    assert set(head.t2d.nonzero().squeeze(1).tolist()) == set(answers.nonzero().squeeze(1).tolist())
+    fixed = EagleConfig(variant="eagle3", data_mode="fixed")
+    assert torch.equal(draft_vocab_counts(target, fixed, train, tokenizer), responses)
+
+
+def test_fc_bias_defaults_to_the_references():
+    """EAGLE-1's reference head builds fc = nn.Linear(2H, H, bias=True) unless its config says bias: false."""
+    from draftsmith.trainers.eagle import build_eagle_head
+
+    target = random_model("llama", seed=0, layers=2)
+    assert EagleConfig().fc_bias is True
+    assert build_eagle_head({"target": target}, EagleConfig()).fc.bias is not None
+    assert build_eagle_head({"target": target}, EagleConfig(fc_bias=False)).fc.bias is None

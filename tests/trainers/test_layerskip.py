@@ -14,17 +14,29 @@ from draftsmith.data.tiny_models import random_model
 from draftsmith.trainers.layerskip import LayerSkipConfig, dropout_rates, enabled_exits, exit_scales, layer_forward
 
 
-def test_dropout_rates_follow_the_papers_exponential_shape_and_time_scale():
+def test_dropout_time_is_constant_by_default_as_the_paper_sets_it_for_fine_tuning():
+    """LayerSkip sec. 4.1.1: S(t) = 1 for continual pretraining and fine-tuning (what draftsmith does), so every step
+    drops layer l at D(l) p_max, D(l) = e^{l ln 2 / (L - 1)} - 1."""
+    assert LayerSkipConfig().dropout_time == "constant"
     L, T, p = 5, 11, 0.2
-    last = dropout_rates(L, T - 1, T, p)  # S(T-1) = 1
+    want = [0.0, (2 ** 0.25 - 1) * p, (2 ** 0.5 - 1) * p, (2 ** 0.75 - 1) * p, p]  # D(l) p_max by hand
+    for step in (0, 5, T - 1):
+        assert dropout_rates(L, step, T, p).tolist() == pytest.approx(want, abs=1e-6)
+
+
+def test_increasing_dropout_time_is_the_papers_exponential_curriculum():
+    """The option for pretraining from scratch: S_exp(t) = e^{t ln 2 / (T - 1)} - 1 (sec. 4.1.1, eq. 4)."""
+    L, T, p = 5, 11, 0.2
+    last = dropout_rates(L, T - 1, T, p, time="increasing")  # S(T-1) = 1
     want = [(math.exp(i * math.log(2) / (L - 1)) - 1) * p for i in range(L)]
     assert last.tolist() == pytest.approx(want, abs=1e-6) and last[0] == 0 and last[-1] == pytest.approx(p)
-    assert dropout_rates(L, 0, T, p).sum() == 0  # S(0) = 0: training starts with every layer
-    mid = dropout_rates(L, 5, T, p)
-    assert mid.tolist() == pytest.approx([w * (math.exp(5 * math.log(2) / 10) - 1) for w in want], abs=1e-6)
+    assert dropout_rates(L, 0, T, p, time="increasing").sum() == 0  # S(0) = 0: training starts with every layer
+    mid = dropout_rates(L, 5, T, p, time="increasing")
+    assert mid.tolist() == pytest.approx([w * (2 ** 0.5 - 1) for w in want], abs=1e-6)  # S(5) = 2^{5/10} - 1
     assert dropout_rates(L, 0, T, p, time="constant").tolist() == pytest.approx(want, abs=1e-6)
     assert dropout_rates(L, T - 1, T, p, shape="linear").tolist() == pytest.approx([i / 4 * p for i in range(L)])
     assert dropout_rates(L, T - 1, T, p, shape="uniform").tolist() == pytest.approx([p] * L)
+    assert LayerSkipConfig(dropout_time="increasing").dropout_time == "increasing"
 
 
 def test_rotational_curriculum_rotates_every_rth_exit_and_keeps_the_last():
@@ -43,11 +55,18 @@ def test_gradual_curriculum_enables_exits_from_the_last_layer_down():
     assert enabled_exits(L, 7, T, "all").all()
 
 
-def test_exit_scales_grow_with_depth_and_are_normalised_over_enabled_exits():
-    scales = exit_scales(torch.tensor([True, False, True, True]), e_scale=0.5)
-    e = torch.tensor([1 * 0.5, 3 * 0.5, 6 * 0.5, 10.0]) * torch.tensor([1.0, 0.0, 1.0, 1.0])
-    assert scales.tolist() == pytest.approx((e / e.sum()).tolist()) and scales.sum() == pytest.approx(1.0)
+def test_exit_scales_are_the_papers_sums_of_i_normalised_over_enabled_exits():
+    """LayerSkip sec. 4.1.2: e(l) = e_scale sum_{i=0..l} i for l < L - 1, e(L - 1) = L - 1 + e_scale sum_{i=0..L-2} i,
+    e~(t, l) = C(t, l) e(l) / sum_i C(t, i) e(i)."""
+    # L = 5, e_scale = 0.5: e = [0, 0.5 * 1, 0.5 * 3, 0.5 * 6, 4 + 0.5 * 6] = [0, 0.5, 1.5, 3, 7]
+    scales = exit_scales(torch.tensor([True, False, True, True, True]), e_scale=0.5)
+    assert scales.tolist() == pytest.approx([0.0, 0.0, 3 / 23, 6 / 23, 14 / 23])  # / (1.5 + 3 + 7)
+    # e_scale = 1: e(l) = sum_{i<=l} i = [0, 1, 3, 6], every exit on
+    assert exit_scales(torch.ones(4, dtype=torch.bool), 1.0).tolist() == pytest.approx([0.0, 0.1, 0.3, 0.6])
+    assert exit_scales(torch.tensor([True, False, False, True]), 1.0).tolist() == [0.0, 0.0, 0.0, 1.0]  # e(0) = 0
+    assert exit_scales(torch.ones(3, dtype=torch.bool), 0.0).tolist() == [0.0, 0.0, 1.0]  # e_scale 0: last only
     assert exit_scales(torch.tensor([False, False, True]), 1.0).tolist() == [0.0, 0.0, 1.0]
+    assert exit_scales(torch.tensor([True]), 1.0).tolist() == [1.0]  # one layer: e(0) = 0, its exit takes it all
 
 
 def test_layer_forward_is_the_models_own_and_dropout_passes_rows_through():

@@ -13,7 +13,15 @@ from draftsmith.inference.core.generate import GenerationConfig, generate
 from draftsmith.inference.core.trees import chain_choices, tree_from_choices
 from draftsmith.inference.drafters.medusa import MedusaHeads
 from draftsmith.inference.proposers.medusa import MedusaProposer
-from draftsmith.trainers.medusa import MedusaConfig, build_heads, head_targets, kl_rows, rank_of_true
+from draftsmith.trainers.medusa import (
+    MedusaConfig,
+    build_heads,
+    head_targets,
+    heads_loss,
+    kl_rows,
+    rank_of_true,
+    target_terms,
+)
 
 
 def test_fresh_heads_start_as_the_targets_lm_head():
@@ -72,6 +80,36 @@ def test_medusa2_module_adapts_a_copy_and_starts_as_the_target():
     ids = torch.randint(3, 100, (1, 9))
     assert torch.allclose(module.target(input_ids=ids).logits, target(input_ids=ids).logits, atol=1e-6)  # B = 0
     assert set(module.artefact_tensors(module.state_dict())) == set(module.heads.state_dict())
+
+
+def test_medusa2_default_loss_is_self_distillation_the_kl_replacing_the_lm_loss():
+    """Medusa sec. 2.3.2 (and the reference's medusa_self_distillation): the target's loss is KL(original || adapted)
+    in place of its CE, so the default joint loss is KL + lambda_0 * heads loss; lm_weight=1 keeps the earlier sum."""
+    cfg = MedusaConfig(variant="medusa2", heads=2, lora_r=4)
+    assert cfg.loss_weights == (0.0, 1.0, 0.2)
+    target = random_model("llama", seed=0, layers=2).requires_grad_(False)
+    module = build_heads({"target": target}, cfg)
+    torch.manual_seed(0)
+    for name, p in module.target.named_parameters():
+        if "lora_B" in name:  # move the adapter off the identity, so that the KL is not zero
+            torch.nn.init.normal_(p, std=0.05)
+    ids = torch.randint(3, 100, (2, 10))
+    mask = torch.ones_like(ids)
+    labels = ids.clone()
+    labels[:, :4] = -100  # a 4-token prompt
+    lm_head = target.get_output_embeddings()
+    original = target(input_ids=ids, attention_mask=mask).logits
+    with torch.no_grad():
+        total = module(ids, mask, labels, lm_head, cfg.loss_decay, original, cfg.loss_weights, joint=True)
+        hidden, logits = module.adapted(ids, mask, grad=False)
+        ce, kl, _ = target_terms(labels, logits, original)
+        heads = heads_loss(module.heads, hidden, labels, lm_head, cfg.loss_decay)
+        old = module(ids, mask, labels, lm_head, cfg.loss_decay, original, (1.0, 1.0, 0.2), joint=True)
+    assert float(kl) > 1e-4 and float(ce) > 1.0
+    assert torch.allclose(total, kl + 0.2 * heads, rtol=1e-5)
+    assert torch.allclose(old, ce + kl + 0.2 * heads, rtol=1e-5)
+    with pytest.raises(ConfigError, match="kl_weight=1"):
+        MedusaConfig(variant="medusa2", kl_weight=0.0)
 
 
 def test_proposer_refuses_a_tree_deeper_than_its_heads():

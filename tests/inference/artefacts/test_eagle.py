@@ -157,9 +157,48 @@ def test_wrong_format_for_the_head_is_refused(tmp_path):
     target, head = _head("vllm-eagle")
     with pytest.raises(ConfigError, match="eagle3"):
         export_eagle(head, target.config, "eagle3", tmp_path / "x")
-    biased = EagleHead.for_target(target, fc_bias=True)
-    with pytest.raises(ConfigError, match="fc bias"):
-        export_eagle(biased, target.config, "vllm-eagle", tmp_path / "y")
+    import transformers
+
+    from draftsmith.data.tiny_models import tiny_config
+
+    config = tiny_config("llama", layers=6)
+    config.attention_bias = True  # a layer with attention biases of its own
+    own = transformers.AutoModelForCausalLM.from_config(config).eval()
+    biased = EagleHead.for_target(own, fc_bias=True)
+    with pytest.raises(ConfigError, match="attention biases of its own.*sglang-eagle"):
+        export_eagle(biased, own.config, "vllm-eagle", tmp_path / "y")
+
+
+def test_an_fc_bias_folds_exactly_into_the_attention_biases_vllm_loads(tmp_path):
+    """vLLM's EAGLE-1 fc has no bias (EAGLE-1's reference head has one): the vllm-eagle export writes ``bias: true``
+    and the fc bias b as q/k/v biases W b and o_proj's bias b, which a biased-attention layer reading the fc output
+    without b turns into the same features; read back, the head is the trained one."""
+    from draftsmith.inference.drafters.eagle import head_config
+
+    target = random_model("llama", seed=0, layers=6)
+    head = _perturbed(EagleHead.for_target(target, fc_bias=True))
+    out = export_eagle(head, target.config, "vllm-eagle", tmp_path / "v")
+    config = json.loads((out / "config.json").read_text())
+    tensors = load_file(str(out / "model.safetensors"))
+    b = head.fc.bias.detach()
+    assert config["bias"] is True and "fc.bias" not in tensors
+    attention = {n: tensors[f"layers.0.self_attn.{n}_proj.bias"] for n in "qkvo"}
+    assert torch.equal(attention["o"], b)
+    assert torch.allclose(attention["q"], head.layer.self_attn.q_proj.weight.detach() @ b, atol=1e-6)
+    specs = {_pattern(n): spec for n, spec in CONTRACTS["vllm_eagle"]["tensors"].items()}
+    assert all(any(p.match(name) for p in specs) for name in tensors)  # every name one vLLM's loader knows
+    # vLLM's computation: fc without bias, then the layer with the q/k/v/o biases `bias: true` creates
+    served_config = head_config(target.config)
+    served_config.attention_bias = True
+    served = EagleHead(served_config, type(head.layer), type(head.rotary), fc_bias=False)
+    served.load_state_dict({("layer." + k.removeprefix("layers.0.")) if k.startswith("layers.0.") else k: v
+                            for k, v in tensors.items()})
+    torch.manual_seed(1)
+    e, f, pos = torch.randn(1, 5, 32), torch.randn(1, 5, 32), torch.arange(5)[None]
+    with torch.no_grad():
+        assert torch.allclose(served(e, f, pos), head(e, f, pos), atol=1e-5)
+    back = read_eagle_export(out, target)
+    assert back.fc_bias and all(torch.equal(v, back.state_dict()[k]) for k, v in head.state_dict().items())
 
 
 def _family_target(family: str):

@@ -12,7 +12,9 @@ from draftsmith.inference.core.trees import (
     default_accuracy,
     default_choices,
     greedy_choices,
+    rerank,
     tree_from_choices,
+    tree_size_for_cost,
 )
 
 # root -> a (0,), b (1,); a -> c (0, 0), d (0, 1); b -> e (1, 0); c -> f (0, 0, 0)
@@ -147,3 +149,45 @@ def test_size_for_step_keeps_the_count_with_the_most_tokens_per_second():
             assert size_for_step(probs, cost) == brute
     assert size_for_step(probs, 1.0 + 2.0 * torch.arange(1, 7)) == 1  # every token costs two steps: the best one
     assert size_for_step(torch.tensor([]), torch.ones(4)) == 0
+
+
+def test_grown_trees_keep_the_full_depth_top1_chain_whatever_its_estimated_value():
+    """Independent per-head accuracies make deep paths look worthless; the chain is kept first all the same, so a
+    tree never loses to its own chain, and the rest grows greedily from the chain's and the root's frontier."""
+    acc = torch.tensor([[0.5, 0.4, 0.3], [0.2, 0.1, 0.1], [0.2, 0.1, 0.1]], dtype=torch.float64)
+    assert (0, 0, 0) not in greedy_choices(acc, 5)  # plain greedy growth: value 0.02 loses to rank-2 roots
+    paths = greedy_choices(acc, 5, chain=3)
+    assert paths[:3] == [(0,), (0, 0), (0, 0, 0)]
+    assert paths[3:] == [(1,), (2,)]  # then the best of the frontier: 0.4, 0.3 (beats (0, 1) at 0.05)
+    assert greedy_choices(acc, 2, chain=3) == [(0,), (0, 0)]  # fewer nodes than the chain: its prefix
+    tree_from_choices(greedy_choices(acc, 9, chain=3))  # a valid tree
+    assert default_choices(4, 8)[:4] == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
+
+
+def test_tree_size_for_cost_counts_the_chain_first():
+    acc = torch.tensor([[0.9, 0.05], [0.9, 0.05]], dtype=torch.float64)
+    out = tree_size_for_cost(acc, lambda n: 1.0, max_nodes=3, chain=2)
+    assert [row[1] for row in out["table"]] == [1.9, 2.71, 2.76]  # 1 + 0.9, + 0.81, + 0.05 (the root's rank 1)
+
+
+def test_rerank_keeps_the_forced_chain_before_any_higher_scored_node():
+    scores = torch.tensor([-0.1, -0.2, -3.0, -0.3])  # node 2 (child of 0) scores lowest
+    parents, depths = torch.tensor([-1, -1, 0, 1]), torch.tensor([1, 1, 2, 2])
+    keep, new_parents = rerank(scores, parents, depths, total=3, keep=[0, 2])
+    assert sorted(keep.tolist()) == [0, 1, 2]
+    keep, _ = rerank(scores, parents, depths, total=1, keep=[0, 2])
+    assert keep.tolist() == [0]  # a prefix of the chain when the tree is smaller than it
+
+
+def test_within_depth_keeps_the_shallow_branches_of_a_tree_near_the_end_of_an_answer():
+    """A tree is cut by depth, not by node count: with two tokens left every depth-1 and depth-2 node stays."""
+    from draftsmith.inference.core.trees import within_depth
+    from draftsmith.inference.core.verify import Draft
+
+    tree = tree_from_choices([(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)])
+    draft = tree.draft(torch.tensor([[10, 11, 12], [20, 21, 22], [30, 31, 32]]))
+    cut = within_depth(draft, 2)
+    assert cut.tokens.tolist() == [10, 11, 12, 20, 20] and cut.parents.tolist() == [-1, -1, -1, 0, 1]
+    assert within_depth(draft, 3) is draft
+    chain = within_depth(Draft.chain([5, 6, 7]), 1)
+    assert chain.tokens.tolist() == [5] and chain.parents.tolist() == [-1]

@@ -1,9 +1,12 @@
+import math
+
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
 from draftsmith.common.errors import ProposerError
 from draftsmith.inference.core.sampling import SamplingParams, draw, process_logits, residual
+from draftsmith.inference.core.typical import typical_threshold, typical_verifier
 from draftsmith.inference.core.verify import (
     Draft,
     ExtraInputs,
@@ -233,7 +236,9 @@ def test_verification_moves_one_tensor_to_the_host(shape):
         verify_greedy(logits, draft)
     with _HostTransfers() as sampling:
         verify_sampling(logits.softmax(-1), draft, g)
-    assert greedy.calls == ["tolist"] and sampling.calls == ["tolist"]
+    with _HostTransfers() as typical:
+        typical_verifier()(logits.softmax(-1), draft, g)
+    assert greedy.calls == ["tolist"] and sampling.calls == ["tolist"] and typical.calls == ["tolist"]
 
 
 # ------------------------------------------------------------------------------- sampling on a deeper tree
@@ -303,3 +308,106 @@ def test_forward_layout_of_a_tree_with_extras():
     assert not m[:4, 4:].any()  # the tree never sees the extras
     assert m[4:].tolist() == visible.tolist()
     assert tree.position_offsets.tolist() == [0, 1, 1, 2, 3, 2]
+
+
+# ------------------------------------------------------------------------- Medusa's typical acceptance
+# A hand-made tree over V = 6 tokens (rows: 0 = the root, i + 1 = after node i):
+#   node 0 (tok 1) and node 1 (tok 2) under the root; node 2 (tok 3) and node 4 (tok 5) under node 0;
+#   node 3 (tok 4) under node 1; node 5 (tok 0) under node 3.
+# Candidates (root-to-leaf paths): [0, 2], [0, 4], [1, 3, 5].
+TYPICAL_TREE = Draft(tokens=torch.tensor([1, 2, 3, 4, 5, 0]), parents=torch.tensor([-1, -1, 0, 1, 0, 3]))
+PEAKED = [0.95, 0.01, 0.01, 0.01, 0.01, 0.01]  # low entropy: the threshold is epsilon, p = 0.01 fails
+
+
+def _rows(**rows) -> torch.Tensor:  # [7, 6]; unnamed rows are PEAKED
+    probs = torch.tensor([PEAKED] * 7)
+    for name, row in rows.items():
+        probs[int(name[1:])] = torch.tensor(row)
+    assert torch.allclose(probs.sum(-1), torch.ones(7))
+    return probs
+
+
+def test_typical_threshold_is_min_of_epsilon_and_entropy_scaled_delta():
+    """min(epsilon, delta * exp(-H)): H = ln 2 gives 0.3 / 2 = 0.15 -> epsilon 0.09; uniform over 6 gives 0.3 / 6."""
+    probs = torch.tensor([[0.5, 0.5, 0, 0, 0, 0], [1 / 6] * 6, [1.0, 0, 0, 0, 0, 0]])
+    assert torch.allclose(typical_threshold(probs, 0.09, 0.3), torch.tensor([0.09, 0.05, 0.09]))
+    assert typical_verifier(0.09).__name__ == "typical_acceptance(epsilon=0.09, delta=0.3)"  # delta = sqrt(epsilon)
+    assert typical_verifier(0.04).__name__ == "typical_acceptance(epsilon=0.04, delta=0.2)"
+    with pytest.raises(ValueError, match="epsilon"):
+        typical_verifier(0.0)
+
+
+def test_typical_acceptance_takes_the_longest_candidate_not_the_first_passing_child():
+    """Node 0 passes first at the root but both its children fail; node 1 -> 3 -> 5 all pass: the longest wins."""
+    probs = _rows(r0=[0.05, 0.5, 0.2, 0.1, 0.1, 0.05],  # tok 1 (node 0) and tok 2 (node 1) pass
+                  r2=[0.05, 0.05, 0.05, 0.05, 0.75, 0.05],  # node 3 (tok 4) passes under node 1
+                  r4=[0.6, 0.1, 0.1, 0.1, 0.05, 0.05],  # node 5 (tok 0) passes under node 3
+                  r6=[0.1, 0.1, 0.1, 0.4, 0.2, 0.1])  # after node 5: argmax tok 3
+    v = typical_verifier(0.09, 0.3)(probs, TYPICAL_TREE)
+    assert v.accepted == [1, 3, 5] and v.tokens == [2, 4, 0] and v.next_token == 3
+
+
+def test_typical_acceptance_breaks_a_length_tie_by_the_likelihood_of_the_whole_prefix():
+    """Depth-2 candidates [0, 2] (0.2 * 0.6 = 0.12) and [1, 3] (0.5 * 0.3 = 0.15); node 5 fails. The whole prefix's
+    likelihood picks [1, 3], though the first passing child (node 0) and the likelier last token (0.6) point at [0, 2]."""
+    probs = _rows(r0=[0.05, 0.2, 0.5, 0.1, 0.1, 0.05],
+                  r1=[0.1, 0.1, 0.1, 0.6, 0.05, 0.05],  # node 2 (tok 3) passes under node 0; node 4 (tok 5) fails
+                  r2=[0.2, 0.1, 0.1, 0.1, 0.3, 0.2],  # node 3 (tok 4) passes under node 1
+                  r4=[0.01, 0.95, 0.01, 0.01, 0.01, 0.01])  # node 5 (tok 0) fails; argmax tok 1
+    v = typical_verifier(0.09, 0.3)(probs, TYPICAL_TREE)
+    assert v.accepted == [1, 3] and v.next_token == 1
+
+
+def test_typical_acceptance_appends_the_targets_argmax_whatever_the_generator():
+    """The token after the accepted prefix is the target's argmax there (the reference takes the next step's first
+    token greedily), never a sample; with nothing accepted it is the root row's argmax."""
+    probs = _rows(r0=[0.05, 0.5, 0.2, 0.1, 0.1, 0.05],
+                  r2=[0.2, 0.05, 0.05, 0.05, 0.45, 0.2],  # node 3 (tok 4) passes
+                  r4=[0.05, 0.3, 0.35, 0.1, 0.1, 0.1])  # node 5 (tok 0): 0.05 < 0.3 exp(-1.569) = 0.0625 fails
+    rule = typical_verifier(0.09, 0.3)
+    for seed in range(20):  # a sample from row 4 would differ from its argmax (tok 2) 65% of the time
+        v = rule(probs, TYPICAL_TREE, torch.Generator().manual_seed(seed))
+        assert v.accepted == [1, 3] and v.next_token == 2
+    nothing = _rows(r0=[0.01, 0.01, 0.01, 0.01, 0.95, 0.01])
+    assert rule(nothing, TYPICAL_TREE).accepted == [] and rule(nothing, TYPICAL_TREE).next_token == 4
+
+
+def _reference_typical(probs, draft, epsilon, delta):
+    """The reference's selection spelled out over candidate paths: each root-to-leaf path's accept length is its
+    leading run of passing nodes; the longest wins, ties by the summed log-likelihood of the accepted prefix (the
+    first such path); then the argmax of the row after the prefix."""
+    thr = typical_threshold(probs, epsilon, delta)
+    parents = draft.parents.tolist()
+    leaves = [i for i in range(len(draft)) if i not in parents]
+    best, best_key = [], (0, 0.0)
+    for leaf in leaves:
+        path = [leaf]
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])
+        p = [float(probs[parents[i] + 1, draft.tokens[i]]) for i in path]
+        ok = [p[d] > float(thr[parents[i] + 1]) for d, i in enumerate(path)]
+        length = next((d for d, good in enumerate(ok) if not good), len(path))
+        key = (length, sum(math.log(x) for x in p[:length]))
+        if length and key > best_key:
+            best, best_key = path[:length], key
+    return best, int(probs[best[-1] + 1 if best else 0].argmax())
+
+
+def test_typical_acceptance_matches_the_candidate_path_rule_on_random_trees():
+    g = torch.Generator().manual_seed(5)
+    depths_seen = set()
+    for trial in range(100):
+        n, vocab = int(torch.randint(1, 16, (), generator=g)), 16
+        draft = _random_tree(g, n, vocab)
+        draft.tokens = torch.randperm(vocab, generator=g)[:n]  # distinct siblings, as the heads' top-k are
+        logits = _logits_following(draft, g, vocab) * float(torch.rand((), generator=g) * 2 + 0.3)
+        probs = logits.softmax(-1)
+        got = typical_verifier(0.09, 0.3)(probs, draft, g)
+        path, nxt = _reference_typical(probs, draft, 0.09, 0.3)
+        assert (got.accepted, got.next_token) == (path, nxt), f"trial {trial}"
+        depths_seen.add(len(path))
+        one_hot = process_logits(logits, SamplingParams())  # greedy: the rule is exact matching
+        greedy = verify_greedy(logits, draft)
+        typical = typical_verifier(0.09, 0.3)(one_hot, draft)
+        assert (typical.accepted, typical.next_token) == (greedy.accepted, greedy.next_token)
+    assert max(depths_seen) >= 3

@@ -72,3 +72,22 @@ def test_sampling_report_says_identity_is_not_checked(report):
 def test_summary_table_lists_baselines(report):
     table = summary_table(report)
     assert "speedup vs AR" in table and "hf_assisted speedup / tau" in table
+
+
+def test_typical_acceptance_is_reported_as_lossy_with_its_rule(lm_pair, chat_tokenizer, questions_file):
+    """A Medusa run under typical acceptance: the report names the rule as the verification, and says LOSSY."""
+    from draftsmith.inference.core.sampling import SamplingParams
+    from draftsmith.inference.core.trees import tree_from_choices
+    from draftsmith.inference.drafters.medusa import MedusaHeads
+    from draftsmith.inference.proposers.medusa import MedusaProposer
+
+    target, _ = lm_pair
+    heads = MedusaHeads(hidden=48, vocab=target.config.vocab_size, heads=2)
+    tree = tree_from_choices([(0,), (1,), (0, 0)])
+    factory = lambda: MedusaProposer(heads, target.get_output_embeddings(), tree, typical=(0.09, None))  # noqa: E731
+    rep = evaluate(target, chat_tokenizer, "medusa", factory, read_questions(questions_file)[:1], max_new_tokens=8,
+                   sampling=SamplingParams(temperature=0.8), warmup=0, progress=False)
+    assert rep["lossless"] is False
+    assert rep["verification"] == "typical_acceptance(epsilon=0.09, delta=0.3) (LOSSY)"
+    assert any(n.startswith("LOSSY") for n in rep["notes"])
+    assert "LOSSY METHOD" in render_markdown(rep)
