@@ -8,7 +8,8 @@ drafting for itself, then write a weightless artefact with the best skip set and
     draftsmith eval --artefact runs/draft_verify_tiny/artefact
 
 A killed search rerun with the same --output_dir continues its study (finished trials are kept). The logic lives
-in draftsmith.inference.evaluation.draft_verify and draftsmith.launch.draft_verify.
+in draftsmith.inference.evaluation.draft_verify and draftsmith.launch.draft_verify. Paper, defaults and every departure
+from them: docs/METHODS.md#draft--verify.
 """
 
 import sys

@@ -55,7 +55,7 @@ def test_recipe_trains_embeddings_only_and_decodes_identically(tiny_pair, tmp_pa
 
 
 def test_training_lowers_the_mask_loss(tiny_pair, tmp_path):
-    """A few dozen steps at the paper's learning rate lower the mask loss from the untrained start."""
+    """A few dozen steps at the reference code's learning rate lower the mask loss from the untrained start."""
     torch.set_num_threads(1)
     run_recipe("bita", [
         "--config", str(ROOT / "recipes" / "configs" / "bita_test.yaml"), "max_steps=30", "eval_steps=30",
