@@ -67,6 +67,14 @@ def calibration_questions(n: int, seed: int = 0):
             for i, r in enumerate(picked[:n])]
 
 
+def first_turn_prompts(tokenizer, questions) -> tuple[list[list[int]], tuple[int, ...]]:
+    """The calibration questions' first turns as chat prompt ids, and the tokenizer's end-of-sequence ids."""
+    from draftsmith.inference.evaluation.runs import chat_prompt_ids
+
+    prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in questions]
+    return prompts, ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
+
+
 def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new_tokens: int = 64,
                   max_length: int = 8, measure_top: int = 2, allow_target_mismatch: bool = False) -> dict:
     """Tune ``artefact`` in place (see the module docstring); returns the tuning record."""
@@ -80,7 +88,6 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
         measure_verify_samples,
     )
     from draftsmith.inference.evaluation.evaluator import evaluate
-    from draftsmith.inference.evaluation.runs import chat_prompt_ids
     from draftsmith.inference.evaluation.tune import (
         Prefill,
         choose,
@@ -101,8 +108,7 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
         raise ArtefactError(f"{artefact} is a {manifest['method']} artefact: draftsmith tune chooses a draft model's "
                             "length and confidence stop; other methods carry their own settings")
     target = ModelAdapter(target_model)
-    prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in questions]
-    eos = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
+    prompts, eos = first_turn_prompts(tokenizer, questions)
     profile_draft(target, profiler, prompts[:2], max_new_tokens, eos)  # warm-up
     records, draft_seconds, method_prefill = profile_draft(target, profiler, prompts, max_new_tokens, eos)
     samples = measure_verify_samples(target, prefix_tokens=128, sizes=range(1, max(max_length + 2, max(PADDING_SIZES) + 1)))
@@ -140,7 +146,6 @@ def calibrate_tree_artefact(artefact: Path, target_model, tokenizer, questions, 
     ``proposer.tree_calibration``, the whole record as ``tuning`` (:mod:`~draftsmith.inference.evaluation.tree_calibration`)."""
     from draftsmith.inference.artefacts.manifest import read_manifest
     from draftsmith.inference.core.adapter import ModelAdapter
-    from draftsmith.inference.evaluation.runs import chat_prompt_ids
     from draftsmith.inference.evaluation.tree_calibration import calibrate
     from draftsmith.inference.methods import load_artefact
 
@@ -149,8 +154,7 @@ def calibrate_tree_artefact(artefact: Path, target_model, tokenizer, questions, 
     options = {"tree": "chain", "draft_length": depth} if manifest["method"] == "eagle" else {"tree": "chain"}
     proposer, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, **options)
     depth = getattr(getattr(proposer, "tree", None), "max_depth", None) or depth  # Medusa: its number of heads
-    prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in questions]
-    eos = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
+    prompts, eos = first_turn_prompts(tokenizer, questions)
     fitted = calibrate(ModelAdapter(target_model), proposer, prompts, depth, max_new_tokens, eos)
     record = {"tree_calibration": fitted, "calibration": {"source": "shipped corpus, held-out split",
                                                           "prompts": len(questions), "max_new_tokens": max_new_tokens}}

@@ -81,6 +81,16 @@ def _trained_like_head(target):
     return head
 
 
+def _prefill(proposer: EagleProposer, target, seed: int) -> torch.Tensor:  # -> [8] the prompt
+    """Start ``proposer`` on a random 8-token prompt with the target's features, as the decode loop's prefill does."""
+    prompt = torch.randint(3, 100, (8,), generator=torch.Generator().manual_seed(seed))
+    proposer.reset(prompt)
+    with torch.no_grad():
+        feats = target(input_ids=prompt[None, :-1], output_hidden_states=True).hidden_states[-1][0]
+    proposer.prefill_hidden({-1: feats})
+    return prompt
+
+
 @pytest.mark.parametrize("length, tree", [(1, "chain"), (4, "chain"), (4, "dynamic")])
 def test_drafting_is_token_identical_and_the_head_stays_in_step(length, tree):
     target = random_model("llama", seed=0, layers=2)
@@ -123,11 +133,7 @@ def test_sampling_returns_the_heads_distribution_as_q():
     target = random_model("llama", seed=0, layers=2)
     proposer = EagleProposer(_trained_like_head(target), target.get_input_embeddings(),
                              target.get_output_embeddings(), length=3)
-    prompt = torch.randint(3, 100, (8,), generator=torch.Generator().manual_seed(0))
-    proposer.reset(prompt)
-    with torch.no_grad():
-        feats = target(input_ids=prompt[None, :-1], output_hidden_states=True).hidden_states[-1][0]
-    proposer.prefill_hidden({-1: feats})
+    prompt = _prefill(proposer, target, seed=0)
     draft = proposer.propose(prompt, 3, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
     assert draft.q is not None and draft.q.shape == (3, 128) and torch.allclose(draft.q.sum(-1), torch.ones(3))
     with torch.inference_mode():
@@ -164,11 +170,7 @@ def test_dynamic_tree_matches_a_brute_force_expansion(total, temperatures):
     temps = temperatures or (1.0,) * depth
     proposer = EagleProposer(head, embed, lm_head, tree="dynamic", depth=depth, top_k=k, total_tokens=total,
                              temperatures=temperatures)
-    prompt = torch.randint(3, 100, (8,), generator=torch.Generator().manual_seed(2))
-    proposer.reset(prompt)
-    with torch.no_grad():
-        feats = target(input_ids=prompt[None, :-1], output_hidden_states=True).hidden_states[-1][0]
-    proposer.prefill_hidden({-1: feats})
+    prompt = _prefill(proposer, target, seed=2)
     true_cache, root, p0 = copy.deepcopy(proposer._cache), proposer._feature.clone(), proposer._true
 
     @torch.inference_mode()
@@ -208,11 +210,7 @@ def test_chain_logits_and_draft_index_feed_the_tree_calibration():
     target = random_model("llama", seed=0, layers=2)
     proposer = EagleProposer(_trained_like_head(target), target.get_input_embeddings(),
                              target.get_output_embeddings(), length=3)
-    prompt = torch.randint(3, 100, (8,), generator=torch.Generator().manual_seed(2))
-    proposer.reset(prompt)
-    with torch.no_grad():
-        feats = target(input_ids=prompt[None, :-1], output_hidden_states=True).hidden_states[-1][0]
-    proposer.prefill_hidden({-1: feats})
+    prompt = _prefill(proposer, target, seed=2)
     draft = proposer.propose(prompt, 100, SamplingParams(), None)
     assert proposer.last_draft_logits.shape == (3, target.config.vocab_size)
     assert draft.tokens.tolist() == proposer.last_draft_logits.argmax(-1).tolist()

@@ -85,14 +85,14 @@ class _ChainProposer:
         self.last_draft_logits = None
 
     def reset(self, prompt_ids) -> None:
-        pass
+        """A fixed chain keeps no state between sequences."""
 
     def propose(self, tokens, max_tokens, sampling, generator=None) -> Draft:
         self.last_draft_logits = self.logits
         return Draft.chain(self.logits.argmax(-1).tolist())
 
     def observe(self, feedback) -> None:
-        pass
+        """Nothing to learn from a verification: the chain is fixed."""
 
     def draft_index(self, tokens: torch.Tensor) -> torch.Tensor:
         return torch.where(tokens < self.logits.shape[-1], tokens, -1)
