@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.draftsmith-installed
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: help install demo test test-slow test-engine engine lint zoo bench bench-grid clean
+.PHONY: help install demo test test-slow test-engine test-gpu gpu-bundle engine lint zoo bench bench-grid clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ engine: install ## the vLLM environment `draftsmith eval --engine` runs in (DRAF
 
 test-engine: engine ## the vLLM round trips (@pytest.mark.engine): exports load and draft as in draftsmith's loop
 	$(PY) -m pytest -q -m engine --timeout=3600
+
+test-gpu: install ## the GPU suite (@pytest.mark.gpu; skipped without CUDA): runs/gpu/report.json and report.md
+	$(PY) -m pytest -q -m gpu tests/gpu --timeout=1800
+
+gpu-bundle: install ## wheels and the tiny zoo for `make test-gpu` on a GPU machine without network (docs/GPU.md)
+	bash tests/gpu/bundle.sh
 
 demo: install ## build the tiny zoo, distil its draft (300 steps), print the evaluator's summary
 	$(VENV)/bin/draftsmith demo

@@ -14,6 +14,7 @@ from typing import Any
 
 from draftsmith.common.errors import ConfigError, DraftsmithError
 from draftsmith.common.io import sha256_json
+from draftsmith.common.precision import resolve_dtype
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -153,6 +154,8 @@ def load_model(name_or_path: str | os.PathLike, dtype: Any = "float32", device: 
     import transformers
 
     name_or_path = resolve_model_path(name_or_path)
+    if dtype == "auto":  # the precision policy: bfloat16 on CUDA, float32 elsewhere
+        dtype = resolve_dtype(dtype, device or "cpu")
     if is_gguf(name_or_path):
         if quantization != "none":
             raise ConfigError("a GGUF target is loaded dequantized: drop target_quantization (or pass a model "

@@ -56,12 +56,30 @@ def reference_divergence_rows(
     return per_row.detach(), grad
 
 
-def default_chunk_size(n_tokens: int, vocab: int, hidden: int) -> int:
+GPU_CHUNK_BYTES = 2**30  # on a GPU a [C, V] float32 chunk may take up to 1 GiB (docs/GPU.md: rows per chunk)
+
+
+def default_chunk_size(n_tokens: int, vocab: int, hidden: int, budget_bytes: int | None = None) -> int:
     """Liger-Kernel's heuristic: chunk rows so that one ``[C, V]`` logits chunk is about the size of the
-    ``[N, H]`` hidden states, rounded up to a power of two (at least 1, at most ``n_tokens``)."""
+    ``[N, H]`` hidden states, rounded up to a power of two (at least 1, at most ``n_tokens``). With ``budget_bytes``
+    (a GPU's), at least the largest power of two of rows whose ``[C, V]`` float32 chunk fits it: small chunks leave a
+    GPU idle (an H200 ran 2,048 tokens x 256k vocabulary 27x faster in 1,024-row chunks than in the heuristic's 16,
+    for 16% more peak memory)."""
     factor = max(1, math.ceil(vocab / max(hidden, 1)))
     rows = max(1, math.ceil(n_tokens / factor))
-    return max(1, min(1 << (rows - 1).bit_length(), max(n_tokens, 1)))
+    rows = 1 << (rows - 1).bit_length()
+    if budget_bytes is not None:
+        fits = max(1, budget_bytes // (4 * max(vocab, 1)))
+        rows = max(rows, 1 << (fits.bit_length() - 1))
+    return max(1, min(rows, max(n_tokens, 1)))
+
+
+def matmul_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype ``t``'s matrix products run in: autocast's on ``t``'s device when it is on, else ``t``'s own."""
+    device = t.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return t.dtype
 
 
 def _teacher_chunk(
@@ -103,26 +121,29 @@ class ChunkedLinearDivergence(torch.autograd.Function):
         need_grad = need_h or need_w or need_b
         count = rows.numel()
         grad_scale = 1.0 / max(count, 1) if reduction == "mean" else 1.0
+        compute = matmul_dtype(hidden)  # autocast's dtype when it is on (mixed precision), else the hidden states'
         grad_h = torch.zeros_like(hidden) if need_h else None  # [N, H]
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None  # [V, H]
         grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None  # [V]
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
+            w_c = weight.to(compute)  # [V, H], cast once per call (float32 master weights under mixed precision)
+            b_c = None if bias is None else bias.to(compute)
             for start in range(0, count, chunk_size):
                 idx = rows[start : start + chunk_size]  # [C]
-                h_c = hidden.index_select(0, idx)  # [C, H]
-                z_c = h_c @ weight.t()  # [C, V]
-                if bias is not None:
-                    z_c += bias
+                h_c = hidden.index_select(0, idx).to(compute)  # [C, H]
+                z_c = h_c @ w_c.t()  # [C, V]
+                if b_c is not None:
+                    z_c += b_c
                 t_c = _teacher_chunk(idx, teacher_logits, teacher_hidden, teacher_weight, teacher_bias)  # [C, V]
                 per_row, g_c = rows_fn(z_c, t_c, kind, beta, temperature, grad_scale, need_grad)
                 total += per_row.sum()
                 del t_c
                 if not need_grad:
                     continue
-                g_c = g_c.to(hidden.dtype)  # [C, V], as autograd would cast it for the matmuls
+                g_c = g_c.to(compute)  # [C, V], as autograd would cast it for the matmuls
                 if need_h:
-                    grad_h.index_copy_(0, idx, g_c @ weight)
+                    grad_h.index_copy_(0, idx, (g_c @ w_c).to(grad_h.dtype))
                 if need_w:
                     grad_w += (g_c.t() @ h_c).float()
                 if need_b:
@@ -227,7 +248,8 @@ def chunked_linear_divergence(
     n = hidden.shape[0]
     rows = torch.arange(n, device=hidden.device) if mask is None else mask.nonzero().reshape(-1)  # [M]
     if chunk_size is None:
-        chunk_size = default_chunk_size(n, weight.shape[0], hidden.shape[1])
+        budget = GPU_CHUNK_BYTES if hidden.device.type == "cuda" else None
+        chunk_size = default_chunk_size(n, weight.shape[0], hidden.shape[1], budget)
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     grad_on = torch.is_grad_enabled()

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import DTYPES
+from draftsmith.common.precision import resolve_dtype
 from draftsmith.common.registry import method_commands
 from draftsmith.common.threads import parse_threads, torch_threads
 
@@ -55,7 +56,8 @@ def target_and_prompts(a) -> None:
 
 def machine_options(a, action) -> None:
     """The device, dtype, threads and progress options, and the function that runs the action ``a``."""
-    a.add_argument("--dtype", default="float32", choices=DTYPES, help="weights dtype (default float32)")
+    a.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="weights dtype; auto (default): bfloat16 on CUDA, float32 on the CPU")
     a.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     a.add_argument("--threads", metavar="N", default=None, help="torch CPU threads (default: torch's)")
     a.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -217,7 +219,9 @@ def load_data_target(args: argparse.Namespace):
     from draftsmith.launch.eval_cli import resolve_device
     from draftsmith.launch.targets import load_target
 
-    _, model, tokenizer = load_target(args.target, args.tokenizer, dtype=args.dtype, device=resolve_device(args.device))
+    device = resolve_device(args.device)
+    args.dtype = resolve_dtype(args.dtype, device)  # auto: bfloat16 on CUDA, float32 on the CPU
+    _, model, tokenizer = load_target(args.target, args.tokenizer, dtype=args.dtype, device=device)
     return model, tokenizer
 
 

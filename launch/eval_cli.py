@@ -19,6 +19,7 @@ from pathlib import Path
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import DTYPES, load_model, load_tokenizer, tokenizer_dir_for
+from draftsmith.common.precision import resolve_dtype
 from draftsmith.common.registry import REGISTRY, eval_flags, get_method, resolve
 from draftsmith.common.threads import parse_threads, torch_threads
 from draftsmith.launch.engine_eval import add_engine_options
@@ -49,7 +50,8 @@ def add_parser(sub) -> None:
     g.add_argument("--allow-target-mismatch", action="store_true", help="run an artefact on a target it was not trained for")
     g.add_argument("--zoo", default="tiny", choices=ZOO_SIZE_NAMES, help="zoo size used for the defaults")
     g.add_argument("--home", metavar="DIR", default=None, help="DRAFTSMITH_HOME of the zoo (default ~/.cache/draftsmith)")
-    g.add_argument("--dtype", default="float32", choices=DTYPES, help="weights dtype")
+    g.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="weights dtype; auto (default): bfloat16 on CUDA, float32 on the CPU")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     g.add_argument("--tree-attention", choices=("mask", "kernel"), default="mask",
                    help="tree steps: mask = the model's own attention under a 4-D mask (default); kernel = the Triton "
@@ -186,6 +188,7 @@ def setup(args: argparse.Namespace):
     if args.draft_length is not None and args.draft_length < 1:
         raise ConfigError(f"--draft-length must be at least 1, got {args.draft_length}")
     device = resolve_device(args.device)
+    args.dtype = resolve_dtype(args.dtype, device)  # auto: bfloat16 on CUDA, float32 on the CPU (as reported)
     target_name = artefact_target(args.artefact, args.target)
     attention = None
     if getattr(args, "tree_attention", "mask") == "kernel":

@@ -26,6 +26,7 @@ from typing import Any
 from draftsmith.common.errors import ConfigError, DraftsmithError
 from draftsmith.common.io import sha256_file
 from draftsmith.common.models import load_model, load_tokenizer, target_identity
+from draftsmith.common.precision import trained_dtype
 from draftsmith.common.registry import MethodSpec, get_method, resolve
 from draftsmith.launch.recipe_args import RecipeArguments, parse_recipe_args
 from draftsmith.launch.targets import tokenizer_source, zoo_model_dir
@@ -71,12 +72,13 @@ def resolve_models(args: RecipeArguments, spec: MethodSpec) -> dict[str, str]:
 
 
 def load_models(paths: dict[str, str], args: RecipeArguments, method_config) -> dict[str, Any]:
-    """The frozen target (quantized if the method config asks) and, when listed, the trainable draft."""
+    """The frozen target in the recipe's (resolved) dtype, quantized if the method config asks, and, when listed, the
+    trainable draft in float32 master weights (draftsmith.common.precision)."""
     quantization = getattr(method_config, "target_quantization", "none")
     target = load_model(paths["target"], args.dtype, what="target", quantization=quantization)
     models = {"target": target.eval().requires_grad_(False)}
     if "draft" in paths:
-        models["draft"] = load_model(paths["draft"], args.dtype, what="draft").train()
+        models["draft"] = load_model(paths["draft"], trained_dtype(args.dtype), what="draft").train()
     return models
 
 

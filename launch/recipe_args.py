@@ -26,6 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.common.errors import ConfigError, DraftsmithError
+from draftsmith.common.precision import (
+    DTYPE_NAMES,
+    MIXED_PRECISION,
+    allow_tf32_for_training,
+    mixed_precision_flag,
+    resolve_dtype,
+)
 
 METHOD_PREFIX = "method."
 
@@ -49,7 +56,10 @@ class RecipeArguments:
                                                            "draft."))
     tokenizer: str | None = field(default=None, metadata=_help("Tokenizer (default: the target's, or the zoo's)."))
     zoo_size: str = field(default="tiny", metadata=_help("Built-in zoo used when --target is not given: tiny or small."))
-    dtype: str = field(default="float32", metadata=_help("Weights dtype of both models: float32, bfloat16 or float16."))
+    dtype: str = field(default="auto", metadata=_help("Precision (draftsmith.common.precision): auto = bfloat16 on a "
+                                                      "CUDA GPU, float32 on the CPU; a 16-bit dtype holds the frozen "
+                                                      "target in it and trains float32 master weights under autocast; "
+                                                      "float32, bfloat16 or float16 to choose."))
     dataset: str | None = field(default=None, metadata=_help("Training data: a local .json/.jsonl/.parquet file "
                                                              "(alpaca, sharegpt, messages or text rows). Default: the "
                                                              "corpus draftsmith ships."))
@@ -85,8 +95,8 @@ class RecipeArguments:
     def __post_init__(self) -> None:
         if self.zoo_size not in ("tiny", "small"):
             raise ConfigError(f"zoo_size={self.zoo_size!r} is unknown: choose tiny or small")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype={self.dtype!r} is unknown: choose float32, bfloat16 or float16")
+        if self.dtype not in DTYPE_NAMES:
+            raise ConfigError(f"dtype={self.dtype!r} is unknown: choose {', '.join(DTYPE_NAMES)}")
         if self.max_length < 2:
             raise ConfigError(f"max_length={self.max_length} must be at least 2")
         if self.data_mix not in ("proportional", "balanced"):
@@ -201,10 +211,30 @@ def parse_recipe_args(method_config: type | None, argv: Sequence[str] | None = N
         main_defaults.update(main_values, config=config_path)
     main_argv, method_argv = split_argv(argv, method_fields, main_fields)
     recipe, training = _parse(main_parser, main_argv, main_defaults)
+    recipe, training = apply_precision(recipe, training, lambda defaults: _parse(main_parser, main_argv, defaults),
+                                       main_defaults)
     method = _parse(transformers.HfArgumentParser([method_config]), method_argv, method_defaults)[0] \
         if method_config else None
     join_process_group(training)
     return recipe, method, training
+
+
+def apply_precision(recipe, training, reparse, main_defaults: dict) -> tuple:
+    """The recipe's ``dtype`` resolved for the training device (``auto``: bfloat16 on CUDA, float32 on the CPU) and,
+    for a 16-bit dtype, accelerate's mixed precision switched on (float32 master weights, autocast), unless the
+    settings already chose it; a clash between the two is an error."""
+    device = "cpu" if training.use_cpu or not _has_accelerator() else "cuda"
+    dtype = resolve_dtype(recipe.dtype, device)
+    flag = mixed_precision_flag(dtype)
+    chosen = [name for name in MIXED_PRECISION.values() if getattr(training, name)]
+    if chosen and chosen != [flag]:
+        raise ConfigError(f"dtype={dtype} with {chosen[0]}=true: 16-bit training runs under the mixed precision of "
+                          f"its dtype; drop {chosen[0]} or set dtype to match it")
+    if flag is not None and not chosen:
+        recipe, training = reparse({**main_defaults, flag: True})
+    if device == "cuda":
+        allow_tf32_for_training()
+    return dataclasses.replace(recipe, dtype=dtype), training
 
 
 def _has_accelerator() -> bool:

@@ -169,7 +169,8 @@ class FrozenTargetTrainer(transformers.Trainer):
         return batches, count
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        total, outputs = self.loss_sum(model, inputs)
+        with self.accelerator.autocast():  # mixed precision: the frozen 16-bit target and float32 trained weights meet
+            total, outputs = self.loss_sum(model, inputs)  # in the loss outside the wrapped module's forward too
         local = self.count_loss_tokens(inputs)
         if model.training:
             self._tokens_pending = self._tokens_pending.to(local.device) + local
@@ -201,7 +202,9 @@ class FrozenTargetTrainer(transformers.Trainer):
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
                         metric_key_prefix="eval"):
         self._eval_sums = None
-        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        with self.accelerator.autocast():  # every method's prediction_step under the training's mixed precision
+            output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                             metric_key_prefix)
         if self._eval_sums is not None:
             sums = self.accelerator.reduce(self._eval_sums.to(self.args.device), reduction="sum")
             output.metrics.update(self.eval_metrics(sums, metric_key_prefix))

@@ -411,12 +411,12 @@ class DistillSpecTrainer(FrozenTargetTrainer):
                        output_hidden_states=True, logits_to_keep=1).hidden_states[-1][:, :-1]  # [B, T-1, H]
         weight, bias = head_rows(self.accelerator.unwrap_model(model).get_output_embeddings(), self.vocab_size,
                                  self.loss_rows)  # [V, H], [V]
-        t_weight, t_bias = head_rows(self.teacher_module.get_output_embeddings(), self.vocab_size, self.loss_rows,
-                                     hidden.dtype)  # [V, Ht], [V]
+        t_weight, t_bias = head_rows(self.teacher_module.get_output_embeddings(), self.vocab_size,
+                                     self.loss_rows)  # [V, Ht], [V], in the teacher's dtype: never cast per step
         from draftsmith.kernels import fused_linear_divergence
 
         return fused_linear_divergence(
-            hidden, weight, bias=bias, teacher_hidden=t_hidden.to(hidden.dtype), teacher_weight=t_weight,
+            hidden, weight, bias=bias, teacher_hidden=t_hidden.to(t_weight.dtype), teacher_weight=t_weight,
             teacher_bias=t_bias, kind=cfg.divergence, beta=cfg.beta, temperature=cfg.temperature, mask=mask,
             reduction="sum", chunk_size=cfg.kernel_chunk_size, backend=cfg.kernel_backend,
         )

@@ -130,12 +130,13 @@ def check_finetune(finetune: str, lora_r: int) -> None:
 
 
 def tunable_copy(target, finetune: str, lora_r: int, lora_alpha: float):
-    """A copy of ``target`` to fine-tune (the original stays the frozen reference): every weight trainable
-    (``full``), or a peft LoRA model over all its linear layers (``lora``)."""
+    """A copy of ``target`` to fine-tune (the original stays the frozen reference): every weight trainable in float32
+    master weights (``full``; a 16-bit target's copy is cast up, autocast runs it in 16 bits), or a peft LoRA model
+    over all its linear layers (``lora``; peft keeps the adapter in float32 over the frozen 16-bit base)."""
     check_finetune(finetune, lora_r)
     model = copy.deepcopy(target)
     if finetune == "full":
-        return model.requires_grad_(True)
+        return model.float().requires_grad_(True)
     from peft import LoraConfig, get_peft_model
 
     lora = LoraConfig(r=int(lora_r), lora_alpha=float(lora_alpha), target_modules="all-linear", bias="none",

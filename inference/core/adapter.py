@@ -31,6 +31,7 @@ from torch import nn
 
 from draftsmith.common.errors import ConfigError, UnsupportedModelError
 from draftsmith.common.models import cache_keyword
+from draftsmith.inference.core.attention import decode_attention
 from draftsmith.inference.core.kv_cache import KVCache, KVPrefix, PrefixedCache
 from draftsmith.kernels.tree_attention import TREE_KWARG, tree_attention_backend
 
@@ -268,10 +269,17 @@ class ModelAdapter:
         else:
             tree = tree.to(hidden.device)
         rope = self._rotary(hidden, position_ids) if self._rotary is not None else None
-        masks: dict[tuple[int, int | None], torch.Tensor | None] = {}
         states: dict[int, torch.Tensor] = {}
         if start in want:
             states[start] = hidden
+        with decode_attention():
+            hidden = self._layer_loop(hidden, position_ids, cache, layer_cache, tree, kernel_tree, rope, start, end,
+                                      skip, partial, no_attn, no_mlp, kv_prefix, want, states)
+        return hidden, states
+
+    def _layer_loop(self, hidden, position_ids, cache, layer_cache, tree, kernel_tree, rope, start, end, skip, partial,
+                    no_attn, no_mlp, kv_prefix, want, states) -> torch.Tensor:
+        masks: dict[tuple[int, int | None], torch.Tensor | None] = {}
         for i in range(start, end):
             if i not in skip:
                 past = cache.get_seq_length(i) if cache is not None else 0
@@ -288,7 +296,7 @@ class ModelAdapter:
                     hidden = self._run_layer(i, hidden, masks[key], position_ids, layer_cache, rope, layer_tree)
             if i + 1 in want:
                 states[i + 1] = hidden
-        return hidden, states
+        return hidden
 
     def _tree_attention(self) -> bool:
         """Whether the model's attention implementation is a registered tree attention, which takes the tree."""

@@ -20,7 +20,7 @@ from draftsmith.inference.core.generate import GenerationConfig, generate
 from draftsmith.inference.engines.environment import run_engine
 from draftsmith.inference.engines.report import by_category, summarize, throughput
 from draftsmith.inference.engines.vllm import EngineMethod
-from draftsmith.inference.evaluation.metrics import first_difference, logit_gap, near_tie_tolerance
+from draftsmith.inference.evaluation.metrics import first_difference, is_near_tie, logit_gap, near_tie_rule
 from draftsmith.inference.evaluation.questions import Question
 from draftsmith.inference.evaluation.runs import chat_prompt_ids, fit_prompt
 
@@ -40,7 +40,7 @@ def draftsmith_ar(target_model, prompts: Sequence[list[int]], max_new_tokens: in
 
 
 def classify(target_model, prompts: Sequence[list[int]], answers: Sequence[Sequence[int]],
-             reference: Sequence[Sequence[int]], tol: float) -> dict:
+             reference: Sequence[Sequence[int]], dtype: torch.dtype) -> dict:
     """How ``answers`` differ from ``reference`` (draftsmith's AR): counts of identical answers, near ties and
     other differences, with the first few differences for the report."""
     counts = {"identical": 0, "near_tie": 0, "differs": 0}
@@ -52,7 +52,7 @@ def classify(target_model, prompts: Sequence[list[int]], answers: Sequence[Seque
             continue
         gap = logit_gap(target_model, list(prompt) + list(r[:pos]), a[pos] if pos < len(a) else None) \
             if pos < len(r) else {"top2_gap": None}
-        tie = gap["top2_gap"] is not None and gap["top2_gap"] <= tol
+        tie = is_near_tie(gap, dtype)
         counts["near_tie" if tie else "differs"] += 1
         if len(examples) < 8:
             examples.append({"index": i, "position": pos, "near_tie": tie, "top2_gap": gap["top2_gap"]})
@@ -77,7 +77,7 @@ def engine_evaluate(target_model, tokenizer, questions: Sequence[Question], meth
                       log=logs["spec"])
     eos = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
     ours = draftsmith_ar(target_model, prompts, max_new_tokens, eos) if method.served_model is None else None
-    tol = near_tie_tolerance(next(target_model.parameters()).dtype)
+    dtype = next(target_model.parameters()).dtype
     categories = [q.category for q in questions]
     report = {
         "engine": "vllm", "versions": spec["versions"], "engine_method": method.engine_method,
@@ -90,10 +90,10 @@ def engine_evaluate(target_model, tokenizer, questions: Sequence[Question], meth
     if ours is not None:
         report["differences"] = {
             "speculative_vs_draftsmith_ar": classify(target_model, prompts, [r["token_ids"] for r in spec["results"]],
-                                                     ours, tol),
+                                                     ours, dtype),
             "engine_ar_vs_draftsmith_ar": classify(target_model, prompts, [r["token_ids"] for r in ar["results"]],
-                                                   ours, tol),
-            "near_tie_tolerance": tol}
+                                                   ours, dtype),
+            "near_tie_rule": near_tie_rule(dtype)}
     report["questions"] = [{"question_id": q.question_id, "category": q.category, "spec": s["spec"],
                             "tokens": len(s["token_ids"]), "seconds": s["seconds"], "ar_seconds": a["seconds"],
                             "identical_to_engine_ar": list(s["token_ids"]) == list(a["token_ids"])}

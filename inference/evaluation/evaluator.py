@@ -57,7 +57,7 @@ from draftsmith.inference.evaluation.metrics import (
     compare_with_ar,
     largest_verification,
     mean_or_none,
-    near_tie_tolerance,
+    near_tie_rule,
     tokens_per_s,
 )
 from draftsmith.inference.evaluation.questions import Question
@@ -133,7 +133,6 @@ def evaluate(
         plan, curve = loop_curve(samples, verify_padding)
         config = dataclasses.replace(config, verify_padding=tuple(sorted(plan.items())))
     writer = _tensorboard(tensorboard_dir)
-    tol = near_tie_tolerance(target.dtype)
     original = ModelAdapter(original_model) if original_model is not None else None
     runs: list[QuestionRun] = []
     done = journal.load() if journal is not None else {}
@@ -147,7 +146,7 @@ def evaluate(
                 run = _run_question(target, tokenizer, q, config, proposer, seed + 1000 * qi, max_prompt, hf)
                 if original is not None:
                     run.original = answer_question(original, tokenizer, q, config, None, seed + 1000 * qi, max_prompt)
-                run.difference = compare_with_ar(target_model, run.method, run.ar, tol) if sampling.greedy else None
+                run.difference = compare_with_ar(target_model, run.method, run.ar, target.dtype) if sampling.greedy else None
                 if journal is not None:
                     journal.append(question_key(qi, q), run)
             runs.append(run)
@@ -163,7 +162,7 @@ def evaluate(
     report = build_report(
         runs, method=method, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed, warmup=warmup,
         proposer=inner, target_name=target_name or str(getattr(target_model.config, "_name_or_path", "") or ""),
-        draft_name=draft_name, question_file=question_file, command=command, tol=tol, target=target,
+        draft_name=draft_name, question_file=question_file, command=command, tie_rule=near_tie_rule(target.dtype), target=target,
         compare_hf=compare_hf, extra=extra, cost_curve=curve,
     )
     skip_attention, skip_mlp = getattr(inner, "skip_attention", None), getattr(inner, "skip_mlp", None)

@@ -3,6 +3,7 @@ summary fields, the Leviathan prediction, per-question records and where an answ
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -54,26 +55,54 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def near_tie_tolerance(dtype: torch.dtype) -> float:
-    """Largest top-2 logit gap still called a numerical near-tie for ``dtype``."""
-    return 1e-3 if dtype in (torch.float32, torch.float64) else 0.125
+NEAR_TIE_ULPS = 4  # 16-bit weights: a top-2 gap within this many units in the last place of the top logit is a tie
+FP32_NEAR_TIE = 1e-3  # float32/float64: reduction order across kernels (batched verification vs one-token steps)
+
+
+def logit_spacing(dtype: torch.dtype, value: float) -> float:
+    """Distance between ``dtype``'s representable numbers at ``value`` (one unit in the last place)."""
+    magnitude = max(abs(value), torch.finfo(dtype).tiny)
+    return torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(magnitude))
+
+
+def near_tie_tolerance(dtype: torch.dtype, top_logit: float) -> float:
+    """Largest top-2 logit gap still called a numerical near-tie for weights in ``dtype`` at a top logit of
+    ``top_logit``: ``FP32_NEAR_TIE`` for float32/64, else ``NEAR_TIE_ULPS`` units in the last place of the top logit
+    (bfloat16 at a logit of 20: 4 x 0.125 = 0.5; at 3: 4 x 0.0156)."""
+    if dtype in (torch.float32, torch.float64):
+        return FP32_NEAR_TIE
+    return NEAR_TIE_ULPS * logit_spacing(dtype, top_logit)
+
+
+def near_tie_rule(dtype: torch.dtype) -> str:
+    """The near-tie rule of :func:`near_tie_tolerance` in words, for reports."""
+    if dtype in (torch.float32, torch.float64):
+        return f"top-2 logit gap <= {FP32_NEAR_TIE:g}"
+    return f"top-2 logit gap <= {NEAR_TIE_ULPS} units in the last place of {str(dtype).removeprefix('torch.')} at the top logit"
+
+
+def is_near_tie(gap: dict, dtype: torch.dtype) -> bool:
+    """Whether :func:`logit_gap`'s ``gap`` is a near-tie for weights in ``dtype``."""
+    return gap.get("top2_gap") is not None and gap["top2_gap"] <= near_tie_tolerance(dtype, gap["top1_logit"])
 
 
 @torch.inference_mode()
 def logit_gap(model, prefix_ids: Sequence[int], token: int | None = None) -> dict:
-    """Plain target forward on ``prefix_ids``: top-2 tokens and their logit gap at the next position
-    (and the rank of ``token`` there)."""
+    """Plain target forward on ``prefix_ids``: top-2 tokens, the top logit and the top-2 logit gap at the next
+    position (and the rank of ``token`` there)."""
     ids = torch.tensor([list(prefix_ids)], dtype=torch.long, device=model.device)  # [1, L]
     logits = model(input_ids=ids).logits[0, -1].float()  # [V]
     top = logits.topk(2)
-    out = {"top2_tokens": top.indices.tolist(), "top2_gap": float(top.values[0] - top.values[1])}
+    values = top.values.tolist()
+    out = {"top2_tokens": top.indices.tolist(), "top1_logit": values[0], "top2_gap": values[0] - values[1]}
     if token is not None:
         out["method_token_rank"] = int((logits > logits[token]).sum())
     return out
 
 
-def compare_with_ar(model, method: list[TurnRun], ar: list[TurnRun], tol: float) -> dict | None:
-    """None when every turn is token-identical, else where and how the first differing turn differs."""
+def compare_with_ar(model, method: list[TurnRun], ar: list[TurnRun], dtype: torch.dtype) -> dict | None:
+    """None when every turn is token-identical, else where and how the first differing turn differs (``near_tie``
+    by :func:`near_tie_tolerance` for weights in ``dtype``)."""
     for t, (m, a) in enumerate(zip(method, ar)):
         mi, ai = m.result.output_ids, a.result.output_ids
         pos = first_difference(mi, ai)
@@ -88,7 +117,8 @@ def compare_with_ar(model, method: list[TurnRun], ar: list[TurnRun], tol: float)
         }
         if pos < len(ai):
             diff.update(logit_gap(model, a.prompt_ids + ai[:pos], diff["method_token"]))
-            diff["near_tie"] = diff["top2_gap"] <= tol
+            diff["tie_tolerance"] = near_tie_tolerance(dtype, diff["top1_logit"])
+            diff["near_tie"] = diff["top2_gap"] <= diff["tie_tolerance"]
         return diff
     return None
 

@@ -55,7 +55,7 @@ def build_report(
     draft_name: str | None,
     question_file: str | None,
     command: str | None,
-    tol: float,
+    tie_rule: str,
     target: ModelAdapter,
     compare_hf: bool,
     extra: dict | None,
@@ -92,8 +92,8 @@ def build_report(
         "summary": summary,
         "categories": categories,
         "baselines": _baselines(runs, summary) if compare_hf else {},
-        "notes": _notes(runs, greedy, lossless, getattr(proposer, "name", method), tol),
-        "near_tie_tolerance": tol,
+        "notes": _notes(runs, greedy, lossless, getattr(proposer, "name", method), tie_rule),
+        "near_tie_rule": tie_rule,
         "draftsmith_version": __version__,
         "environment": env,
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -105,7 +105,7 @@ def build_report(
     return report
 
 
-def _notes(runs: Sequence[QuestionRun], greedy: bool, lossless: bool, name: str, tol: float) -> list[str]:
+def _notes(runs: Sequence[QuestionRun], greedy: bool, lossless: bool, name: str, tie_rule: str) -> list[str]:
     """What a reader must know to read the figures: sampling, a lossy rule, differing answers, truncation."""
     notes = []
     if not greedy:
@@ -119,7 +119,7 @@ def _notes(runs: Sequence[QuestionRun], greedy: bool, lossless: bool, name: str,
     if near:
         ties = sum(1 for d in near if d.get("near_tie"))
         notes.append(
-            f"{len(near)} answer(s) differ from AR; {ties} at a near-tie (top-2 logit gap <= {tol:g}), "
+            f"{len(near)} answer(s) differ from AR; {ties} at a near-tie ({tie_rule}), "
             f"{len(near) - ties} not explained by a near-tie"
         )
     truncated = sum(1 for r in runs for t in r.method if t.truncated)
@@ -233,7 +233,7 @@ def lossless_status(report: dict) -> str:
     diffs = [q["difference"] for q in report.get("questions", []) if q.get("difference")]
     if diffs:
         ties = sum(1 for d in diffs if d.get("near_tie"))
-        line += f"; of the {len(diffs)} that differ, {ties} differ at a near-tie (top-2 logit gap <= {report.get('near_tie_tolerance')})"
+        line += f"; of the {len(diffs)} that differ, {ties} differ at a near-tie ({report.get('near_tie_rule')})"
     return line
 
 

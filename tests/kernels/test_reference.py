@@ -192,3 +192,25 @@ def test_default_chunk_size_follows_the_liger_heuristic():
     assert default_chunk_size(37, 1000, 24) == 1  # ceil(1000/24) = 42 > 37 tokens
     assert default_chunk_size(10, 8, 16) == 10  # never more than the tokens
     assert default_chunk_size(0, 10, 10) == 1
+
+
+def test_a_gpu_budget_raises_the_rows_per_chunk_to_a_float32_chunk_of_that_size():
+    gib = 2**30
+    assert default_chunk_size(2048, 256000, 1024, gib) == 1024  # 1,024 x 256,000 x 4 bytes <= 1 GiB
+    assert default_chunk_size(2048, 128256, 4096, gib) == 2048  # the heuristic alone: 64
+    assert default_chunk_size(100, 32000, 512, gib) == 100  # never more than the tokens
+    assert default_chunk_size(4096, 32000, 512, 1) == 128  # a budget below one row leaves the heuristic
+
+
+def test_under_autocast_the_chunked_loss_runs_in_its_dtype_and_keeps_the_master_weights_dtype():
+    """Mixed precision: float32 hidden states and head (master weights), bfloat16 products (autocast), a bfloat16
+    teacher; the loss equals the naive loss under the same autocast, gradients come in float32."""
+    inputs = make_inputs(torch.float32, bias=False)
+    teacher = {k: inputs[k].to(torch.bfloat16) for k in ("teacher_hidden", "teacher_weight", "teacher_bias")}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = chunked_linear_divergence(inputs["hidden"], inputs["weight"], **teacher, chunk_size=3)
+        want = naive_linear_divergence(inputs["hidden"], inputs["weight"], **teacher)
+    got = grads_of(loss, [inputs["hidden"], inputs["weight"]])
+    assert all(g.dtype == torch.float32 for g in got)
+    torch.testing.assert_close(loss, want.float(), rtol=2e-2, atol=1e-3)
+    assert_grads_close(got, grads_of(want, [inputs["hidden"], inputs["weight"]]), torch.bfloat16)

@@ -6,24 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from draftsmith.data.tiny_models import char_tokenizer, random_model
-
-
-def write_pair(root: Path) -> dict[str, Path]:
-    """target/, draft/ (HF model directories with the tokenizer) and data.jsonl (48 chat rows) under ``root``."""
-    tokenizer = char_tokenizer()
-    paths = {"target": root / "target", "draft": root / "draft", "dataset": root / "data.jsonl"}
-    for name, model in (("target", random_model("llama", seed=0, layers=2)), ("draft", random_model("llama", seed=1, layers=1))):
-        model.save_pretrained(paths[name])
-        tokenizer.save_pretrained(paths[name])
-    rows = [
-        {"messages": [{"role": "user", "content": f"What is {i} plus {i}?"},
-                      {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]}
-        for i in range(48)
-    ]
-    paths["dataset"].write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return paths
+from tiny_pair import write_pair
 
 
 @pytest.fixture(scope="session")
@@ -105,7 +88,6 @@ def offline_matches_online(tmp_path):
     features online, from a float32 cache and from a float16 cache (under ``tmp_path / "cache"``, returned), and
     checks the loss curves: float32 features give the online losses, float16 ones stay within half-precision
     rounding and differ (they were the ones trained on)."""
-    import json
 
     from draftsmith.launch.recipe import run_recipe
 

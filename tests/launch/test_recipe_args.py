@@ -51,3 +51,15 @@ def test_no_registered_method_field_shadows_a_trainer_flag_unnoticed():
     for name in REGISTRY.names(trained=True):
         clash = {f.name for f in fields(resolve(REGISTRY.get(name).config))} & main
         assert not clash, f"{name}: {clash}"
+
+
+def test_dtype_auto_resolves_to_float32_on_the_cpu_without_mixed_precision(tmp_path):
+    recipe, _, targs = parse_recipe_args(None, ["--output_dir", str(tmp_path)])
+    assert recipe.dtype == "float32" and not targs.bf16 and not targs.fp16
+
+
+def test_a_16_bit_dtype_trains_under_its_mixed_precision(tmp_path):
+    recipe, _, targs = parse_recipe_args(None, ["--output_dir", str(tmp_path), "dtype=bfloat16"])
+    assert recipe.dtype == "bfloat16" and targs.bf16 and targs.mixed_precision == "bf16"
+    with pytest.raises(ConfigError, match="dtype=bfloat16 with fp16=true"):
+        parse_recipe_args(None, ["--output_dir", str(tmp_path), "dtype=bfloat16", "--fp16", "true"])

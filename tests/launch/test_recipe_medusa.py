@@ -5,6 +5,7 @@ the chain."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,21 @@ def test_recipe_trains_heads_writes_the_artefact_and_decodes_identically(tiny_pa
     back, back_head = read_vllm_medusa(export)
     h = torch.randn(3, 32)
     assert torch.equal(back(h, back_head), load_heads_artefact(artefact)(h, target.get_output_embeddings()))
+
+
+def test_bfloat16_trains_float32_heads_over_the_bfloat16_target_under_autocast(tiny_pair, tmp_path):
+    """dtype=bfloat16 on the CPU: the frozen target in bfloat16, the heads in float32 master weights, every loss
+    (training and held-out, outside the heads' own forward too) under autocast; the artefact decodes as the chain."""
+    torch.set_num_threads(1)
+    result = run_recipe("medusa", [
+        "--config", str(ROOT / "recipes" / "configs" / "medusa_test.yaml"), "--target", str(tiny_pair["target"]),
+        "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(tmp_path / "m"), "dtype=bfloat16"])
+    config = result.manifest["training"]["config"]
+    assert config["recipe"]["dtype"] == "bfloat16" and config["training_args"]["bf16"] is True
+    assert math.isfinite(result.manifest["metrics"]["eval_loss"])
+    from safetensors.torch import load_file
+
+    assert {t.dtype for t in load_file(result.artefact / "heads.safetensors").values()} == {torch.float32}
 
 
 def test_medusa2_tunes_the_target_ships_its_adapter_and_verifies_against_it(tiny_pair, tmp_path):

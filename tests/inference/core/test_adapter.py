@@ -240,3 +240,16 @@ def test_sublayer_skipping_refuses_unknown_layouts_and_layers():
     adapter.model_type = "gemma"  # the adapter's own record of the layout, not a transformers module
     with pytest.raises(UnsupportedModelError, match="whole layers"):
         adapter.forward(_ids(3), skip_mlp=[1])
+
+
+def test_decoding_attention_leaves_out_cudnn_and_changes_nothing_on_the_cpu():
+    from draftsmith.inference.core.attention import decode_attention
+
+    with decode_attention():
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert torch.backends.cuda.math_sdp_enabled()
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with decode_attention():
+        assert torch.equal(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), plain)

@@ -8,7 +8,10 @@ from draftsmith.inference.evaluation.metrics import (
     adapter_drift,
     compare_with_ar,
     first_difference,
+    is_near_tie,
+    logit_spacing,
     mean_or_none,
+    near_tie_rule,
     near_tie_tolerance,
     predicted_speedup,
     ratio_or_none,
@@ -44,13 +47,13 @@ def test_difference_reports_position_and_top2_gap(lm_pair, chat_tokenizer):
     q = Question(1, "x", ("Hello world",))
     ar = answer_question(adapter, chat_tokenizer, q, GenerationConfig(max_new_tokens=8), None, 0, 400)
     method = answer_question(adapter, chat_tokenizer, q, GenerationConfig(max_new_tokens=8), None, 0, 400)
-    assert compare_with_ar(target, method, ar, 1e-3) is None
+    assert compare_with_ar(target, method, ar, torch.float32) is None
     prefix = ar[0].prompt_ids + ar[0].result.output_ids[:3]
     with torch.no_grad():
         logits = target(torch.tensor([prefix])).logits[0, -1]
     top = logits.topk(2)
     method[0].result.output_ids = ar[0].result.output_ids[:3] + [int(top.indices[1])] + [0] * 4
-    diff = compare_with_ar(target, method, ar, 1e-3)
+    diff = compare_with_ar(target, method, ar, torch.float32)
     assert diff["turn"] == 0 and diff["position"] == 3
     assert diff["ar_token"] == ar[0].result.output_ids[3] == int(top.indices[0])
     assert diff["method_token"] == int(top.indices[1]) and diff["method_token_rank"] == 1
@@ -65,9 +68,22 @@ def test_predicted_speedup_matches_leviathan():
     assert predicted_speedup(0.7, [0, 0], 0.1) == (1.0, 1.0)
 
 
-def test_near_tie_tolerance_depends_on_precision():
-    assert near_tie_tolerance(torch.float32) == near_tie_tolerance(torch.float64) == 1e-3
-    assert near_tie_tolerance(torch.bfloat16) == near_tie_tolerance(torch.float16) == 0.125
+def test_near_tie_tolerance_follows_the_precision_spacing_at_the_top_logit():
+    assert near_tie_tolerance(torch.float32, 20.0) == near_tie_tolerance(torch.float64, 3.0) == 1e-3
+    # bfloat16 keeps 8 significant bits: spacing 2**-7 in [1, 2), 0.125 in [16, 32)
+    assert near_tie_tolerance(torch.bfloat16, 20.0) == pytest.approx(4 * 0.125)
+    assert near_tie_tolerance(torch.bfloat16, -20.0) == pytest.approx(4 * 0.125)
+    assert near_tie_tolerance(torch.bfloat16, 1.5) == pytest.approx(4 * 2**-7)
+    assert near_tie_tolerance(torch.float16, 20.0) == pytest.approx(4 * 2**-6)  # 11 bits: 2**-10 * 16
+    assert near_tie_tolerance(torch.bfloat16, 0.0) > 0
+    for value in (0.3, 3.0, 17.0, 100.0):  # one spacing is the gap to the next bfloat16 number
+        x = torch.tensor(value, dtype=torch.bfloat16)
+        assert logit_spacing(torch.bfloat16, value) == pytest.approx(float(torch.nextafter(x, x + 1) - x))
+    assert is_near_tie({"top2_gap": 0.4, "top1_logit": 20.0}, torch.bfloat16)
+    assert not is_near_tie({"top2_gap": 0.4, "top1_logit": 3.0}, torch.bfloat16)
+    assert not is_near_tie({"top2_gap": None}, torch.bfloat16)
+    assert "units in the last place of bfloat16" in near_tie_rule(torch.bfloat16)
+    assert near_tie_rule(torch.float32) == "top-2 logit gap <= 0.001"
 
 
 def test_mean_and_ratio_of_nothing_are_none():

@@ -1,0 +1,77 @@
+"""One short bfloat16 training run of every recipe on the GPU (a tiny random Llama pair, each recipe's test
+settings): finite losses, an artefact that loads onto the GPU target and decodes.
+
+The Draft & Verify search is not here: it trains nothing and times its trials on the CPU (``--device`` for it is
+issue 39's second point)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from gpu_suite import DEVICE, GPU_MARKS, ROOT
+from tiny_pair import write_pair
+
+pytestmark = GPU_MARKS
+
+RUNS = {  # id -> (recipe, settings beyond its <recipe>_test.yaml)
+    "distillspec": ("distillspec", ["--draft", "{draft}"]),
+    "medusa1": ("medusa", []),
+    "medusa2": ("medusa", ["variant=medusa2"]),
+    "eagle1": ("eagle", ["variant=eagle1"]),
+    "eagle3": ("eagle", ["variant=eagle3"]),
+    "layerskip": ("layerskip", []),
+    "bita": ("bita", []),
+    "cllm": ("cllm", []),
+}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> dict[str, Path]:
+    return write_pair(tmp_path_factory.mktemp("gpu_pair"), target_layers=4)  # EAGLE-3 fuses three layers
+
+
+def logged_losses(out: Path) -> list[float]:
+    """Training losses of the run's last checkpoint's ``trainer_state.json``."""
+    last = max(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    history = json.loads((last / "trainer_state.json").read_text())["log_history"]
+    return [h["loss"] for h in history if "loss" in h]
+
+
+@pytest.mark.parametrize("run_id", list(RUNS))
+def test_bfloat16_training_gives_finite_losses_and_a_loadable_artefact(run_id, pair, tmp_path, gpu_report):
+    import transformers
+
+    from draftsmith.inference.artefacts.manifest import adapted_target
+    from draftsmith.inference.core.adapter import ModelAdapter
+    from draftsmith.inference.core.generate import GenerationConfig, generate
+    from draftsmith.inference.methods import load_artefact
+    from draftsmith.launch.recipe import run_recipe
+
+    recipe, extra = RUNS[run_id]
+    out = tmp_path / run_id
+    argv = ["--config", str(ROOT / "recipes" / "configs" / f"{recipe}_test.yaml"), "--target", str(pair["target"]),
+            "--dataset", str(pair["dataset"]), "--output_dir", str(out), "--dtype", "bfloat16",
+            *[x.format(draft=pair["draft"]) for x in extra]]
+    start = time.perf_counter()
+    result = run_recipe(recipe, argv)
+    seconds = time.perf_counter() - start
+    losses = logged_losses(out)
+    assert losses and all(math.isfinite(x) for x in losses), losses
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(pair["target"])
+    target = transformers.AutoModelForCausalLM.from_pretrained(pair["target"], dtype=torch.bfloat16).to(DEVICE).eval()
+    verified = adapted_target(result.artefact, result.manifest, target).to(DEVICE)
+    proposer, manifest = load_artefact(result.artefact, verified, tokenizer)
+    prompt = tokenizer("What is 7 plus 7? 7 plus 7 is", return_tensors="pt").input_ids[0]  # [L]
+    decoded = generate(ModelAdapter(verified), prompt, GenerationConfig(max_new_tokens=16), proposer)
+    assert len(decoded.output_ids) > 0
+    gpu_report.add("bfloat16 training, one short run per recipe (tiny random pair)", run=run_id,
+                   steps=manifest["training"].get("steps"), seconds=seconds, first_loss=losses[0],
+                   last_loss=losses[-1], param_dtype=str(next(verified.parameters()).dtype),
+                   decoded_tokens=len(decoded.output_ids),
+                   tau=len(decoded.output_ids) / max(1, len(decoded.accept_lengths)))
