@@ -34,3 +34,8 @@ class ProposerError(DraftsmithError, ValueError):
 
 class EngineError(DraftsmithError, RuntimeError):
     """A serving engine (vLLM) is missing, broken, or failed on a request."""
+
+
+class OutputError(DraftsmithError):
+    """An output that cannot be written: a bad path, no permission, a read-only or full disk, another run writing
+    it. The message says what was kept."""

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import platform
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
+
+from draftsmith.common.outputs import write_error
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -25,18 +28,37 @@ def sha256_json(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _create_temporary(path: Path) -> tuple[int, Path]:
+    """``(fd, name)`` of a new file beside ``path``, created as a plain ``open()`` creates one, so it gets the mode
+    the process umask gives (``tempfile.mkstemp`` would make it 0600 whatever the umask)."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same directory and a rename: a reader sees
-    the old file or the new one, never half of it (parent directories are created)."""
+    the old file or the new one, never half of it (parent directories are created). The file gets the mode a
+    plain ``open()`` would give it under the process umask."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    kept = f"{path} as it was before this write (or no file, if there was none)"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _create_temporary(path)
+    except OSError as err:
+        raise write_error(path, err, kept, exact=False) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as err:
+        with contextlib.suppress(OSError):  # on a read-only disk the removal fails too
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise write_error(path, err, kept, exact=False) from None
         raise
 
 
@@ -50,10 +72,14 @@ def recover_jsonl(path: str | os.PathLike) -> list[Any]:
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
     if end < len(data):
-        with open(path, "r+b") as fh:
-            fh.truncate(end)
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with open(path, "r+b") as fh:
+                fh.truncate(end)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as err:
+            raise write_error(path, err, f"{path} with a torn last line, which the next read cuts off",
+                              exact=False) from None
     out = []
     for line in data[:end].decode("utf-8", errors="replace").splitlines():
         if not line.strip():
@@ -67,12 +93,26 @@ def recover_jsonl(path: str | os.PathLike) -> list[Any]:
 
 def append_jsonl(path: str | os.PathLike, rows) -> None:
     """Append ``rows`` (an iterable of JSON-able objects) as JSON lines in one write, flushed and fsynced: a kill
-    loses at most this write, and :func:`recover_jsonl` cuts a torn one off."""
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
+    loses at most this write, and :func:`recover_jsonl` cuts a torn one off. A write that fails (a full disk) is
+    cut off again and raises :class:`~draftsmith.common.errors.OutputError`: the file keeps its earlier lines."""
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o666)
+        try:
+            start = os.lseek(fd, 0, os.SEEK_END)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)  # no torn line left behind
+                raise
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise write_error(path, err, f"the lines {path} held before this write", exact=False) from None
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -7,13 +7,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import math
+import mmap
 import os
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from draftsmith.common.errors import ConfigError, DraftsmithError
 from draftsmith.common.io import sha256_json
+from draftsmith.common.outputs import write_failures
 from draftsmith.common.precision import resolve_dtype
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -103,9 +107,12 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> str:
     first use; anything else unchanged (a directory, a ``.gguf`` file or a hub id)."""
     name = str(name_or_path)
     if name in NAMED_MODELS and not Path(name).exists():
+        from draftsmith.common.paths import models_dir
         from draftsmith.common.registry import resolve
 
-        return str(resolve(NAMED_MODELS[name])(name))
+        with write_failures(models_dir(), f"any earlier import of {name}, unchanged: set DRAFTSMITH_HOME to a "
+                                          "writable directory and rerun"):
+            return str(resolve(NAMED_MODELS[name])(name))
     return name
 
 
@@ -120,12 +127,128 @@ def _gguf_file(path: str | os.PathLike, what: str) -> Path:
     return path
 
 
+# GGUF value types: scalar sizes; 8 is a string, 9 an array (github.com/ggml-org/ggml/blob/master/docs/gguf.md)
+_GGUF_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY, _GGUF_MAX_DIMS = 8, 9, 4
+
+
+class _GGUFCursor:
+    """Reads a GGUF file's header front to back, every length checked against the bytes left (a ValueError says
+    where it breaks)."""
+
+    def __init__(self, data) -> None:
+        self.data, self.pos = data, 0
+
+    def take(self, fmt: str, what: str):
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.data):
+            raise ValueError(f"it ends at byte {len(self.data)}, inside its {what}")
+        value = struct.unpack_from(fmt, self.data, self.pos)[0]
+        self.pos += size
+        return value
+
+    def skip(self, size: int, what: str) -> None:
+        if size < 0 or self.pos + size > len(self.data):
+            raise ValueError(f"its {what} runs past the end of the file ({len(self.data)} bytes)")
+        self.pos += size
+
+    def string(self, what: str) -> bytes:
+        length = self.take("<Q", what)
+        start = self.pos
+        self.skip(length, what)
+        return bytes(self.data[start:self.pos])
+
+    def value(self, kind: int, key: str, depth: int = 0):
+        if kind in _GGUF_SCALAR_SIZES:
+            fmt = {1: "<B", 2: "<H", 4: "<I", 8: "<Q"}[_GGUF_SCALAR_SIZES[kind]]
+            return self.take(fmt, f"value of {key}")
+        if kind == _GGUF_STRING:
+            return self.string(f"value of {key}")
+        if kind != _GGUF_ARRAY or depth > 2:
+            raise ValueError(f"metadata {key} has the unknown value type {kind}")
+        element, count = self.take("<I", f"array {key}"), self.take("<Q", f"array {key}")
+        if element in _GGUF_SCALAR_SIZES:
+            return self.skip(count * _GGUF_SCALAR_SIZES[element], f"array {key}")
+        if count * 8 > len(self.data) - self.pos:
+            raise ValueError(f"array {key} claims {count} elements, more than the file holds")
+        for _ in range(count):
+            self.value(element, key, depth + 1)
+        return None
+
+
+def _tensor_bytes(kind: int, dims: list[int]) -> int:
+    """Bytes of a tensor of ggml type ``kind`` (0 when the gguf package, which knows the block sizes, is absent)."""
+    try:
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    except ImportError:
+        return 0
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    except (ValueError, KeyError):
+        raise ValueError(f"a tensor has the unknown ggml type {kind}") from None
+    return math.prod(dims) // block * size
+
+
+def check_gguf(path: str | os.PathLike, what: str = "model") -> Path:
+    """``path`` if it is a whole GGUF file (v2 or v3): magic, header, every metadata entry and tensor description
+    within the file and every tensor's data inside it; else one :class:`DraftsmithError` line saying where it
+    breaks, before any loader reads it."""
+    path = _gguf_file(path, what)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(24)
+            if len(data) < 24 or data[:4] != b"GGUF":
+                raise ValueError(f"it is {len(data)} bytes long, shorter than a GGUF header" if len(data) < 24 else
+                                 "it does not start with the GGUF magic bytes")
+            fh.seek(0)
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+                _walk_gguf(_GGUFCursor(blob))
+    except OSError as err:
+        raise DraftsmithError(f"cannot read the {what} {path}: {_first_line(err)}") from None
+    except (ValueError, struct.error, OverflowError) as err:
+        raise DraftsmithError(f"cannot load the {what} from {path}: not a readable GGUF file ({_first_line(err)}); "
+                              "pass a whole .gguf file (download or convert it again)") from None
+    return path
+
+
+def _walk_gguf(cur: _GGUFCursor) -> None:
+    cur.take("<4s", "magic")
+    version = cur.take("<I", "header")
+    if version not in (2, 3):
+        raise ValueError(f"GGUF version {version}; versions 2 and 3 are read")
+    tensors, entries = cur.take("<Q", "header"), cur.take("<Q", "header")
+    left = len(cur.data) - cur.pos
+    if tensors > left // 24 or entries > left // 12:
+        raise ValueError(f"its header counts {tensors} tensors and {entries} metadata entries, more than its "
+                         f"{len(cur.data)} bytes hold")
+    alignment = 32
+    for _ in range(entries):
+        key = cur.string("metadata key").decode("utf-8", errors="replace")
+        value = cur.value(cur.take("<I", f"type of {key}"), key)
+        if key == "general.alignment":
+            alignment = value if isinstance(value, int) and value > 0 else 0
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise ValueError("its general.alignment is not a power of two")
+    described = []
+    for _ in range(tensors):
+        name = cur.string("tensor name").decode("utf-8", errors="replace")
+        ndims = cur.take("<I", f"tensor {name}")
+        if not 1 <= ndims <= _GGUF_MAX_DIMS:
+            raise ValueError(f"tensor {name} has {ndims} dimensions")
+        dims = [cur.take("<Q", f"tensor {name}") for _ in range(ndims)]
+        described.append((name, cur.take("<I", f"tensor {name}"), dims, cur.take("<Q", f"tensor {name}")))
+    start = -(-cur.pos // alignment) * alignment
+    for name, kind, dims, offset in described:
+        if start + offset + _tensor_bytes(kind, dims) > len(cur.data):
+            raise ValueError(f"tensor {name} lies past the end of the file (is it cut short?)")
+
+
 def load_gguf_model(path: str | os.PathLike, dtype: Any = "float32", what: str = "model"):
     """A causal LM from a GGUF file through transformers' GGUF loader, dequantized to ``dtype`` (float32 or
     bfloat16)."""
     import transformers
 
-    path = _gguf_file(path, what)
+    path = check_gguf(path, what)
     if dtype == "auto":
         dtype = "float32"
     try:
@@ -135,7 +258,9 @@ def load_gguf_model(path: str | os.PathLike, dtype: Any = "float32", what: str =
     except ImportError as err:
         raise DraftsmithError(f"loading {path.name} needs the gguf package: pip install gguf ({_first_line(err)})") \
             from None
-    except (OSError, ValueError, KeyError, RuntimeError) as err:
+    except DraftsmithError:
+        raise
+    except Exception as err:  # a damaged file trips the reader in its own way (KeyError, struct.error, ...)
         raise DraftsmithError(f"cannot load the {what} from {path}: {_first_line(err)}") from None
 
 
@@ -205,7 +330,7 @@ def load_tokenizer(name_or_path: str | os.PathLike, what: str = "tokenizer"):
     name_or_path = resolve_model_path(name_or_path)
     source = {"pretrained_model_name_or_path": str(name_or_path)}
     if is_gguf(name_or_path):
-        path = _gguf_file(name_or_path, what)
+        path = check_gguf(name_or_path, what)
         source = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name}
     try:
         with quiet_transformers():
@@ -213,6 +338,10 @@ def load_tokenizer(name_or_path: str | os.PathLike, what: str = "tokenizer"):
     except (OSError, ValueError, KeyError) as err:
         raise DraftsmithError(f"cannot load the {what} from {name_or_path}: {_first_line(err)} "
                               "(pass --tokenizer DIR)") from None
+    except Exception as err:
+        if "gguf_file" not in source:
+            raise
+        raise DraftsmithError(f"cannot load the {what} from {name_or_path}: {_first_line(err)}") from None
     if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

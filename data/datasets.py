@@ -177,7 +177,8 @@ def _parquet_file(path: Path) -> tuple[str, list[tuple[int, Any]]]:
     try:
         table = pq.read_table(path)
     except (pyarrow.ArrowException, OSError) as err:
-        raise DataError(f"dataset file {path} is not a readable parquet file ({err}); re-export it") from err
+        reason = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise DataError(f"dataset file {path} is not a readable parquet file ({reason}); re-export it") from err
     return "record", list(enumerate(table.to_pylist(), start=1))
 
 

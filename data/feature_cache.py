@@ -24,6 +24,7 @@ those, so the cache holds exactly the sequences the head trains on.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -156,6 +157,18 @@ def _shard_features(target, rows: Sequence[dict], spec: CacheSpec, bar) -> dict[
     return {f"layer_{i}": torch.cat([row[f"layer_{i}"] for row in per_row]) for i in spec.layers}
 
 
+def _save_shard(tensors: dict, path: Path) -> None:
+    """One shard written whole (beside its place, then renamed); a failed write leaves no temporary behind."""
+    tmp = path.with_suffix(".tmp")
+    try:
+        save_file(tensors, str(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, spec: CacheSpec, identity: dict,
                         progress: bool = True) -> Path:
     """The cache of ``rows`` under ``root`` (built, or finished, or reused as it is); see the module docstring."""
@@ -189,22 +202,19 @@ def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, s
         "format": FORMAT, "key": key, "data_key": shared, "target": identity, "layers": list(spec.layers), "dtype": spec.dtype,
         "rows": len(rows), "tokens": tokens, "shards": [{"file": _shard_name(k), "rows": [a, b]}
                                                        for k, (a, b) in enumerate(shards)], "complete": False})
-    bar = tqdm(total=len(rows), desc="feature cache", disable=not progress, unit="row")
-    for k, (a, b) in enumerate(shards):
-        path = directory / _shard_name(k)
-        if path.is_file():  # written (atomically) by an earlier, interrupted build
-            bar.update(b - a)
-            continue
-        chunk = rows[a:b]
-        tensors = _shard_features(target, chunk, spec, bar)
-        lengths = torch.tensor([len(r["input_ids"]) for r in chunk], dtype=torch.long)
-        tensors["input_ids"] = torch.tensor([t for r in chunk for t in r["input_ids"]], dtype=torch.int32)
-        tensors["labels"] = torch.tensor([t for r in chunk for t in r["labels"]], dtype=torch.int32)
-        tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-        tmp = path.with_suffix(".tmp")
-        save_file(tensors, str(tmp))
-        os.replace(tmp, path)
-    bar.close()
+    with tqdm(total=len(rows), desc="feature cache", disable=not progress, unit="row") as bar:  # closed on errors too
+        for k, (a, b) in enumerate(shards):
+            path = directory / _shard_name(k)
+            if path.is_file():  # written (atomically) by an earlier, interrupted build
+                bar.update(b - a)
+                continue
+            chunk = rows[a:b]
+            tensors = _shard_features(target, chunk, spec, bar)
+            lengths = torch.tensor([len(r["input_ids"]) for r in chunk], dtype=torch.long)
+            tensors["input_ids"] = torch.tensor([t for r in chunk for t in r["input_ids"]], dtype=torch.int32)
+            tensors["labels"] = torch.tensor([t for r in chunk for t in r["labels"]], dtype=torch.int32)
+            tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+            _save_shard(tensors, path)
     manifest = read_json(directory / "manifest.json")
     atomic_write_json(directory / "manifest.json", manifest | {"complete": True})
     return directory

@@ -16,7 +16,7 @@ from draftsmith.common.errors import ArtefactError, ConfigError
 from draftsmith.common.eval_options import resolve_option
 from draftsmith.common.models import load_model
 from draftsmith.common.registry import REGISTRY, resolve
-from draftsmith.inference.artefacts.manifest import check_target, read_manifest
+from draftsmith.inference.artefacts.reader import check_target, read_manifest
 
 AUTO_TREE_TOKENS = 64  # the most tokens a cost-sized EAGLE tree (--tree-nodes auto) verifies in one forward
 
@@ -48,17 +48,15 @@ def load_artefact(
     draft_model=None,
     **options,
 ):
-    """Read and check an artefact, and build its proposer for ``target_model`` through the method registry
-    (``options``: command-line decoding settings, None = the artefact's own; ``draft_model`` replaces the
+    """Read and check an artefact (:func:`draftsmith.inference.artefacts.reader.read_manifest`: its manifest, its
+    method and kind, every file), compare it with ``target_model``, and build its proposer through the method
+    registry (``options``: command-line decoding settings, None = the artefact's own; ``draft_model`` replaces the
     artefact's draft, e.g. the draft before training).
 
     Returns ``(proposer, manifest)``."""
     directory = Path(directory)
-    manifest = read_manifest(directory)
+    manifest = read_manifest(directory)  # a known method of the manifest's kind: checked there
     check_target(manifest, target_model, target_tokenizer, allow_target_mismatch)
-    if manifest["method"] not in REGISTRY.names():
-        raise ArtefactError(f"artefact method {manifest['method']!r} is not known to this draftsmith "
-                            f"({', '.join(REGISTRY.names())}): upgrade draftsmith")
     spec = REGISTRY.get(manifest["method"])
     ctx = ProposerContext(target_model=target_model, method=spec.name, tokenizer=target_tokenizer, artefact_dir=directory,
                           manifest=manifest, options=options, draft_model=draft_model)

@@ -26,8 +26,16 @@ SUBCOMMANDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with the project's error convention: one ``error:`` line naming the command (no usage dump), exit 2;
+    its subcommands' parsers are of the same class."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="draftsmith", description="Train speculative-decoding drafters and prove they are fast and lossless."
     )
     parser.add_argument("--version", action="version", version=f"draftsmith {__version__}")

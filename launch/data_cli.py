@@ -28,6 +28,7 @@ from pathlib import Path
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import DTYPES
+from draftsmith.common.outputs import claim_output, write_failures
 from draftsmith.common.precision import resolve_dtype
 from draftsmith.common.registry import method_commands
 from draftsmith.common.threads import parse_threads, torch_threads
@@ -207,11 +208,46 @@ def summary_line(stats: dict) -> str:
     return line
 
 
+POSITIVE = ("batch_size", "max_new_tokens", "count", "block")  # the counts every data command refuses below 1
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """The command's counts, sampling settings, device and models' paths, refused in one line before anything
+    loads or is written."""
+    from draftsmith.data.row_files import check_settings
+    from draftsmith.launch.eval_cli import resolve_device
+    from draftsmith.launch.targets import resolve_model_arg, tokenizer_source
+
+    for name in POSITIVE:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if hasattr(args, "temperature") and hasattr(args, "top_p"):
+        check_settings(getattr(args, "batch_size", 1), getattr(args, "max_new_tokens", 1), args.temperature, args.top_p)
+    resolve_device(args.device)
+    resolve_model_arg(args.target, "--target", check_hub=False)
+    if args.tokenizer:
+        tokenizer_source("", args.tokenizer)
+
+
+def rows_kept(out) -> str:
+    """What a failed write leaves of a row file (for its one-line error): its complete rows, resumed by a rerun."""
+    try:
+        with open(out, "rb") as fh:
+            rows = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+    except OSError:
+        rows = 0
+    return f"the {rows} complete rows in {out}: rerun the same command to resume"
+
+
 def run(args: argparse.Namespace) -> int:
+    check_numbers(args)
     threads = contextlib.nullcontext() if args.threads is None else torch_threads(
         parse_threads(args.threads, "--threads", "pass --threads N with N >= 1, or leave it out"))
-    with threads:
-        return args.action(args)
+    with threads, claim_output(args.out, "--out", example="answers.jsonl") as out:
+        args.out = str(out)  # ~ expanded
+        with write_failures(out, lambda: rows_kept(out)):
+            return args.action(args)
 
 
 def load_data_target(args: argparse.Namespace):

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from draftsmith.common.errors import ConfigError, DraftsmithError
+from draftsmith.launch.cli import OneLineParser
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 THRESHOLD_RULE_NAMES = ("reference", "unsmoothed")  # draftsmith.inference.proposers.draft_verify.THRESHOLD_RULES
@@ -18,7 +19,7 @@ METHOD = "draft-verify"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="draft_verify.py", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="draft_verify.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", metavar="PATH", default=None, help="the target (default: the zoo's)")
     p.add_argument("--tokenizer", metavar="DIR", default=None, help="tokenizer (default: the target's)")
     p.add_argument("--zoo", default="tiny", choices=ZOO_SIZE_NAMES, help="zoo size used for the defaults")

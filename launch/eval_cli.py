@@ -19,11 +19,12 @@ from pathlib import Path
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import DTYPES, load_model, load_tokenizer, tokenizer_dir_for
+from draftsmith.common.outputs import claim_output, prepare_output, write_failures
 from draftsmith.common.precision import resolve_dtype
 from draftsmith.common.registry import REGISTRY, eval_flags, get_method, resolve
 from draftsmith.common.threads import parse_threads, torch_threads
 from draftsmith.launch.engine_eval import add_engine_options
-from draftsmith.launch.targets import load_target, tokenizer_source, zoo_model_dir
+from draftsmith.launch.targets import load_target, resolve_model_arg, tokenizer_source, zoo_model_dir
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 DEFAULT_OUT = "eval/report.json"
@@ -112,13 +113,31 @@ def method_options(args: argparse.Namespace) -> dict:
 # ---------------------------------------------------------------------------------------------- loading
 
 
+DEVICE_KINDS = "auto, cpu, cuda or cuda:N"
+
+
 def resolve_device(name: str) -> str:
+    """``--device``: ``auto`` (cuda when available, else cpu), or a device this machine has; anything else is one
+    :class:`ConfigError` line."""
     import torch
 
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name} requested but CUDA is not available: use --device cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"--device {name!r} is not a device: pass {DEVICE_KINDS}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {name} requested but CUDA is not available: use --device cpu")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"--device {name}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"--device {name} requested but MPS is not available: use --device cpu")
+    elif device.type != "cpu":
+        raise ConfigError(f"--device {name}: draftsmith runs on the CPU, CUDA or MPS: pass {DEVICE_KINDS}")
     return name
 
 
@@ -206,10 +225,12 @@ def setup(args: argparse.Namespace):
         options["draft_length_mode"] = "fixed"  # --draft-length K drafts K tokens, whatever policy an artefact was tuned to
 
     if args.artefact:
-        from draftsmith.inference.artefacts.manifest import adapted_target, read_manifest
+        from draftsmith.inference.artefacts.manifest import adapted_target, check_target, read_manifest
         from draftsmith.inference.methods import load_artefact
 
-        verified = adapted_target(args.artefact, read_manifest(args.artefact), target)  # target, or target + LoRA
+        manifest = read_manifest(args.artefact)
+        check_target(manifest, target, tokenizer, args.allow_target_mismatch)  # the given target, whatever the kind
+        verified = adapted_target(args.artefact, manifest, target)  # target, or target + LoRA
         proposer, manifest = load_artefact(args.artefact, verified, tokenizer,
                                            allow_target_mismatch=args.allow_target_mismatch, **options)
         info.update(method=manifest["method"], draft=str(args.artefact), manifest=manifest,
@@ -219,7 +240,7 @@ def setup(args: argparse.Namespace):
 
     method = args.method or DEFAULT_METHOD
     spec = get_method(method)
-    draft_dir = Path(args.draft) if args.draft else zoo_draft
+    draft_dir = Path(resolve_model_arg(args.draft, "--draft", "draft")) if args.draft else zoo_draft
     if "draft" in spec.models and draft_dir is None:
         raise ConfigError(f"--method {method} needs --draft PATH when --target is given (a draft sharing its tokenizer)")
     if draft_dir is not None and ("draft" in spec.models or args.compare == "hf"):
@@ -259,6 +280,29 @@ def load_draft(target, tokenizer, draft_dir: Path, dtype: str, device: str):
 # ---------------------------------------------------------------------------------------------- run
 
 
+def report_path(args: argparse.Namespace) -> Path:
+    """Where the command writes its report: ``--out``, else the default of the report it writes."""
+    if args.out:
+        return Path(args.out)
+    return Path(DEFAULT_OUT).with_name("distribution.json") if args.check_distribution else Path(DEFAULT_OUT)
+
+
+@contextlib.contextmanager
+def claim_report(args: argparse.Namespace) -> Iterator[None]:
+    """The report's path (and ``--tensorboard``) checked and locked before any model loads; ``--device`` and the
+    models' paths first, so a bad one leaves nothing behind."""
+    resolve_device(args.device)
+    for value, flag, role in ((args.target, "--target", "target"), (args.draft, "--draft", "draft")):
+        if value:
+            resolve_model_arg(value, flag, role, check_hub=False)
+    if args.tokenizer:
+        tokenizer_source("", args.tokenizer)
+    if args.tensorboard:
+        prepare_output(args.tensorboard, "--tensorboard", "dir")
+    with claim_output(report_path(args), "--out", example="report.json"):
+        yield
+
+
 def run(args: argparse.Namespace) -> int:
     from draftsmith.inference.core.sampling import SamplingParams
     from draftsmith.inference.evaluation.questions import read_questions
@@ -266,9 +310,9 @@ def run(args: argparse.Namespace) -> int:
     if args.engine is not None:  # vLLM as the backend (launch/engine_eval.py)
         from draftsmith.launch.engine_eval import run_engine_eval
 
-        with _short_warnings(), threads_context(args.threads):
+        with _short_warnings(), threads_context(args.threads), claim_report(args):
             return run_engine_eval(args, setup, run_eval, method_options(args), DEFAULT_OUT)
-    with _short_warnings(), threads_context(args.threads):
+    with _short_warnings(), threads_context(args.threads), claim_report(args):
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
         questions = read_questions(args.questions, limit=args.limit, per_category=args.per_category)
         target, tokenizer, info = setup(args)
@@ -300,32 +344,17 @@ def run_eval(args, target, tokenizer, info, questions, sampling, engine_steps: b
     journal = EvalJournal(journal_path(out), journal_settings(args))  # rerunning the command resumes a killed run
     if journal.path.exists():
         print(f"resuming from {journal.path}: questions answered there are kept, the rest are run", file=sys.stderr)
-    report = evaluate(
-        target,
-        tokenizer,
-        info["method"],
-        info["factory"],
-        questions,
-        max_new_tokens=args.max_new_tokens,
-        sampling=sampling,
-        seed=args.seed,
-        warmup=args.warmup,
-        compare_hf=args.compare == "hf",
-        draft_model=info["draft_model"],
-        target_name=info["target"],
-        draft_name=info["draft"],
-        question_file=str(resolve_questions_path(args.questions)),
-        tensorboard_dir=args.tensorboard,
-        progress=not args.no_progress,
-        command=command_line(args),
-        extra=extra or None,
-        original_model=info.get("original_target"),
-        journal=journal,
-        verify_padding=args.verify_padding != "off",
-        engine_steps=engine_steps,
-    )
-    paths = write_report(report, out)
-    journal.remove()
+    with write_failures(out, journal.kept):  # a full disk or a read-only directory: one line, the journal kept
+        report = evaluate(target, tokenizer, info["method"], info["factory"], questions,
+                          max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, warmup=args.warmup,
+                          compare_hf=args.compare == "hf", draft_model=info["draft_model"], target_name=info["target"],
+                          draft_name=info["draft"], question_file=str(resolve_questions_path(args.questions)),
+                          tensorboard_dir=args.tensorboard, progress=not args.no_progress,
+                          command=command_line(args), extra=extra or None,
+                          original_model=info.get("original_target"), journal=journal,
+                          verify_padding=args.verify_padding != "off", engine_steps=engine_steps)
+        paths = write_report(report, out)
+        journal.remove()
     print(summary_table(report))
     print(f"report: {paths['json']} (+ {paths['markdown'].name} and plots)")
     return 0
@@ -356,7 +385,8 @@ def run_distribution_check(args, target, tokenizer, info, questions, sampling) -
     out = Path(args.out) if args.out else Path(DEFAULT_OUT).with_name("distribution.json")
     payload = result.to_dict() | {"method": info["method"], "target": info["target"], "draft": info["draft"],
                                   "command": command_line(args)}
-    atomic_write_text(out, json.dumps(payload, indent=1) + "\n")
+    with write_failures(out, "nothing: the check's samples are drawn again by a rerun"):
+        atomic_write_text(out, json.dumps(payload, indent=1) + "\n")
     for note in result.notes:
         print(f"note: {note}")
     print(f"test: {result.test}")

@@ -70,10 +70,15 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--prompts and --max-new-tokens must be at least 1")
     with threads_context(args.threads):
         target_arg = args.target
+        manifest = None
         if args.artefact:
-            from draftsmith.inference.artefacts.manifest import WEIGHT_PATHS, read_manifest
+            from draftsmith.inference.artefacts.reader import WEIGHT_PATHS, read_manifest
 
-            if read_manifest(args.artefact).get("kind") != "adapted_target":
+            if args.target is not None:
+                raise ConfigError("--target and --artefact both name the model to measure: pass --artefact alone (its "
+                                  "adapted target is measured), or --target alone")
+            manifest = read_manifest(args.artefact)  # every file checked, the adapted target's included
+            if manifest["kind"] != "adapted_target":
                 raise ConfigError(f"{args.artefact} does not hold an adapted target: --artefact takes a LayerSkip "
                                   "artefact; measure any other model with --target")
             target_arg = str(Path(args.artefact) / WEIGHT_PATHS["adapted_target"])
@@ -84,14 +89,13 @@ def run(args: argparse.Namespace) -> int:
     record["calibration"] = {"prompts": len(questions), "max_new_tokens": args.max_new_tokens, "target": str(target_dir)}
     if args.out:
         atomic_write_json(Path(args.out), record)
-    if args.artefact:
-        from draftsmith.inference.artefacts.manifest import read_manifest
+    if manifest is not None:
+        from draftsmith.inference.artefacts.manifest import rewrite_manifest
 
-        manifest = read_manifest(args.artefact)
         manifest["proposer"].update(exit_layer=record["chosen"]["exit_layer"],
                                     draft_length=record["chosen"]["draft_length"], draft_length_mode="fixed")
         manifest["tuning"] = {"exit_layer": record}
-        atomic_write_json(Path(args.artefact) / "manifest.json", manifest)
+        rewrite_manifest(args.artefact, manifest)
     print("exit  agreement  " + "  ".join(f"{e + 1}:{a:.3f}" for e, a in enumerate(record["agreement"])))
     for name in ("chosen", "runner_up"):
         c = record[name]

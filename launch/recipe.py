@@ -7,10 +7,10 @@ A recipe (``recipes/<method>.py``) is one call::
 :func:`run_recipe` reads the method's registry entry (``draftsmith.common.registry``): it parses the settings
 (:mod:`draftsmith.launch.recipe_args`), resolves and loads the models the method starts from (a target alone, or a
 target plus a draft; the built-in zoo when no ``--target`` is given), loads the data, builds the method's trainer
-around the module it trains, trains (resuming with ``--resume_from_checkpoint``), writes the artefact of the
-method's kind to ``<output_dir>/artefact`` with its manifest, and with ``--evaluate`` runs the evaluator on it
-exactly as ``draftsmith eval --artefact`` would. It runs unchanged under ``python``, ``accelerate launch`` and
-``deepspeed``.
+around the module it trains, trains (resuming with ``--resume_from_checkpoint``, which refuses changed settings:
+:mod:`draftsmith.launch.run_settings`), writes the artefact of the method's kind to ``<output_dir>/artefact`` with
+its manifest, and with ``--evaluate`` runs the evaluator on it exactly as ``draftsmith eval --artefact`` would. It
+runs unchanged under ``python``, ``accelerate launch`` and ``deepspeed``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,18 @@ from typing import Any
 from draftsmith.common.errors import ConfigError, DraftsmithError
 from draftsmith.common.io import sha256_file
 from draftsmith.common.models import load_model, load_tokenizer, target_identity
+from draftsmith.common.outputs import claim, weights_bytes, write_failures
 from draftsmith.common.precision import trained_dtype
 from draftsmith.common.registry import MethodSpec, get_method, resolve
 from draftsmith.launch.recipe_args import RecipeArguments, parse_recipe_args
-from draftsmith.launch.targets import tokenizer_source, zoo_model_dir
+from draftsmith.launch.run_settings import (
+    RUN_SETTINGS,
+    check_resume_settings,
+    checkpoint_step,
+    settings_record,
+    training_settings,
+)
+from draftsmith.launch.targets import resolve_model_arg, tokenizer_source, zoo_model_dir
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"  # the Trainer writes it last: a checkpoint without it is incomplete
@@ -51,8 +59,10 @@ class RecipeResult:
 
 
 def resolve_models(args: RecipeArguments, spec: MethodSpec) -> dict[str, str]:
-    """Paths (or hub ids) of the tokenizer and of every model the method starts from; the zoo's when no target
-    is given."""
+    """Paths (or hub ids) of the tokenizer and of every model the method starts from, each checked before anything
+    loads by the one resolver of ``--target``/``--draft``/``--tokenizer`` (:mod:`draftsmith.launch.targets`: the zoo's
+    layout, directories, GGUF files, hub ids; an error names the option at fault); the zoo's when no target is
+    given."""
     needs_draft = "draft" in spec.models
     if args.target is None:
         roles = ("tokenizer", "target", "draft") if needs_draft else ("tokenizer", "target")
@@ -60,15 +70,19 @@ def resolve_models(args: RecipeArguments, spec: MethodSpec) -> dict[str, str]:
     from draftsmith.data.zoo import zoo_size_for_target
 
     own_zoo = zoo_size_for_target(args.target)
-    paths = {"tokenizer": args.tokenizer, "target": args.target}  # tokenizer None: the target's own
-    if needs_draft and args.draft is None and own_zoo is not None:  # a named real target: its zoo's draft
-        return paths | {"draft": str(zoo_model_dir(own_zoo, "draft"))}
-    if needs_draft and args.draft is None:
+    if needs_draft and args.draft is None and own_zoo is None:
         raise ConfigError(f"--target was given without --draft: {spec.name} trains a separate draft model; pass the "
                           "draft to start from")
     if not needs_draft and args.draft is not None:
         raise ConfigError(f"--draft was given but {spec.name} trains no separate draft model: drop --draft")
-    return paths | ({"draft": args.draft} if needs_draft else {})
+    target = resolve_model_arg(args.target, "--target")
+    paths = {"tokenizer": tokenizer_source(target, args.tokenizer) if args.tokenizer else None,  # None: the target's
+             "target": target}
+    if not needs_draft:
+        return paths
+    if args.draft is None:  # a named real target: its zoo's draft
+        return paths | {"draft": str(zoo_model_dir(own_zoo, "draft"))}
+    return paths | {"draft": resolve_model_arg(args.draft, "--draft", "draft")}
 
 
 def load_models(paths: dict[str, str], args: RecipeArguments, method_config) -> dict[str, Any]:
@@ -171,6 +185,14 @@ def resolve_resume(value: str | None, output_dir: str | os.PathLike) -> str | No
     return str(path)
 
 
+def checkpoint_kept(output_dir: str | os.PathLike) -> str:
+    """What a failed write leaves of a training run (for its one-line error): its last complete checkpoint."""
+    done = complete_checkpoints(output_dir)
+    if not done:
+        return f"no complete checkpoint yet in {output_dir}: rerun the same command to start again"
+    return f"the last complete checkpoint {done[-1]}: rerun with --resume_from_checkpoint latest to continue from it"
+
+
 def final_eval_metrics(trainer) -> dict[str, float]:
     """The metrics of the evaluation the Trainer ran at the last step, or of a fresh one if it did not."""
     for entry in reversed(trainer.state.log_history):
@@ -182,6 +204,28 @@ def final_eval_metrics(trainer) -> dict[str, float]:
 
 
 # -------------------------------------------------------------------------------------------------- artefact
+
+
+def whole_run_loss(log_history: list[dict], global_step: int, run_loss: float | None, run_start: int = 0) -> float | None:
+    """The training loss over every step of a run, resumes included (the Trainer's own ``training_loss`` covers the
+    steps of its last ``train`` call only): each logged ``loss`` (the mean since the previous log) weighted by the
+    steps it covers, plus the steps after the last log, whose sum ``run_loss`` (the Trainer's mean over the steps
+    trained since ``run_start``, the resumed checkpoint's step) gives. ``run_loss`` when nothing was logged."""
+    total = steps = in_run = 0.0
+    last = 0
+    for entry in log_history:
+        if "loss" not in entry or "step" not in entry:
+            continue
+        step = int(entry["step"])
+        span = step - (max(last, run_start) if step > run_start else last)
+        if span <= 0:
+            continue
+        total, steps, last = total + entry["loss"] * span, steps + span, step
+        in_run += entry["loss"] * span if step > run_start else 0.0
+    tail = global_step - max(last, run_start)
+    if run_loss is not None and tail > 0:
+        total, steps = total + run_loss * (global_step - run_start) - in_run, steps + tail
+    return total / steps if steps else run_loss
 
 
 def manifest_metrics(final: dict[str, float], train_loss: float | None) -> dict[str, float]:
@@ -272,7 +316,8 @@ def evaluate_artefact(artefact: Path, target_model, tokenizer, args: RecipeArgum
 # ---------------------------------------------------------------------------------------------------- the run
 
 
-def build_trainer(spec: MethodSpec, models: dict, method_config, training_args, train, heldout, tokenizer):
+def build_trainer(spec: MethodSpec, models: dict, method_config, training_args, train, heldout, tokenizer,
+                  checkpoint_records: dict | None = None):
     trainer_cls = resolve(spec.trainer)
     collator = None
     if hasattr(trainer_cls, "prepare_datasets"):  # e.g. EAGLE's offline features: the datasets it trains on
@@ -288,7 +333,7 @@ def build_trainer(spec: MethodSpec, models: dict, method_config, training_args, 
         trainable = build(models, method_config, **extra)
     return trainer_cls(model=trainable, teacher_model=models["target"], method_config=method_config,
                        args=training_args, train_dataset=train, eval_dataset=heldout, processing_class=tokenizer,
-                       data_collator=collator)
+                       data_collator=collator, checkpoint_records=checkpoint_records)
 
 
 def run_recipe(method: str, argv: list[str] | None = None, default_config: str | os.PathLike | None = None) -> RecipeResult:
@@ -302,13 +347,23 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
     transformers.set_seed(targs.seed)
     with targs.main_process_first(desc="building the zoo"):  # one process builds a missing zoo, the others wait
         paths = resolve_models(recipe, spec)
+    output = claim(targs.output_dir, "--output_dir", "dir", lock=targs.process_index == 0,  # before models load
+                   need_bytes=weights_bytes(paths.get("draft")), need="the artefact's copy of the draft")
     tokenizer = load_tokenizer(tokenizer_source(paths["target"], paths["tokenizer"]))
     models = load_models(paths, recipe, method_config)
     train, heldout, data_info = load_data(recipe, tokenizer, targs.seed)
     check_target_answers(recipe, method_config, models["target"], tokenizer, paths["target"], data_info)
-    trainer = build_trainer(spec, models, method_config, targs, train, heldout, tokenizer)
-    result = trainer.train(resume_from_checkpoint=resolve_resume(targs.resume_from_checkpoint, targs.output_dir))
-    metrics = manifest_metrics(final_eval_metrics(trainer), result.training_loss)
+    settings = training_settings(method, method_config, recipe, targs, data_info,
+                                 {role: target_identity(model, tokenizer) for role, model in models.items()})
+    resume = resolve_resume(targs.resume_from_checkpoint, targs.output_dir)
+    changes = check_resume_settings(resume, settings, recipe.allow_changed_settings)
+    with write_failures(targs.output_dir, lambda: checkpoint_kept(targs.output_dir)):  # full disk, read-only
+        trainer = build_trainer(spec, models, method_config, targs, train, heldout, tokenizer,
+                                checkpoint_records={RUN_SETTINGS: settings_record(settings, changes)})
+        result = trainer.train(resume_from_checkpoint=resume)
+    train_loss = whole_run_loss(trainer.state.log_history, trainer.state.global_step, result.training_loss,
+                                run_start=checkpoint_step(resume) if resume else 0)
+    metrics = manifest_metrics(final_eval_metrics(trainer), train_loss)
     training = {
         "config": {"recipe": asdict(recipe), method: asdict(method_config),
                    "training_args": {k: v for k, v in targs.to_dict().items() if "token" not in k}},
@@ -319,10 +374,12 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
         **trainer.manifest_training(),
         "data": data_info,
         "models": paths,
+        "settings_changes": changes,  # accepted by --allow-changed-settings on resume: {step, changed: {key: [old, new]}}
     }
     artefact = Path(targs.output_dir) / "artefact"
-    manifest = save_artefact(trainer, spec, artefact, method_config=method_config, target_model=models["target"],
-                             tokenizer=tokenizer, target_name=paths["target"], training=training, metrics=metrics)
+    with write_failures(artefact, lambda: checkpoint_kept(targs.output_dir)):
+        manifest = save_artefact(trainer, spec, artefact, method_config=method_config, target_model=models["target"],
+                                 tokenizer=tokenizer, target_name=paths["target"], training=training, metrics=metrics)
     reports: dict[str, dict] = {}
     if trainer.is_world_process_zero():
         print(f"artefact: {artefact}  (load it with: draftsmith eval --artefact {artefact})")
@@ -348,6 +405,8 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
                 baseline = load_model(paths["draft"], recipe.dtype, what="draft")
             reports = evaluate_artefact(artefact, models["target"], tokenizer, recipe,
                                         Path(targs.output_dir) / "eval", paths["target"], baseline)
+    if output is not None:
+        output.release()
     return RecipeResult(method, artefact, manifest, reports)
 
 

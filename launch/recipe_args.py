@@ -33,6 +33,7 @@ from draftsmith.common.precision import (
     mixed_precision_flag,
     resolve_dtype,
 )
+from draftsmith.launch.typed_settings import check_values, one_line, settings_parser
 
 METHOD_PREFIX = "method."
 
@@ -91,6 +92,10 @@ class RecipeArguments:
     eval_limit: int | None = field(default=None, metadata=_help("With --evaluate, how many dev questions to use "
                                                                 "(default: all)."))
     eval_max_new_tokens: int = field(default=128, metadata=_help("With --evaluate, tokens generated per answer."))
+    allow_changed_settings: bool = field(default=False, metadata=_help("With --resume_from_checkpoint, continue even "
+                                                                       "though settings that shape training changed "
+                                                                       "since the checkpoint (the manifest records "
+                                                                       "which, at which step); refused otherwise."))
 
     def __post_init__(self) -> None:
         if self.zoo_size not in ("tiny", "small"):
@@ -124,13 +129,18 @@ def _normalise_overrides(argv: Sequence[str]) -> list[str]:
 def read_yaml_config(path: str | os.PathLike) -> dict[str, Any]:
     import yaml
 
-    path = Path(path)
+    path = Path(path).expanduser()
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist: pass --config with a YAML file (see recipes/configs/)")
     try:
-        values = yaml.safe_load(path.read_text()) or {}
+        values = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+    except OSError as err:
+        raise ConfigError(f"config file {path} cannot be read ({err.strerror}): check its permissions") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text: pass a YAML file") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML ({str(err).splitlines()[0]}): fix its syntax") from None
+        first = " ".join(str(err).split())[:200]
+        raise ConfigError(f"config file {path} is not valid YAML ({first}): fix its syntax") from None
     if not isinstance(values, dict):
         raise ConfigError(f"config file {path} must be a mapping of field names to values, not {type(values).__name__}")
     return values
@@ -160,6 +170,9 @@ def split_yaml(values: dict[str, Any], method_fields: set[str], main_fields: set
     nested = values.pop("method", None) or {}
     if not isinstance(nested, dict):
         raise ConfigError(f"{source}: 'method' must be a mapping of the method's settings")
+    odd = [k for k in [*values, *nested] if not isinstance(k, str)]
+    if odd:
+        raise ConfigError(f"{source}: setting names are text, not {odd[0]!r}: check the file's keys against `--help`")
     main = {k: v for k, v in values.items() if k in main_fields}
     method = {k: v for k, v in values.items() if k in method_fields and k not in main_fields}
     unknown = sorted(set(values) - set(main) - set(method)) + sorted(set(nested) - method_fields)
@@ -175,10 +188,37 @@ def _parse(parser, argv: list[str], defaults: dict[str, Any]) -> tuple:
     except DraftsmithError:
         raise
     except ValueError as err:  # unknown flags, or TrainingArguments' own validation
-        message = str(err).strip().splitlines()[0]
+        message = (str(err).strip().splitlines() or [type(err).__name__])[0]
         if message.startswith("Some specified arguments are not used"):
             message = f"unknown argument(s) {message.split(':', 1)[1].strip()}: check the spelling against `--help`"
         raise ConfigError(message) from None
+    except Exception as err:  # a dataclass tripping over a value of the right type (say a JSON list for a config)
+        message = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError(f"the settings were refused ({type(err).__name__}: {message}): check them against "
+                          "`--help`") from None
+
+
+POSITIVE_TRAINER_FIELDS = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
+
+
+def check_training_args(training) -> None:
+    """One-line errors for trainer settings ``TrainingArguments`` lets through: batch sizes and accumulation steps
+    below 1."""
+    for name in POSITIVE_TRAINER_FIELDS:
+        value = getattr(training, name)
+        if value < 1:
+            raise ConfigError(f"{name}={value} must be at least 1")
+
+
+def _config_flag(argv: list[str]) -> str | None:
+    """The ``--config`` value of ``argv`` (one-line errors, no usage dump)."""
+    pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    pre.add_argument("--config", default=None)
+    try:
+        known, _ = pre.parse_known_args(argv)
+    except argparse.ArgumentError as err:
+        raise ConfigError(one_line(f"argument {err.argument_name}: {err.message}")) from None
+    return known.config
 
 
 def parse_recipe_args(method_config: type | None, argv: Sequence[str] | None = None,
@@ -188,18 +228,16 @@ def parse_recipe_args(method_config: type | None, argv: Sequence[str] | None = N
     import transformers
 
     argv = _normalise_overrides(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config", default=None)
-    known, _ = pre.parse_known_args(argv)
-    config_path = known.config or (str(default_config) if default_config else None)
-    main_parser = transformers.HfArgumentParser([RecipeArguments, transformers.TrainingArguments])
+    config_path = _config_flag(argv) or (str(default_config) if default_config else None)
+    main_classes = [RecipeArguments, transformers.TrainingArguments]
+    main_parser = settings_parser(main_classes)
     main_fields = {a.dest for a in main_parser._actions}
     method_fields = {f.name for f in dataclasses.fields(method_config)} if method_config else set()
     if {"-h", "--help"} & set(argv):
         main_parser.print_help()
         if method_config:
             print(f"\n{method_config.__name__} (flat, or prefixed with `{METHOD_PREFIX}`):")
-            transformers.HfArgumentParser([method_config]).print_help()
+            settings_parser([method_config]).print_help()
         raise SystemExit(0)
     main_defaults: dict[str, Any] = {}
     method_defaults: dict[str, Any] = {}
@@ -208,13 +246,15 @@ def parse_recipe_args(method_config: type | None, argv: Sequence[str] | None = N
     if config_path:
         main_values, method_defaults = split_yaml(read_yaml_config(config_path), method_fields, main_fields,
                                                   config_path)
-        main_defaults.update(main_values, config=config_path)
+        main_defaults.update(check_values(main_values, main_classes, config_path), config=config_path)
+        method_defaults = check_values(method_defaults, [method_config], config_path) if method_config else {}
     main_argv, method_argv = split_argv(argv, method_fields, main_fields)
     recipe, training = _parse(main_parser, main_argv, main_defaults)
     recipe, training = apply_precision(recipe, training, lambda defaults: _parse(main_parser, main_argv, defaults),
                                        main_defaults)
-    method = _parse(transformers.HfArgumentParser([method_config]), method_argv, method_defaults)[0] \
-        if method_config else None
+    check_training_args(training)
+    training.output_dir = os.path.expanduser(training.output_dir) if training.output_dir else training.output_dir
+    method = _parse(settings_parser([method_config]), method_argv, method_defaults)[0] if method_config else None
     join_process_group(training)
     return recipe, method, training
 

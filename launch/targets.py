@@ -1,37 +1,136 @@
-"""The target a command runs on, loaded one way everywhere (``draftsmith eval``, ``tune``, ``exit-layer``,
-``draft-verify``, ``data`` and the recipe runner).
+"""The models a command runs on, resolved and loaded one way everywhere (``draftsmith eval``, ``tune``, ``exit-layer``,
+``draft-verify``, ``data``, ``export`` and the recipe runner).
 
-``--target`` is a model directory, a ``.gguf`` file, a hub id or a named real target (``smollm2-135m``, imported on
-first use); without it, the built-in zoo's target, the zoo built on first use (:func:`zoo_model_dir`).
-``--tokenizer`` defaults to the target's own (:func:`tokenizer_source`): a local target without one is a
+:func:`resolve_model_arg` is the one resolver of ``--target`` and ``--draft``, run before anything loads: a model
+directory, a built zoo's directory (its ``target/`` or ``draft/``), a ``.gguf`` file (its header checked), a named
+real target (``smollm2-135m``, imported on first use) or a hub id; ``~`` is expanded, and a path that is none of these
+is refused in one line naming the option. Without ``--target``, the built-in zoo's target, the zoo built on first use
+(:func:`zoo_model_dir`). ``--tokenizer`` defaults to the target's own (:func:`tokenizer_source`: its directory's
+tokenizer files, the zoo's sibling ``tokenizer/``, its GGUF file, or a hub id itself); a local target without one is a
 :class:`~draftsmith.common.errors.ConfigError` naming ``--tokenizer``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
-from draftsmith.common.errors import ConfigError
-from draftsmith.common.models import load_model, load_tokenizer, resolve_model_path, tokenizer_dir_for
-from draftsmith.common.paths import zoo_path
+from draftsmith.common.errors import ConfigError, DraftsmithError
+from draftsmith.common.models import (
+    NAMED_MODELS,
+    check_gguf,
+    has_tokenizer,
+    is_gguf,
+    load_model,
+    load_tokenizer,
+    quiet_transformers,
+    resolve_model_path,
+    tokenizer_dir_for,
+)
+from draftsmith.common.outputs import prepare_output, write_failures
+from draftsmith.common.paths import zoo_dir, zoo_path
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+KINDS = "a model directory, a .gguf file, a hub id or " + ", ".join(NAMED_MODELS)
 
 
 def zoo_model_dir(size: str = "tiny", role: str = "target", home: str | os.PathLike | None = None) -> Path:
     """``<home>/zoo/<size>/<role>`` (``tokenizer``, ``target`` or ``draft``), building the zoo first when it is not
-    built (:func:`draftsmith.trainers.zoo.ensure_zoo`)."""
+    built (:func:`draftsmith.trainers.zoo.ensure_zoo`): its directory checked writable before the build starts."""
     from draftsmith.trainers.zoo import ensure_zoo
 
-    ensure_zoo(size, home=home)
+    if not zoo_path(size, "manifest.json", home).is_file():
+        where = zoo_dir(size, home)
+        prepare_output(where, "the zoo directory (DRAFTSMITH_HOME or --home)", "dir")
+        with write_failures(where, f"the {size} zoo's finished stages in {where}: rerun to resume the build"):
+            ensure_zoo(size, home=home)
+    else:
+        ensure_zoo(size, home=home)
     return zoo_path(size, role, home)
 
 
-def tokenizer_source(target: str | os.PathLike, tokenizer: str | os.PathLike | None = None) -> str:
-    """Where the tokenizer of ``target`` loads from: ``tokenizer`` when given; else the target's own (its
-    directory's tokenizer files, a zoo-style sibling ``tokenizer/``, its GGUF file), or a hub id itself. A local
+def _zoo_part(path: Path, role: str) -> Path | None:
+    """``path/role`` when ``path`` is a built zoo's directory (``manifest.json`` beside ``target/`` ...)."""
+    part = path / role
+    return part if (path / "manifest.json").is_file() and part.is_dir() else None
+
+
+def _looks_local(text: str) -> bool:
+    """Whether a name that does not exist was meant as a local path rather than a hub id."""
+    path = Path(text)
+    return (path.is_absolute() or text.startswith((".", "~")) or "\\" in text or text.count("/") > 1
+            or text.endswith("/") or (len(path.parts) > 1 and Path(path.parts[0]).exists()))
+
+
+def check_hub_model(name: str, flag: str) -> None:
+    """Refuse a hub id whose config cannot be had (not cached, no network, no such repository) in one line naming
+    ``flag``; the config is then cached for the load that follows."""
+    import transformers
+
+    try:
+        with quiet_transformers():
+            transformers.AutoConfig.from_pretrained(name)
+    except Exception as err:  # OSError (no such repo, offline), ValueError (not a model), ...
+        text = str(err).strip()
+        reason = text.splitlines()[0] if text else type(err).__name__
+        raise ConfigError(f"{flag} {name} is not a local path, and as a hub id it cannot be loaded ({reason}): pass "
+                          f"{KINDS}") from None
+
+
+def resolve_model_arg(value: str | os.PathLike, flag: str = "--target", role: str = "target", *,
+                      check_hub: bool = True) -> str:
+    """What ``value`` of option ``flag`` names, checked before anything loads (module docstring): the model directory
+    (a built zoo's directory gives its ``role`` part), the checked ``.gguf`` file, the named target as it is named, or
+    the hub id (its config fetched when ``check_hub``). A one-line :class:`ConfigError` names ``flag`` otherwise."""
+    text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+    if not text.strip() or "\x00" in text:
+        raise ConfigError(f"{flag} {text!r} is not a model: pass {KINDS}")
+    if text in NAMED_MODELS and not Path(text).exists():
+        return text
+    path = Path(text).expanduser()
+    shown = path if text.startswith("~") else text
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return str(path)
+        part = _zoo_part(path, role)
+        if part is not None:
+            return str(part)
+        raise ConfigError(f"{flag} {shown} is a directory without config.json, not a model: pass a Hugging Face model "
+                          f"directory (save_pretrained's), or {KINDS}")
+    if path.is_file():
+        if not is_gguf(path):
+            raise ConfigError(f"{flag} {shown} is a file but not a .gguf model: pass a model directory or a .gguf file")
+        try:
+            return str(check_gguf(path, f"{role} ({flag})"))
+        except DraftsmithError as err:
+            raise ConfigError(str(err)) from None
+    if is_gguf(text) or _looks_local(text) or not HUB_ID.match(text) or ".." in text or "--" in text:
+        raise ConfigError(f"{flag} {shown} does not exist: pass {KINDS}")
+    if check_hub:
+        check_hub_model(text, flag)
+    return text
+
+
+def tokenizer_source(target: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
+                     flag: str = "--tokenizer") -> str:
+    """Where the tokenizer of ``target`` loads from: ``tokenizer`` when given (a directory with tokenizer files, a
+    zoo's directory, a ``.gguf`` file or a hub id; a local path without a tokenizer is refused); else the target's own
+    (its directory's tokenizer files, a zoo-style sibling ``tokenizer/``, its GGUF file), or a hub id itself. A local
     target with no tokenizer raises :class:`ConfigError`."""
     if tokenizer:
-        return str(tokenizer)
+        text = os.fspath(tokenizer) if isinstance(tokenizer, os.PathLike) else str(tokenizer)
+        path = Path(text).expanduser()
+        if path.exists():
+            own = path if has_tokenizer(path) else _zoo_part(path, "tokenizer")
+            if own is None:
+                raise ConfigError(f"{flag} {path} holds no tokenizer (tokenizer.json, tokenizer_config.json, ...): "
+                                  "pass a tokenizer directory, a .gguf file or a hub id")
+            return str(own)
+        if is_gguf(text) or _looks_local(text):
+            raise ConfigError(f"{flag} {path} does not exist: pass a tokenizer directory, a .gguf file or a hub id")
+        return text  # a hub id
+    target = Path(str(target)).expanduser() if str(target).startswith("~") else target
     own = tokenizer_dir_for(target)
     if own is not None:
         return str(own)
@@ -45,12 +144,14 @@ def load_target(target: str | os.PathLike | None = None, tokenizer: str | os.Pat
                 zoo: str = "tiny", *, home: str | os.PathLike | None = None, dtype: str = "float32",
                 device: str | None = None, quantization: str = "none", attn_implementation: str | None = None):
     """``(target_dir, model, tokenizer)`` for a command's ``--target`` / ``--tokenizer`` (default: the target of the
-    ``zoo`` size under ``home``). The model is in eval mode, in ``dtype``, on ``device`` when given, quantized or
-    with another attention as :func:`~draftsmith.common.models.load_model` takes them."""
-    target_dir = Path(target).expanduser() if target else zoo_model_dir(zoo, "target", home)
+    ``zoo`` size under ``home``), both resolved (:func:`resolve_model_arg`, :func:`tokenizer_source`) before either
+    loads. The model is in eval mode, in ``dtype``, on ``device`` when given, quantized or with another attention as
+    :func:`~draftsmith.common.models.load_model` takes them."""
+    target_dir = Path(resolve_model_arg(target)) if target else zoo_model_dir(zoo, "target", home)
+    source = tokenizer_source(target_dir, tokenizer)
     model = load_model(target_dir, dtype, device, what="target", quantization=quantization,
                        attn_implementation=attn_implementation).eval()
-    return target_dir, model, load_tokenizer(tokenizer_source(target_dir, tokenizer))
+    return target_dir, model, load_tokenizer(source)
 
 
-__all__ = ["load_target", "tokenizer_source", "zoo_model_dir"]
+__all__ = ["check_hub_model", "load_target", "resolve_model_arg", "tokenizer_source", "zoo_model_dir"]

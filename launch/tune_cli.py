@@ -24,7 +24,6 @@ import random
 from pathlib import Path
 
 from draftsmith.common.errors import ArtefactError, ConfigError
-from draftsmith.common.io import atomic_write_json
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 AR_PROMPTS = 8  # calibration prompts decoded plainly to time a plain step
@@ -78,7 +77,8 @@ def first_turn_prompts(tokenizer, questions) -> tuple[list[list[int]], tuple[int
 def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new_tokens: int = 64,
                   max_length: int = 8, measure_top: int = 2, allow_target_mismatch: bool = False) -> dict:
     """Tune ``artefact`` in place (see the module docstring); returns the tuning record."""
-    from draftsmith.inference.artefacts.manifest import read_manifest
+    from draftsmith.inference.artefacts.manifest import rewrite_manifest
+    from draftsmith.inference.artefacts.reader import read_manifest
     from draftsmith.inference.core.adapter import ModelAdapter
     from draftsmith.inference.evaluation.cost import (
         PADDING_SIZES,
@@ -135,7 +135,7 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
     manifest["proposer"].pop("draft_max_length", None)  # an earlier tuning's adaptive cap
     manifest["proposer"].update(chosen.settings())
     manifest["tuning"] = record
-    atomic_write_json(artefact / "manifest.json", manifest)
+    rewrite_manifest(artefact, manifest)
     return record
 
 
@@ -144,7 +144,8 @@ def calibrate_tree_artefact(artefact: Path, target_model, tokenizer, questions, 
     """Calibrate a Medusa or EAGLE artefact's tree in place: decode the calibration ``questions`` with its chain
     (every head, or the tree's depth) and store the per-depth temperatures and conditional rank accuracies as
     ``proposer.tree_calibration``, the whole record as ``tuning`` (:mod:`~draftsmith.inference.evaluation.tree_calibration`)."""
-    from draftsmith.inference.artefacts.manifest import read_manifest
+    from draftsmith.inference.artefacts.manifest import rewrite_manifest
+    from draftsmith.inference.artefacts.reader import read_manifest
     from draftsmith.inference.core.adapter import ModelAdapter
     from draftsmith.inference.evaluation.tree_calibration import calibrate
     from draftsmith.inference.methods import load_artefact
@@ -161,7 +162,7 @@ def calibrate_tree_artefact(artefact: Path, target_model, tokenizer, questions, 
     manifest["proposer"]["tree_calibration"] = {"temperatures": fitted["temperatures"],
                                                 "rank_accuracy": fitted["rank_accuracy"]}
     manifest["tuning"] = record
-    atomic_write_json(artefact / "manifest.json", manifest)
+    rewrite_manifest(artefact, manifest)
     return record
 
 

@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from draftsmith.common.io import atomic_write_json
 from draftsmith.data.collate import PadCollator, response_mask
 from draftsmith.data.generation import (
     eos_token_ids,
@@ -52,11 +55,14 @@ class FrozenTargetTrainer(transformers.Trainer):
     """Trains ``model`` against the frozen ``teacher_model`` (the target); see the module docstring.
 
     Subclasses set ``config_class`` and implement :meth:`loss_sum`; they may override
-    :meth:`prepare_training_batch`, :meth:`count_loss_tokens` and :meth:`eval_metrics`."""
+    :meth:`prepare_training_batch`, :meth:`count_loss_tokens` and :meth:`eval_metrics`. ``checkpoint_records``
+    (file name -> JSON-able record, keyword only) are written into every checkpoint before its trainer state (the
+    recipe runner's training settings, which a resume compares)."""
 
     config_class: type | None = None
 
     def __init__(self, model, teacher_model, method_config=None, *args, **kwargs):
+        self.checkpoint_records: dict[str, Any] = dict(kwargs.pop("checkpoint_records", None) or {})
         if method_config is None:
             method_config = self.config_class() if self.config_class is not None else None
         self.method_config = method_config
@@ -266,10 +272,19 @@ class FrozenTargetTrainer(transformers.Trainer):
                 state_dict[name] = tensor
         super()._save(output_dir, state_dict)
 
+    def _save_checkpoint(self, model, trial) -> None:
+        """The :attr:`checkpoint_records` first (atomic files), then the Trainer's checkpoint, whose trainer state
+        (written last) marks it complete: a complete checkpoint always holds its records."""
+        if self.checkpoint_records and self.args.should_save:
+            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            for name, record in self.checkpoint_records.items():
+                atomic_write_json(folder / name, record)
+        super()._save_checkpoint(model, trial)
+
     def _issue_warnings_after_load(self, load_result: Any) -> None:
-        """Resuming such a checkpoint leaves the frozen parameters as built: only other missing keys are news."""
-        frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
-        missing = [k for k in load_result.missing_keys if k not in frozen]
+        """Resuming leaves the frozen parameters a checkpoint left out as built, and restores every name of a tied
+        tensor from the one name saved: only other missing keys are news."""
+        missing = unrestored_keys(self.model, load_result.missing_keys)
         if missing or load_result.unexpected_keys:
             transformers.utils.logging.get_logger(__name__).warning(
                 f"checkpoint load: missing keys {missing}, unexpected keys {list(load_result.unexpected_keys)}")
@@ -282,6 +297,23 @@ class FrozenTargetTrainer(transformers.Trainer):
     def manifest_training(self) -> dict[str, Any]:
         """Method-specific facts for the artefact manifest's ``training`` record (default: none)."""
         return {}
+
+
+def unrestored_keys(module: torch.nn.Module, missing: Iterable[str]) -> list[str]:
+    """The ``missing`` keys of a non-strict ``load_state_dict`` that the checkpoint really lacked: neither frozen
+    parameters (checkpoints of training wrappers leave them out; they stay as built) nor second names of a tied
+    parameter (an embedding that is also the LM head, saved once) whose other name was loaded."""
+    missing = list(missing)
+    absent = set(missing)
+    names: dict[int, list[str]] = {}  # parameter -> every name it has
+    frozen = set()
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+        if not param.requires_grad:
+            frozen.add(name)
+    loaded_through = {name: any(other not in absent for other in group if other != name)
+                      for group in names.values() for name in group}
+    return [k for k in missing if k not in frozen and not loaded_through.get(k, False)]
 
 
 def acceptance_metrics(sums: torch.Tensor, draft_length: int, prefix: str = "eval") -> dict[str, float]:

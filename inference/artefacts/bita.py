@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 
 from draftsmith.common.errors import ArtefactError
 from draftsmith.common.io import read_json
+from draftsmith.inference.artefacts.reader import config_misfit
 from draftsmith.inference.drafters.bita import CONFIG_FILE, WEIGHTS_FILE, BitaEmbeddings
 
 
@@ -16,10 +17,13 @@ def load_bita_artefact(directory: str | os.PathLike) -> BitaEmbeddings:
     """The prompt and mask embeddings of a BiTA (``embeddings``) artefact directory."""
     directory = Path(directory)
     config = read_json(directory / CONFIG_FILE)
-    if config is None or config.get("method") != "bita":
+    if not isinstance(config, dict) or config.get("method") != "bita":
         raise ArtefactError(f"{directory}/{CONFIG_FILE} is missing or not BiTA's: pass an artefact of recipes/bita.py")
-    module = BitaEmbeddings.from_artefact_config(config)
-    module.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
+    try:
+        module = BitaEmbeddings.from_artefact_config(config)
+        module.load_state_dict(load_file(str(directory / WEIGHTS_FILE)))
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise config_misfit(directory / CONFIG_FILE, err) from None
     return module
 
 

@@ -35,6 +35,7 @@ from safetensors.torch import load_file
 from draftsmith.common.errors import ArtefactError, ConfigError
 from draftsmith.common.io import read_json
 from draftsmith.inference.artefacts.checkpoint import write_export
+from draftsmith.inference.artefacts.reader import config_misfit
 from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, aux_layers
 
 EAGLE_FORMATS = ("eagle3", "vllm-eagle", "sglang-eagle", "speculators")
@@ -188,9 +189,10 @@ def read_eagle_export(directory: str | os.PathLike, target) -> EagleHead | Eagle
     """An export (any of :data:`EAGLE_FORMATS`) back as a draftsmith head for ``target``."""
     directory = Path(directory)
     config = read_json(directory / "config.json")
-    if config is not None and config.get("speculators_model_type") == "eagle3":  # the speculators layout
+    config = config if isinstance(config, dict) else {}
+    if config.get("speculators_model_type") == "eagle3":  # the speculators layout
         config = {**config, "architectures": [ARCHITECTURES["eagle3"]]}
-    arch = (config or {}).get("architectures", [None])[0]
+    arch = (config.get("architectures") or [None])[0]
     if arch not in ARCHITECTURES.values():
         raise ArtefactError(f"{directory} is not an EAGLE export (config.json architectures {arch!r})")
     tensors = load_file(str(directory / "model.safetensors"))
@@ -214,14 +216,17 @@ def load_eagle_head(directory, target: torch.nn.Module) -> EagleHead | Eagle3Hea
     """The head of an EAGLE artefact directory (``heads.safetensors`` + ``heads_config.json``) for ``target``."""
     directory = Path(directory)
     config = read_json(directory / "heads_config.json")
-    if config is None or config.get("method") != "eagle":
+    if not isinstance(config, dict) or config.get("method") != "eagle":
         raise ArtefactError(f"{directory}/heads_config.json is missing or not an EAGLE head: pass an EAGLE artefact")
     tensors = load_file(str(directory / "heads.safetensors"))
-    if config.get("variant", "eagle1") == "eagle3":
-        head = Eagle3Head.for_target(target, tensors["d2t"], tensors["t2d"], tuple(config["layers"]))
-    else:
-        head = EagleHead.for_target(target, fc_bias=bool(config.get("fc_bias", False)))
-    head.load_state_dict(tensors)
+    try:
+        if config.get("variant", "eagle1") == "eagle3":
+            head = Eagle3Head.for_target(target, tensors["d2t"], tensors["t2d"], tuple(config["layers"]))
+        else:
+            head = EagleHead.for_target(target, fc_bias=bool(config.get("fc_bias", False)))
+        head.load_state_dict(tensors)
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise config_misfit(directory / "heads_config.json", err) from None
     return head
 
 

@@ -15,13 +15,14 @@ from safetensors.torch import load_file
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.registry import REGISTRY, export_formats, resolve
-from draftsmith.inference.artefacts.manifest import read_manifest
 from draftsmith.inference.artefacts.medusa import describe_medusa_export
+from draftsmith.inference.artefacts.reader import check_target, read_manifest
 
 
 def export_artefact(artefact: str | os.PathLike, fmt: str, out: str | os.PathLike, target_model=None) -> Path:
-    """Export the artefact at ``artefact`` in format ``fmt`` (:func:`draftsmith.common.registry.export_formats`) to ``out``; the artefact's
-    weights are checked against its manifest first."""
+    """Export the artefact at ``artefact`` in format ``fmt`` (:func:`draftsmith.common.registry.export_formats`) to ``out``; the artefact is
+    read as every command reads it (:func:`~draftsmith.inference.artefacts.reader.read_manifest`: every file checked
+    against its manifest), and ``target_model``, when given, must be the target it was trained for."""
     formats = export_formats()
     if fmt not in formats:
         raise ConfigError(f"export format {fmt!r} is unknown: choose one of {', '.join(formats)}")
@@ -30,6 +31,8 @@ def export_artefact(artefact: str | os.PathLike, fmt: str, out: str | os.PathLik
     if manifest.get("method") != method:
         raise ConfigError(f"--format {fmt} exports {method} artefacts, but {artefact} is a {manifest.get('method')} "
                           "artefact")
+    if target_model is not None:  # heads of another target would ship with its LM head or layer sizes
+        check_target(manifest, target_model, None, escape="leave --target out to use the target its manifest names")
     return resolve(REGISTRY.get(method).export_formats[fmt])(artefact, manifest, fmt, out, target_model)
 
 

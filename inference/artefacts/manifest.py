@@ -3,7 +3,8 @@
 Layout::
 
     <dir>/manifest.json          format, method, kind, versions, target identity, proposer settings,
-                                 sha256 of every weight file, training config and metrics
+                                 sha256 of every file of the artefact (``files``; the safetensors among them
+                                 also as ``weights``), training config and metrics
     <dir>/draft/                 kind draft_model: a plain Hugging Face model directory
     <dir>/heads.safetensors      kind heads: head weights (+ heads_config.json); with ``target_adapter`` in the
                                  manifest, ``adapter/`` beside them holds a peft LoRA adapter of the target that
@@ -16,25 +17,33 @@ Layout::
 
 The kinds and which method writes which are in :mod:`draftsmith.common.registry`.
 
-Weights are safetensors only: a directory holding pickle-based weights is refused. Loading checks
-the manifest's target identity (config and tokenizer hashes) against the target in hand and
-refuses a mismatch unless the caller allows it explicitly.
+Weights are safetensors only: a directory holding pickle-based weights is refused. This module writes artefacts;
+:mod:`draftsmith.inference.artefacts.reader` is the one reader (every file verified against the manifest, the
+manifest's fields and kind checked, the target identity compared).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 from pathlib import Path
 
 from draftsmith.common.errors import ArtefactError
 from draftsmith.common.io import atomic_write_json, environment, sha256_file
-from draftsmith.common.models import target_identity
-
-FORMAT = "draftsmith-artefact/1"
-MANIFEST = "manifest.json"
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+from draftsmith.inference.artefacts.reader import (
+    FORMAT,
+    MANIFEST,
+    PREVIOUS_FORMAT,
+    TARGET_ADAPTER,
+    WEIGHT_PATHS,
+    check_kind,
+    check_target,
+    hash_files,
+    load_manifest_json,
+    read_manifest,
+    refuse_pickles,
+    validate_manifest,
+)
 
 
 def write_manifest(
@@ -47,15 +56,16 @@ def write_manifest(
     kind: str = "draft_model",
     target_adapter: str | None = None,
 ) -> dict:
-    """Hash every safetensors file under ``out_dir`` and write ``manifest.json`` atomically. Every kind but
-    ``none`` must hold at least one safetensors file."""
+    """Hash every file under ``out_dir`` (configs, tokenizer files and weights; all but ``manifest.json``) and write
+    ``manifest.json`` atomically, checked as the reader checks it (a method's own kind; a kind other than ``none``
+    holds safetensors weights)."""
     from draftsmith.common import __version__
 
     out_dir = Path(out_dir)
+    check_kind(method, kind, out_dir / MANIFEST, fix="write the kind its registry entry declares")
     refuse_pickles(out_dir)
-    weights = {
-        str(p.relative_to(out_dir)): sha256_file(p) for p in sorted(out_dir.rglob("*.safetensors"))
-    }
+    files = hash_files(out_dir)
+    weights = {name: digest for name, digest in files.items() if name.endswith(".safetensors")}
     if not weights and kind != "none":
         raise ArtefactError(f"{out_dir} holds no .safetensors weights: save the model with safe_serialization")
     manifest = {
@@ -66,20 +76,46 @@ def write_manifest(
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "target": target,
         "proposer": proposer,
+        "files": files,
         "weights": weights,
         **({"target_adapter": target_adapter} if target_adapter else {}),
         "training": training or {},
         "metrics": metrics or {},
         "environment": environment(),
     }
+    validate_manifest(manifest, out_dir / MANIFEST)
     atomic_write_json(out_dir / MANIFEST, manifest)
     return manifest
 
 
-# kind -> the directory (or file) its weights go to, relative to the artefact directory
-WEIGHT_PATHS = {"draft_model": "draft", "adapted_target": "model", "lora_adapter": "adapter",
-                "heads": "heads.safetensors", "embeddings": "embeddings.safetensors", "none": None}
-TARGET_ADAPTER = "adapter"  # where a heads artefact keeps the LoRA adapter of a target its method tuned
+def rewrite_manifest(directory: str | Path, manifest: dict) -> None:
+    """Write back the manifest of a read artefact whose settings a command changed (``draftsmith tune``, ``draftsmith
+    exit-layer``), checked first; its files and their hashes stay as they were saved."""
+    path = Path(directory) / MANIFEST
+    validate_manifest(manifest, path)
+    atomic_write_json(path, manifest)
+
+
+def resave_manifest(directory: str | Path) -> dict:
+    """Re-save the manifest of an artefact in the previous format (which hashed its safetensors only) in the current
+    one: its weights are verified against the old manifest, then every file is hashed as it is now. Only for
+    artefacts whose configs you trust: the old manifest cannot tell whether they were edited."""
+    directory = Path(directory)
+    path, manifest = load_manifest_json(directory)
+    if not isinstance(manifest, dict) or manifest.get("format") != PREVIOUS_FORMAT:
+        raise ArtefactError(f"{path} is not a {PREVIOUS_FORMAT} manifest: only those are re-saved")
+    weights = manifest.get("weights")
+    if not isinstance(weights, dict) or (not weights and manifest.get("kind") != "none"):
+        raise ArtefactError(f"{path} lists no weights, so they cannot be verified: re-run the training that wrote it")
+    for name, digest in weights.items():
+        if not (directory / name).is_file() or sha256_file(directory / name) != digest:
+            raise ArtefactError(f"{directory / name} is missing or does not match its sha256 in the manifest: "
+                                "re-run the training that wrote the artefact")
+    refuse_pickles(directory)
+    manifest.update(format=FORMAT, files=hash_files(directory))
+    manifest["weights"] = {n: d for n, d in manifest["files"].items() if n.endswith(".safetensors")}
+    rewrite_manifest(directory, manifest)
+    return manifest
 
 
 def write_weights(staging: Path, kind: str, *, model=None, state_dict: dict | None = None, tokenizer=None,
@@ -122,6 +158,7 @@ def write_artefact(out_dir: str | Path, kind: str, *, method: str, target: dict,
     on the adapted target."""
     import shutil
 
+    check_kind(method, kind, Path(out_dir) / MANIFEST, fix="write the kind its registry entry declares")  # first
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     staging = out / ".staging"
@@ -141,62 +178,6 @@ def write_artefact(out_dir: str | Path, kind: str, *, method: str, target: dict,
         shutil.rmtree(out / TARGET_ADAPTER)  # an older run's adapter would be hashed into the new manifest
     return write_manifest(out, method, target, proposer, training, metrics, kind=kind,
                           target_adapter=TARGET_ADAPTER if target_adapter is not None else None)
-
-
-def refuse_pickles(directory: Path) -> None:
-    bad = [p for p in directory.rglob("*") if p.suffix in PICKLE_SUFFIXES and p.is_file()]
-    if bad:
-        raise ArtefactError(
-            f"{bad[0]} is a pickle-based weight file, which draftsmith refuses to load or ship: "
-            "re-save the weights as safetensors (save_pretrained(..., safe_serialization=True))"
-        )
-
-
-def read_manifest(directory: str | Path, verify_weights: bool = True) -> dict:
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise ArtefactError(f"artefact directory {directory} does not exist: pass the --output_dir of a finished run")
-    path = directory / MANIFEST
-    if not path.is_file():
-        raise ArtefactError(f"{path} is missing: {directory} is not a draftsmith artefact (rerun the recipe to export one)")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ArtefactError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): re-export the artefact") from None
-    if manifest.get("format") != FORMAT:
-        raise ArtefactError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}: re-export it")
-    for key in ("method", "target", "proposer", "weights"):
-        if key not in manifest:
-            raise ArtefactError(f"{path} lacks the {key!r} field: re-export the artefact")
-    refuse_pickles(directory)
-    if verify_weights:
-        for name, digest in manifest["weights"].items():
-            f = directory / name
-            if not f.is_file():
-                raise ArtefactError(f"weight file {f} listed in the manifest is missing: copy the whole artefact directory")
-            if sha256_file(f) != digest:
-                raise ArtefactError(f"weight file {f} does not match its sha256 in the manifest: the copy is corrupt")
-    return manifest
-
-
-def check_target(manifest: dict, model, tokenizer, allow_mismatch: bool = False) -> list[str]:
-    """Compare the artefact's recorded target with ``model``/``tokenizer``; returns the warnings
-    (when allowed) or raises :class:`ArtefactError`."""
-    want = manifest["target"]
-    have = target_identity(model, tokenizer)
-    problems = []
-    if want.get("vocab_size") not in (None, have["vocab_size"]):
-        problems.append(f"vocabulary size {want['vocab_size']} vs {have['vocab_size']}")
-    if want.get("config_sha256") and want["config_sha256"] != have["config_sha256"]:
-        problems.append("model config hash differs")
-    if want.get("tokenizer_sha256") and have["tokenizer_sha256"] and want["tokenizer_sha256"] != have["tokenizer_sha256"]:
-        problems.append("tokenizer hash differs")
-    if problems and not allow_mismatch:
-        raise ArtefactError(
-            f"this artefact was trained for target {want.get('name_or_path') or '?'} and the given target does not "
-            f"match ({'; '.join(problems)}): pass that target, or --allow-target-mismatch to run anyway"
-        )
-    return problems
 
 
 def adapted_target(directory: str | Path, manifest: dict, target_model):
@@ -226,3 +207,6 @@ def adapted_target(directory: str | Path, manifest: dict, target_model):
                             "the target the artefact was trained for") from None
     return adapted.merge_and_unload().eval()
 
+
+__all__ = ["FORMAT", "MANIFEST", "TARGET_ADAPTER", "WEIGHT_PATHS", "adapted_target", "check_target", "read_manifest",
+           "refuse_pickles", "resave_manifest", "rewrite_manifest", "write_artefact", "write_manifest", "write_weights"]

@@ -27,6 +27,7 @@ from draftsmith.common.io import read_json
 from draftsmith.common.models import load_tokenizer, tokenizer_dir_for
 from draftsmith.inference.artefacts.checkpoint import write_export
 from draftsmith.inference.artefacts.manifest import adapted_target
+from draftsmith.inference.artefacts.reader import config_misfit
 from draftsmith.inference.drafters.medusa import MedusaHeads
 
 
@@ -63,7 +64,7 @@ def read_vllm_medusa(directory: str | os.PathLike) -> tuple[MedusaHeads, torch.n
     """A vLLM Medusa directory back as ``(heads, shared LM head or None)``."""
     directory = Path(directory)
     config = read_json(directory / "config.json")
-    if config is None or config.get("model_type") != "medusa":
+    if not isinstance(config, dict) or config.get("model_type") != "medusa":
         raise ArtefactError(f"{directory} is not a vLLM Medusa export (config.json with model_type medusa)")
     tensors = load_file(str(directory / "model.safetensors"))
     shared = bool(config.get("original_lm_head"))
@@ -91,10 +92,13 @@ def load_heads_artefact(directory: str | os.PathLike) -> MedusaHeads:
     """The Medusa heads of a ``heads`` artefact directory."""
     directory = Path(directory)
     config = read_json(directory / "heads_config.json")
-    if config is None or config.get("method", "medusa") != "medusa":
+    if not isinstance(config, dict) or config.get("method", "medusa") != "medusa":
         raise ArtefactError(f"{directory}/heads_config.json is missing or not Medusa heads: pass a Medusa artefact")
-    heads = MedusaHeads.from_artefact_config(config)
-    heads.load_state_dict(load_file(str(directory / "heads.safetensors")))
+    try:
+        heads = MedusaHeads.from_artefact_config(config)
+        heads.load_state_dict(load_file(str(directory / "heads.safetensors")))
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise config_misfit(directory / "heads_config.json", err) from None
     return heads
 
 

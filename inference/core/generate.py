@@ -46,6 +46,9 @@ class GenerationConfig:
     # never shorten at an answer's end (what the target accepts past max_new_tokens is counted, then cut). The output
     # is the same; only the acceptance counts change. For acceptance parity with an engine, not for speed.
     engine_steps: bool = False
+    # time each step's drafting and verification (two device synchronisations per step on a GPU; the draft-length
+    # policies that weigh draft against target time need them); False: no synchronisation inside the loop
+    timing: bool = True
 
 
 @dataclass
@@ -185,7 +188,7 @@ def verify_forward(
     ``pad`` dummy rows (:func:`pad_rows`) go after the draft; their outputs mean nothing."""
     device = pending.device
     want = _layer_indices(hidden_layers)
-    pos = (past + draft.position_offsets.to(device))[None]  # [1, 1 + n + m]
+    pos = draft.positions(past, device)[None]  # [1, 1 + n + m]
     mask = draft.forward_mask  # [T, T] bool or None (causal)
     if draft.resume is not None:
         start = draft.resume.start
@@ -196,7 +199,7 @@ def verify_forward(
             )
         hidden = draft.resume.hidden.to(device, target.dtype)[None]  # [1, 1 + n, H]
         return target.forward_from(hidden, start, cache, position_ids=pos, tree=mask, output_hidden_states=want)
-    ids = torch.cat([pending, draft.tokens.to(device)])  # [1 + n]
+    ids = torch.cat([pending, draft.tokens.to(device)]) if len(draft) else pending  # [1 + n]
     extra = draft.extra_inputs
     if extra is None:
         if pad:
@@ -368,13 +371,15 @@ def generate(
             budget = target.max_positions - tokens.numel() - 1 if config.engine_steps else room - 1
             draft = proposer.propose(tokens, budget, config.sampling, generator)
             check_target_cache(cache, past, draft, getattr(proposer, "name", type(proposer).__name__))
-        sync_device(device)
+        if config.timing:
+            sync_device(device)
         t_verify = time.perf_counter()
         want = hidden_layers + (draft.extra_inputs.hidden_layers if draft.extra_inputs is not None else ())
         out = verify_forward(target, cache, past, tokens[-1:], draft, want, pad_rows(padding, draft))
         verdict = accept(out.logits[0, : 1 + len(draft)], draft, config.sampling, generator, rule)
         commit_cache(cache, past, verdict)
-        sync_device(device)
+        if config.timing:
+            sync_device(device)
         t_end = time.perf_counter()
         draft_time += t_verify - t_draft
         verify_time += t_end - t_verify

@@ -91,7 +91,9 @@ class KVCache:
         ``start``. This is how the accepted branch of a verified token tree is committed."""
         keep = keep.to(torch.long)
         k = int(keep.numel())
-        if k == 0 or bool((keep == torch.arange(k, device=keep.device)).all()):
+        in_order = keep.tolist() == list(range(k)) if keep.device.type == "cpu" else \
+            bool((keep == torch.arange(k, device=keep.device)).all())  # host structure: no device read
+        if k == 0 or in_order:
             self.crop(start + k)
             return
         for i in range(self.num_layers):

@@ -18,6 +18,7 @@ blocks), whose logits and hidden states come back in :class:`StepFeedback`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -103,10 +104,11 @@ class Proposer(Protocol):
         """Told after every verification step that proposed something."""
 
 
-def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Length of the longest common prefix of two 1-D tensors."""
-    n = min(a.numel(), b.numel())
-    if n == 0:
-        return 0
-    diff = (a[:n] != b[:n]).nonzero()
-    return int(diff[0]) if diff.numel() else n
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences (host lists: no device read)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -209,6 +209,13 @@ class Draft:
         vis[1 + n :] = self.extra_inputs.visible.to(torch.bool).cpu()
         return vis
 
+    def positions(self, past: int, device: torch.device) -> torch.Tensor:  # [1 + n + m] long, on device
+        """Positions of the verification rows when the pending token sits at ``past``: made on the device for a
+        plain chain (no upload), else the offsets moved there."""
+        if self.is_chain and self.extra_inputs is None:
+            return torch.arange(past, past + 1 + len(self), device=device)
+        return past + self.position_offsets.to(device)
+
     @cached_property
     def position_offsets(self) -> torch.Tensor:
         """``[1 + n + m]`` long: position of each verification row minus the pending token's."""

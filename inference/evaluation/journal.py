@@ -110,5 +110,14 @@ class EvalJournal:
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
 
+    def kept(self) -> str:
+        """What a failed write leaves of the evaluation (for its one-line error): the questions the journal holds,
+        which a rerun of the same command keeps."""
+        try:
+            answered = max(0, len(recover_jsonl(self.path)) - 1)  # the first line is the header
+        except Exception:  # noqa: BLE001 -- the count is a courtesy; the journal itself is what is kept
+            answered = "the"
+        return f"{answered} answered questions in {self.path}: rerun the same command to resume from them"
+
 
 __all__ = ["EvalJournal", "journal_path", "question_key", "run_from_dict", "run_to_dict"]

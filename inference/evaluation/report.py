@@ -12,7 +12,7 @@ import datetime as _dt
 import json
 import math
 import os
-import tempfile
+import secrets
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -322,8 +322,8 @@ def _figure(size: tuple[float, float]):
 
 
 def _save_figure(fig, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
+    # a plain open() of a fresh name, not mkstemp: the plot gets the mode the umask gives, as the report does
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.png")
     try:
         fig.savefig(tmp, dpi=100, bbox_inches="tight", format="png")
         os.replace(tmp, path)

@@ -94,7 +94,8 @@ class DraftModelProposer:
         self.record_confidences = False  # keep every drafted token's draft probability (the tuner reads it)
         self.last_confidences: list[float] = []  # of the last draft, when recorded
         self._cache = None
-        self._ids = torch.empty(0, dtype=torch.long)
+        self._ids: list[int] = []
+        self._committed: list[int] = []
         self.vocab = None if vocab is None else vocab.to(self.adapter.device)  # [K]
         self._head_rows = None if vocab is None else head_rows(self.adapter.lm_head, self.vocab)  # (W [K, H], b)
         self._inside = None if vocab is None else vocab_mask(self.vocab, self.adapter.vocab_size)  # [V] proposable
@@ -124,8 +125,15 @@ class DraftModelProposer:
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self._cache = self.adapter.new_cache(capacity=max(256, 2 * prompt_ids.numel()))
-        self._ids = torch.empty(0, dtype=torch.long, device=prompt_ids.device)
+        self._ids: list[int] = []  # the tokens in the draft's cache
+        self._committed: list[int] = prompt_ids.reshape(-1).tolist()  # the sequence, kept on the host by observe()
         self.policy.reset()
+
+    def _host_tokens(self, tokens: torch.Tensor) -> list[int]:
+        """The committed sequence as host ints: the copy :meth:`observe` keeps (no device read), else read once."""
+        if len(self._committed) != tokens.numel():
+            self._committed = tokens.tolist()
+        return self._committed
 
     def propose(
         self,
@@ -137,36 +145,69 @@ class DraftModelProposer:
         k = min(self.policy.next_length(), max_tokens, self.adapter.max_positions - tokens.numel())
         if k <= 0:
             return Draft.empty()
-        keep = common_prefix_length(self._ids, tokens[:-1])  # the pending token is always re-fed
+        host = self._host_tokens(tokens)
+        keep = common_prefix_length(self._ids, host[:-1])  # the pending token is always re-fed
         self._cache.crop(keep)
         feed = tokens[keep:]  # [m], ends with the pending token
+        if self.confidence_threshold > 0 or self.record_confidences:
+            drafted, qs = self._draft_reading_each(feed, k, sampling, generator)
+            chain = drafted
+        else:
+            chain, qs = self._draft_on_device(feed, k, sampling, generator)  # [k] on the device
+            drafted = chain.tolist()  # the chain's one device-to-host read
+        self._ids = host + drafted[:-1]  # the cache now holds tokens + drafted[:-1]
+        return Draft.chain(chain, q=torch.stack(qs) if qs else None)
+
+    def _draw(self, logits: torch.Tensor, sampling: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(index [], q [V] or [K] or None)``: the draft's token index under ``sampling``, on the device."""
+        if sampling.greedy:
+            return logits.argmax(), None
+        q = process_logits(logits, sampling)  # [V] or [K]
+        return torch.multinomial(q, 1, generator=generator)[0], q
+
+    def _token(self, idx: torch.Tensor) -> torch.Tensor:  # [] index into the logits -> [] token id
+        return idx if self.vocab is None else self.vocab[idx]
+
+    def _full_q(self, q: torch.Tensor) -> torch.Tensor:  # [V] or [K] -> [V]
+        return q if self.vocab is None else scatter_rows(q, self.vocab, self.adapter.vocab_size)
+
+    def _draft_on_device(self, feed, k, sampling, generator) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``k`` tokens ``[k]``, each fed back as a device tensor: nothing read on the host."""
+        toks, qs = [], []
+        for _ in range(k):
+            idx, q = self._draw(self._next_logits(feed), sampling, generator)
+            tok = self._token(idx)
+            toks.append(tok)
+            if q is not None:
+                qs.append(self._full_q(q))
+            feed = tok.reshape(1)
+        self.last_confidences = []
+        return torch.stack(toks), qs
+
+    def _draft_reading_each(self, feed, k, sampling, generator) -> tuple[list[int], list[torch.Tensor]]:
+        """Up to ``k`` tokens, each one's probability read on the host: the confidence stop decides after every
+        token, and the tuner records them."""
         drafted: list[int] = []
         qs: list[torch.Tensor] = []
         confidences: list[float] = []
         for _ in range(k):
             logits = self._next_logits(feed)  # [V] or [K]
-            if sampling.greedy:
-                idx = int(logits.argmax())
-                wanted = self.confidence_threshold > 0 or self.record_confidences
-                conf = float(logits.softmax(-1)[idx]) if wanted else 1.0
-            else:
-                q = process_logits(logits, sampling)  # [V] or [K]
-                idx = int(torch.multinomial(q, 1, generator=generator))
-                conf = float(q[idx])
-                qs.append(q if self.vocab is None else scatter_rows(q, self.vocab, self.adapter.vocab_size))
-            tok = idx if self.vocab is None else int(self.vocab[idx])
-            unsure = conf < self.confidence_threshold
+            idx, q = self._draw(logits, sampling, generator)
+            prob = (logits.softmax(-1) if q is None else q)[idx]
+            if q is not None:
+                qs.append(self._full_q(q))
+            tok = self._token(idx)
+            conf, token = torch.stack([prob.double(), tok.double()]).tolist()  # one read per token (ids < 2**53)
             confidences.append(conf)
-            drafted.append(tok)
-            if unsure:
+            drafted.append(int(token))
+            if conf < self.confidence_threshold:
                 break
-            feed = torch.tensor([tok], dtype=torch.long, device=tokens.device)
+            feed = tok.reshape(1)
         self.last_confidences = confidences
-        # the cache now holds tokens + drafted[:-1]
-        self._ids = torch.cat([tokens, torch.tensor(drafted[:-1], dtype=torch.long, device=tokens.device)])
-        return Draft.chain(drafted, q=torch.stack(qs) if qs else None)
+        return drafted, qs
 
     def observe(self, feedback: StepFeedback) -> None:
+        self._committed.extend(feedback.committed)
         self.stats["committed"] += len(feedback.committed)
         if self._inside is not None and feedback.committed:
             committed = torch.tensor(feedback.committed, dtype=torch.long, device=self._inside.device)

@@ -213,9 +213,10 @@ class EagleProposer:
         for level in range(1, depth):
             level_scores = scores[-1]
             chosen = level_scores.topk(min(k, level_scores.numel())).indices  # [e] within the level
-            if spine[-1] - offset not in chosen.tolist():  # the chain's node ranks below the level's top-k
-                chosen[-1] = spine[-1] - offset
-            cands = [offset + int(i) for i in chosen]
+            picked = chosen.tolist()  # the level's one device-to-host read
+            if spine[-1] - offset not in picked:  # the chain's node ranks below the level's top-k
+                picked[-1] = chosen[-1] = spine[-1] - offset
+            cands = [offset + i for i in picked]
             all_parents = torch.cat(parents)
             feats = torch.stack([feature_of[int(all_parents[c])] for c in cands])  # [e, H]
             ids = torch.cat(tokens)[cands].to(device)  # [e]

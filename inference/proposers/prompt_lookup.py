@@ -262,6 +262,7 @@ class PromptLookupProposer:
                                            dtype=torch.float64)
         self.acceptance = CopyAcceptance(num_draft_tokens, threshold)
         self._table = NgramTable(min_ngram, max_ngram)
+        self._host: list[int] = []  # the sequence on the host (reset, then observe)
         self._last_n = 0  # match length behind the pending proposal (0: none)
         self._inner: set[int] = set()  # nodes of the pending tree proposal that have children (-1: the root)
         self.reset_stats()
@@ -284,7 +285,8 @@ class PromptLookupProposer:
         """Start a sequence: index the prompt. The acceptance estimates carry over."""
         self._last_n = 0
         self._table = NgramTable(self.min_ngram, self.max_ngram)
-        self._table.sync(prompt_ids.reshape(-1).tolist())
+        self._host = prompt_ids.reshape(-1).tolist()  # the sequence on the host, extended by observe()
+        self._table.sync(self._host)
 
     def draft_length(self, n: int) -> int:
         """The longest draft for a match of ``n`` tokens (sized on the cost model: up to ``num_draft_tokens``)."""
@@ -331,6 +333,9 @@ class PromptLookupProposer:
         self._last_n = 0
         if max_tokens <= 0:
             return Draft.empty()
+        device = tokens.device
+        if len(self._host) == tokens.numel():  # kept in step by observe(): no device read of the context
+            tokens = self._host
         if self.tree:
             n, nodes, parents = self.lookup_tree(tokens, max_tokens)
         else:
@@ -342,12 +347,13 @@ class PromptLookupProposer:
         self.stats["drafts"] += 1
         self.stats["nodes"] += len(nodes)
         self.stats["branched"] += len(self._inner) < len(parents)
-        return Draft(tokens=torch.tensor(nodes, dtype=torch.long, device=tokens.device),
+        return Draft(tokens=torch.tensor(nodes, dtype=torch.long, device=device),
                      parents=torch.tensor(parents, dtype=torch.long))
 
     def observe(self, feedback) -> None:
         """Count the step's accepted copies and its rejection (if any) for the match length it drafted from: the
         accepted branch stopped at a node with children (in a chain: before its last token)."""
+        self._host.extend(feedback.committed)
         n, self._last_n = self._last_n, 0
         if not n or feedback.num_proposed <= 0:
             return

@@ -147,6 +147,9 @@ def count_syncs(fn) -> int:
 
 @pytest.mark.parametrize("method", ["ar", "draft", "pld"])
 def test_host_synchronisations_per_step(method, zoo, gpu_report):
+    """Step timing off (``GenerationConfig(timing=False)``): the verdict, the draft model's chain (its confidence stop
+    off; with it, one read per drafted token) and the committed tokens' upload, at most 2 per step plus a draft's
+    upload on the steps prompt lookup drafts (tests/inference/core/test_host_reads.py counts the same on the CPU)."""
     from draftsmith.data.zoo import load_zoo
     from draftsmith.inference.core.adapter import ModelAdapter
     from draftsmith.inference.core.generate import GenerationConfig, generate
@@ -154,18 +157,20 @@ def test_host_synchronisations_per_step(method, zoo, gpu_report):
 
     tokenizer, target, draft = load_zoo("tiny")
     target = target.to(DEVICE)
-    ctx = ProposerContext(target_model=target, method=method, tokenizer=tokenizer, draft_model=draft)
+    ctx = ProposerContext(target_model=target, method=method, tokenizer=tokenizer, draft_model=draft,
+                          options={"confidence_threshold": 0.0})
     build = {"ar": lambda: None, "draft": lambda: draft_model_proposer(ctx), "pld": lambda: prompt_lookup_proposer(ctx)}
     proposer = build[method]()
     prompt = tokenizer("def fibonacci(n):\n    # return the n-th Fibonacci number\n", return_tensors="pt").input_ids[0]
-    config = GenerationConfig(max_new_tokens=sized(64, 8))
+    config = GenerationConfig(max_new_tokens=sized(64, 8), timing=False)
     adapter = ModelAdapter(target)
     generate(adapter, prompt, config, proposer)  # warm-up (kernels, caches)
     result = []
     syncs = count_syncs(lambda: result.append(generate(adapter, prompt, config, proposer)))
     steps = len(result[0].accept_lengths)
-    gpu_report.add("host synchronisations per decoding step (tiny zoo, float32, 64 tokens)", method=method,
-                   steps=steps, syncs=syncs, per_step=syncs / steps, tau=len(result[0].output_ids) / steps)
+    gpu_report.add("host synchronisations per decoding step (tiny zoo, float32, 64 tokens, step timing off)",
+                   method=method, steps=steps, syncs=syncs, per_step=syncs / steps,
+                   tau=len(result[0].output_ids) / steps)
     assert steps > 0
     if DEVICE == "cuda":  # every step reads its verdict on the host at least once: the counter sees it
-        assert syncs >= steps
+        assert steps <= syncs <= 2.2 * steps + 2

@@ -29,8 +29,11 @@ def fake_smollm2_zoo(tmp_path, monkeypatch):
 def test_the_recipe_takes_the_named_targets_zoo_draft(fake_smollm2_zoo):
     paths = resolve_models(RecipeArguments(target="smollm2-135m"), get_method("distillspec"))
     assert paths == {"tokenizer": None, "target": "smollm2-135m", "draft": str(fake_smollm2_zoo / "draft")}
-    explicit = resolve_models(RecipeArguments(target="smollm2-135m", draft="/d"), get_method("distillspec"))
-    assert explicit["draft"] == "/d"
+    mine = fake_smollm2_zoo.parent / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text("{}")
+    explicit = resolve_models(RecipeArguments(target="smollm2-135m", draft=str(mine)), get_method("distillspec"))
+    assert explicit["draft"] == str(mine)
 
 
 def test_other_targets_still_need_a_draft(tmp_path):

@@ -98,7 +98,8 @@ def test_a_resumed_eagle3_run_keeps_the_draft_vocabulary_of_its_checkpoint(tiny_
 
     run(tmp_path / "resumed", "--max_steps", "2")
     saved = load_file(str(tmp_path / "resumed" / "checkpoint-2" / "model.safetensors"))["head.t2d"]
-    result = run(tmp_path / "resumed", "--max_steps", "3", "draft_vocab_prompts=1", "--resume_from_checkpoint", "latest")
+    result = run(tmp_path / "resumed", "--max_steps", "3", "draft_vocab_prompts=1", "--resume_from_checkpoint", "latest",
+                 "--allow-changed-settings")  # a changed method setting is refused without it
     assert result.manifest["training"]["steps"] == 3
     assert torch.equal(load_file(str(result.artefact / "heads.safetensors"))["t2d"], saved)
     fresh = run(tmp_path / "fresh", "--max_steps", "1", "draft_vocab_prompts=1").artefact  # what it would count

@@ -1,12 +1,17 @@
-"""The one target loader of every command: the tokenizer it picks, the one error for a target without one."""
+"""The one target loader of every command: the tokenizer it picks, the one error for a target without one, and the
+one resolver of --target/--draft/--tokenizer (the zoo's layout, ``~``, GGUF files, hub ids), whose errors name the
+option at fault."""
 
 from __future__ import annotations
 
 import pytest
 
 from draftsmith.common.errors import ConfigError
+from draftsmith.common.registry import get_method
 from draftsmith.data.tiny_models import char_tokenizer, random_model
-from draftsmith.launch.targets import load_target, tokenizer_source
+from draftsmith.launch.recipe import resolve_models
+from draftsmith.launch.recipe_args import RecipeArguments
+from draftsmith.launch.targets import load_target, resolve_model_arg, tokenizer_source
 
 
 @pytest.fixture(scope="module")
@@ -35,3 +40,71 @@ def test_load_target_returns_the_directory_the_model_in_eval_mode_and_its_tokeni
     target_dir, model, tokenizer = load_target(str(zoo_layout / "target"), dtype="float32", device="cpu")
     assert target_dir == zoo_layout / "target" and not model.training
     assert tokenizer.get_vocab() == char_tokenizer().get_vocab()
+
+
+# ---------------------------------------------------------------------------------------- the one resolver
+
+
+@pytest.fixture(scope="module")
+def built_zoo(tmp_path_factory):
+    """A zoo directory as ``draftsmith zoo build`` leaves it: manifest.json beside tokenizer/, target/ and draft/."""
+    root = tmp_path_factory.mktemp("zoo") / "tiny"
+    for role, seed in (("target", 0), ("draft", 1)):
+        random_model("llama", seed=seed, layers=1).save_pretrained(root / role)
+    char_tokenizer().save_pretrained(root / "tokenizer")
+    (root / "manifest.json").write_text("{}")
+    return root
+
+
+def test_the_zoos_own_directories_and_the_zoo_itself_resolve(built_zoo):
+    assert resolve_model_arg(built_zoo / "target") == str(built_zoo / "target")
+    assert resolve_model_arg(built_zoo, "--target") == str(built_zoo / "target")
+    assert resolve_model_arg(built_zoo, "--draft", "draft") == str(built_zoo / "draft")
+    assert tokenizer_source(built_zoo / "draft") == str(built_zoo / "tokenizer")
+    assert tokenizer_source(built_zoo / "target", built_zoo) == str(built_zoo / "tokenizer")
+
+
+def test_a_home_relative_path_is_expanded(built_zoo, monkeypatch):
+    """``target=~/...`` reaches the recipe unexpanded (no shell expands ``~`` after ``=``)."""
+    monkeypatch.setenv("HOME", str(built_zoo.parent))
+    assert resolve_model_arg("~/tiny/target") == str(built_zoo / "target")
+    assert tokenizer_source("~/tiny/target") == str(built_zoo / "tokenizer")
+
+
+def test_the_recipe_takes_the_zoos_directories_with_a_home_relative_path(built_zoo, monkeypatch):
+    monkeypatch.setenv("HOME", str(built_zoo.parent))
+    paths = resolve_models(RecipeArguments(target="~/tiny/target", draft="~/tiny"), get_method("distillspec"))
+    assert paths == {"tokenizer": None, "target": str(built_zoo / "target"), "draft": str(built_zoo / "draft")}
+    assert tokenizer_source(paths["target"], paths["tokenizer"]) == str(built_zoo / "tokenizer")
+
+
+@pytest.mark.parametrize("value, words", [
+    ("/no/such/dir", "does not exist"), ("./missing", "does not exist"), ("a/b/c", "does not exist"),
+    ("model.gguf", "does not exist"), ("bad repo!", "does not exist"), ("", "is not a model")])
+def test_what_is_no_model_is_one_config_error_naming_the_option(value, words):
+    with pytest.raises(ConfigError) as err:
+        resolve_model_arg(value, "--draft", "draft")
+    assert str(err.value).startswith("--draft") and words in str(err.value)
+
+
+def test_a_directory_without_a_config_and_a_file_that_is_no_gguf_are_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ConfigError, match="without config.json"):
+        resolve_model_arg(tmp_path)
+    with pytest.raises(ConfigError, match="not a .gguf model"):
+        resolve_model_arg(tmp_path / "notes.txt")
+    with pytest.raises(ConfigError, match=r"--tokenizer .* holds no tokenizer"):
+        tokenizer_source("x", tmp_path)
+
+
+def test_a_hub_id_that_cannot_be_had_names_the_option(monkeypatch):
+    import transformers
+
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", offline)
+    with pytest.raises(ConfigError, match=r"^--target some-org/some-model is not a local path, and as a hub id"):
+        resolve_model_arg("some-org/some-model")
+    assert resolve_model_arg("some-org/some-model", check_hub=False) == "some-org/some-model"
+    assert resolve_model_arg("smollm2-135m") == "smollm2-135m"  # a named target, imported when it loads

@@ -100,13 +100,19 @@ def test_every_artefact_kind_is_written_with_a_manifest_over_its_weights(kind, t
     elif kind in ("heads", "embeddings"):
         weights = {"tensors": {"w": torch.ones(3, 4)}, "config": {"rows": 3}}
     out = tmp_path / kind
-    manifest = write_artefact(out, kind, method="distillspec", target=target_identity(target, tokenizer),
-                              proposer={}, **weights)
-    assert manifest["kind"] == kind and read_manifest(out) == manifest
+    from draftsmith.common.registry import REGISTRY, MethodSpec, registered
+
+    method = next((n for n in REGISTRY.names() if REGISTRY.get(n).artefact_kind == kind), None)
+    spec = MethodSpec(name=f"{kind}-writer", summary="test", proposer=lambda ctx: None, artefact_kind=kind)
+    with registered(spec):  # a method of each kind (lora_adapter: no built-in method writes one)
+        manifest = write_artefact(out, kind, method=method or spec.name, target=target_identity(target, tokenizer),
+                                  proposer={}, **weights)
+        assert manifest["kind"] == kind and read_manifest(out) == manifest
     if kind == "none":
-        assert manifest["weights"] == {}
+        assert manifest["weights"] == {} and manifest["files"] == {}
         return
     assert all(name.startswith(WEIGHT_PATHS[kind]) for name in manifest["weights"])
+    assert set(manifest["weights"]) < set(manifest["files"])  # the configs are hashed too
     if kind == "lora_adapter":
         assert (out / "adapter" / "adapter_config.json").is_file()
     if kind in ("heads", "embeddings"):

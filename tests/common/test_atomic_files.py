@@ -1,0 +1,50 @@
+"""Atomic writes (draftsmith.common.io) give their files the mode a plain open() gives under the process umask."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from draftsmith.common.io import atomic_write_json, atomic_write_text
+
+
+@pytest.fixture
+def umask():
+    """``umask(mask)`` sets the process umask for the test; the old one is restored after it."""
+    old = os.umask(0o022)
+    os.umask(old)
+    yield os.umask
+    os.umask(old)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002, 0o077, 0o000], ids=oct)
+@pytest.mark.parametrize("write", [lambda p: atomic_write_text(p, "text\n"), lambda p: atomic_write_json(p, {"a": 1})],
+                         ids=["text", "json"])
+def test_atomic_files_get_the_mode_of_a_plain_open(tmp_path, umask, mask, write):
+    umask(mask)
+    with open(tmp_path / "plain", "w") as fh:
+        fh.write("text\n")
+    write(tmp_path / "atomic")
+    assert mode(tmp_path / "atomic") == mode(tmp_path / "plain") == 0o666 & ~mask
+
+
+def test_replacing_a_file_leaves_no_temporary_behind(tmp_path, umask):
+    umask(0o022)
+    atomic_write_text(tmp_path / "f.txt", "old")
+    atomic_write_text(tmp_path / "f.txt", "new")
+    assert (tmp_path / "f.txt").read_text() == "new" and mode(tmp_path / "f.txt") == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+
+
+def test_a_failed_write_removes_its_temporary_and_keeps_the_old_file(tmp_path):
+    atomic_write_text(tmp_path / "f.json", "old")
+    with pytest.raises(TypeError):
+        atomic_write_text(tmp_path / "f.json", object())  # not text: the write fails midway
+    assert (tmp_path / "f.json").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]

@@ -1,0 +1,101 @@
+"""What the reliability suite's fault tests run and compare (loaded by conftest.py, handed out as the ``scenarios``
+fixture): each :class:`Scenario` is a short ``draftsmith`` command on the tiny pair and the part of its output that a
+rerun after a fault must reproduce exactly (rows, answers and tau, weights and losses, cache shards; never timings)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+# -------------------------------------------------------------------------------------------------- scenarios
+
+
+@dataclass
+class Scenario:
+    """A command whose output a rerun after a fault (a full disk, a kill) must reproduce."""
+
+    name: str
+    argv: Callable  # (harness, pair, output directory) -> `draftsmith` argv
+    result: Callable[[Path], object]  # output directory -> what a finished run must reproduce
+    units: Callable[[object], set]  # a result -> its rows / questions / steps, to count what a fault lost
+    fault_root: str = ""  # the directory under the output directory where the disk fails ("" = all of it)
+
+
+def generate_argv(harness, pair, out):
+    return ["data", "generate", "--target", pair["target"], "--prompts", pair["dataset"], "--limit", "6",
+            "--batch-size", "2", "--max-new-tokens", "3", "--out", out / "answers.jsonl", "--no-progress"]
+
+
+def generated_rows(out: Path) -> dict:
+    meta = json.loads((out / "answers.jsonl.meta.json").read_text())
+    return {"rows": (out / "answers.jsonl").read_text().splitlines(), "settings": meta["settings"],
+            "complete": meta["progress"]["complete"]}
+
+
+def eval_argv(harness, pair, out):
+    return ["eval", "--target", pair["target"], "--method", "draft", "--draft", pair["draft"], "--limit", "3",
+            "--max-new-tokens", "6", "--warmup", "0", "--verify-padding", "off", "--out", out / "report.json",
+            "--no-progress"]
+
+
+def report_numbers(out: Path) -> dict:
+    """What an evaluation reports that is not a timing: every answer, its steps and accepted lengths, tau."""
+    report = json.loads((out / "report.json").read_text())
+    keep = ("question_id", "new_tokens", "steps", "accept_lengths", "identical", "output_ids", "finish_reason")
+    summary = {k: report["summary"].get(k) for k in ("tau", "acceptance_rate", "greedy_identical", "new_tokens",
+                                                      "steps", "proposed", "accepted")}
+    return {"summary": summary, "questions": [{k: q.get(k) for k in keep} for q in report["questions"]]}
+
+
+def training_argv(harness, pair, out, *extra):
+    return ["train", "distillspec", *harness.recipe_argv(pair, out, "distillspec"), "max_steps=4", "save_steps=2",
+            "eval_strategy=no", "report_to=none", "seed=42", "--resume_from_checkpoint", "auto", *extra]
+
+
+def artefact_result(out: Path) -> dict:
+    """The artefact's weights and the numbers of its manifest that do not depend on timing, and the logged losses."""
+    manifest = json.loads((out / "artefact" / "manifest.json").read_text())
+    metrics = {k: v for k, v in manifest["metrics"].items() if "second" not in k and "runtime" not in k}
+    last = max((p for p in out.glob("checkpoint-*") if (p / "trainer_state.json").is_file()),
+               key=lambda p: int(p.name.split("-")[1]))
+    losses = [(h["step"], h["loss"]) for h in json.loads((last / "trainer_state.json").read_text())["log_history"]
+              if "loss" in h]
+    return {"weights": manifest["weights"], "steps": manifest["training"]["steps"],
+            "tokens": manifest["training"]["tokens"], "metrics": metrics, "losses": losses}
+
+
+def cache_argv(harness, pair, out):
+    return training_argv(harness, pair, out, "features=offline", f"feature_cache_dir={out / 'cache'}",
+                         "feature_cache_dtype=float32")
+
+
+def cache_result(out: Path) -> dict:
+    cache = out / "cache"
+    return {str(p.relative_to(cache)): _digest(p) for p in sorted(cache.rglob("*.safetensors"))}
+
+
+SCENARIOS = {
+    "data generate": Scenario("data generate", generate_argv, generated_rows, lambda r: set(r["rows"])),
+    "eval": Scenario("eval", eval_argv, report_numbers, lambda r: {json.dumps(q) for q in r["questions"]}),
+    "training": Scenario("training", training_argv, artefact_result, lambda r: set(r["losses"])),
+    "feature cache": Scenario("feature cache", cache_argv, cache_result, lambda r: set(r.items()), "cache"),
+}
+
+
+
+
+def difference(expected, got) -> str:
+    """Where a rerun's result departs from the reference's (the first three keys)."""
+    if isinstance(expected, dict) and isinstance(got, dict):
+        keys = [k for k in expected if expected.get(k) != got.get(k)] + [k for k in got if k not in expected]
+        return "; ".join(f"{k}: {json.dumps(expected.get(k), default=str)[:150]} != "
+                         f"{json.dumps(got.get(k), default=str)[:150]}" for k in keys[:3])
+    return f"{str(expected)[:200]} != {str(got)[:200]}"
