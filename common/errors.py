@@ -4,8 +4,8 @@
 class DraftsmithError(Exception):
     """A problem the user can act on: the message names the problem and the fix.
 
-    The command line prints ``error: <message>`` and exits with status 2; library callers can catch
-    it. Subclass it per area so tests can be specific."""
+    The command line prints ``error: <message>`` (:func:`error_line`) and exits with status 2; library callers can
+    catch it. Subclass it per area so tests can be specific."""
 
 
 class ConfigError(DraftsmithError, ValueError):
@@ -39,3 +39,8 @@ class EngineError(DraftsmithError, RuntimeError):
 class OutputError(DraftsmithError):
     """An output that cannot be written: a bad path, no permission, a read-only or full disk, another run writing
     it. The message says what was kept."""
+
+
+def error_line(err: BaseException) -> str:
+    """``error: <message>`` on one line whatever the message holds (a user's setting name with a line break in it)."""
+    return "error: " + " ".join(str(err).splitlines())

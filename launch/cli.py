@@ -11,7 +11,7 @@ import importlib
 import sys
 
 from draftsmith.common import __version__
-from draftsmith.common.errors import DraftsmithError
+from draftsmith.common.errors import DraftsmithError, error_line
 from draftsmith.common.registry import method_commands
 
 SUBCOMMANDS = {
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except DraftsmithError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(error_line(err), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; completed work is kept (checkpoints are atomic, rerun to resume)", file=sys.stderr)

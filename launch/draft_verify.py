@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from draftsmith.common.errors import ConfigError, DraftsmithError
+from draftsmith.common.errors import ConfigError, DraftsmithError, error_line
 from draftsmith.launch.cli import OneLineParser
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args)
     except DraftsmithError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(error_line(err), file=sys.stderr)
         return 2
     return 0
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from draftsmith.common.errors import ConfigError, DraftsmithError
+from draftsmith.common.errors import ConfigError, DraftsmithError, error_line
 from draftsmith.common.io import sha256_file
 from draftsmith.common.models import load_model, load_tokenizer, target_identity
 from draftsmith.common.outputs import claim, weights_bytes, write_failures
@@ -415,6 +415,6 @@ def recipe_main(method: str, argv: list[str] | None = None, default_config: str 
     try:
         run_recipe(method, argv, default_config)
     except DraftsmithError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(error_line(err), file=sys.stderr)
         return 2
     return 0

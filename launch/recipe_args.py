@@ -177,7 +177,8 @@ def split_yaml(values: dict[str, Any], method_fields: set[str], main_fields: set
     method = {k: v for k, v in values.items() if k in method_fields and k not in main_fields}
     unknown = sorted(set(values) - set(main) - set(method)) + sorted(set(nested) - method_fields)
     if unknown:
-        raise ConfigError(f"{source}: unknown setting(s) {', '.join(unknown)}: check the spelling against `--help`")
+        shown = ", ".join(k if k.isprintable() else repr(k) for k in unknown)
+        raise ConfigError(f"{source}: unknown setting(s) {shown}: check the spelling against `--help`")
     return main, {**method, **nested}
 
 

@@ -275,3 +275,16 @@ def test_a_bad_flag_of_any_subcommand_is_one_line_without_a_usage_dump(argv, cap
     err = capsys.readouterr().err
     assert done.value.code == 2 and err.count("\n") == 1 and err.startswith("error: draftsmith"), err
     assert "usage:" not in err and "--help" in err
+
+
+def test_a_yaml_key_with_a_line_break_is_named_on_one_line(tiny_pair, tmp_path, capsys):
+    """A config holding ``"a\\nb": 1`` printed ``unknown setting(s) a`` and ``b: ...`` on a second line."""
+    from draftsmith.launch.cli import main
+
+    config = tmp_path / "config.yaml"
+    config.write_text('"a\\nb": 1\n"c\\rd": 2\n')
+    code = main(["train", "distillspec", "--config", str(config), "--target", str(tiny_pair["target"]),
+                 "--draft", str(tiny_pair["draft"]), "--dataset", str(tiny_pair["dataset"]),
+                 "--output_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "'a\\nb'" in err and "'c\\rd'" in err, err
