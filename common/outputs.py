@@ -164,8 +164,7 @@ def prepare_output(path: str | os.PathLike, flag: str, kind: str = "file", *, ne
             raise OutputError(f"{flag} {path} is not writable (permission denied): make it writable or pass "
                               "another path")
         directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):  # the one sure test that a new file can be made there
-            pass
+        tempfile.TemporaryFile(dir=directory).close()  # the one sure test that a new file can be made there
     except OSError as err:
         raise OutputError(f"{flag} {path} cannot be written: {failure_reason(err)}") from None
     except ValueError as err:  # a name the file system refuses outright
@@ -282,14 +281,15 @@ class OutputLock:
         holder = _holder()
         for _ in range(3):
             try:
-                if self._link(holder):
-                    self.held = True
-                    return self
-            except FileExistsError:
-                pass
+                taken = self._link(holder)
+            except FileExistsError:  # another run's lock is there: read it below
+                taken = False
             except OSError as err:
                 raise OutputError(f"{self.flag} {self.output} cannot be written (its lock {self.path}): "
                                   f"{failure_reason(err)}") from None
+            if taken:
+                self.held = True
+                return self
             other = _read_lock(self.path)
             if not lock_is_stale(other):
                 host = "" if other.get("host") == holder["host"] else f" on {other.get('host')}"
