@@ -39,6 +39,27 @@ def _create_temporary(path: Path) -> tuple[int, Path]:
             continue
 
 
+def process_umask() -> int:
+    """The process umask, read without changing it where the system tells it (``/proc/self/status``), so a thread
+    creating a file meanwhile cannot get a wider mode."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        status = Path("/proc/self/status").read_text().splitlines()
+        return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def umask_modes(path: str | os.PathLike) -> None:
+    """Give the file ``path``, or every file under the directory ``path``, the mode a plain ``open()`` gives a new
+    file under the process umask (safetensors' ``save_file`` creates its files 0600 whatever the umask, so weights
+    would be unreadable to the group that shares a checkpoint or artefact)."""
+    path, mode = Path(path), 0o666 & ~process_umask()
+    for file in (path.rglob("*") if path.is_dir() else [path]):
+        if file.is_file() and not file.is_symlink() and file.stat().st_mode & 0o777 != mode:
+            os.chmod(file, mode)
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same directory and a rename: a reader sees
     the old file or the new one, never half of it (parent directories are created). The file gets the mode a

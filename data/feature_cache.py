@@ -37,7 +37,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.common.io import atomic_write_json, read_json
+from draftsmith.common.io import atomic_write_json, read_json, umask_modes
 from draftsmith.common.models import target_identity
 from draftsmith.data.chat import IGNORE_INDEX
 from draftsmith.data.generation import (
@@ -162,6 +162,7 @@ def _save_shard(tensors: dict, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     try:
         save_file(tensors, str(tmp))
+        umask_modes(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

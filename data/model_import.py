@@ -28,7 +28,7 @@ from pathlib import Path
 
 from draftsmith.common import __version__
 from draftsmith.common.errors import ConfigError, DraftsmithError
-from draftsmith.common.io import atomic_write_json, read_json, sha256_file
+from draftsmith.common.io import atomic_write_json, read_json, sha256_file, umask_modes
 from draftsmith.common.paths import models_dir
 
 MANIFEST = "manifest.json"
@@ -148,6 +148,7 @@ def gguf_to_directory(gguf: Path, out: Path, dtype: str = "float32") -> dict:
     fresh.tie_weights()
     fresh.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    umask_modes(out)
     return {"architecture": type(fresh).__name__, "parameters": sum(p.numel() for p in fresh.parameters()),
             "dtype": str(model.dtype).removeprefix("torch."), "vocab_size": int(plain.vocab_size),
             "layers": int(plain.num_hidden_layers), "hidden_size": int(plain.hidden_size)}

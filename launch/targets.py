@@ -63,19 +63,47 @@ def _looks_local(text: str) -> bool:
             or text.endswith("/") or (len(path.parts) > 1 and Path(path.parts[0]).exists()))
 
 
+HUB_PROBE_SECONDS = 10.0
+
+
+def hub_reason(name: str, timeout: float = HUB_PROBE_SECONDS) -> str | None:
+    """Why the hub id ``name`` cannot be loaded, from the local Hugging Face cache and one request to the hub (no
+    retries: the download's five retries take 23 s on a machine without network); None when it can be."""
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    if isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
+        return None
+    try:
+        huggingface_hub.model_info(name, timeout=timeout)
+    except errors.RepositoryNotFoundError:
+        return "no such model repository on the hub, or it is private"
+    except errors.GatedRepoError:
+        return "a gated repository: log in with `hf auth login` after accepting its terms"
+    except errors.OfflineModeIsEnabled:
+        return "not in the local Hugging Face cache, and HF_HUB_OFFLINE is set"
+    except Exception as err:  # connection errors (httpx), timeouts, HTTP errors
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return f"not in the local Hugging Face cache, and the hub cannot be reached: {first}"
+    return None
+
+
 def check_hub_model(name: str, flag: str) -> None:
     """Refuse a hub id whose config cannot be had (not cached, no network, no such repository) in one line naming
-    ``flag``; the config is then cached for the load that follows."""
+    ``flag``, within one request's time (:func:`hub_reason`); the config is then cached for the load that follows."""
     import transformers
 
-    try:
-        with quiet_transformers():
-            transformers.AutoConfig.from_pretrained(name)
-    except Exception as err:  # OSError (no such repo, offline), ValueError (not a model), ...
-        text = str(err).strip()
-        reason = text.splitlines()[0] if text else type(err).__name__
+    reason = hub_reason(name)
+    if reason is None:
+        try:
+            with quiet_transformers():
+                transformers.AutoConfig.from_pretrained(name)
+        except Exception as err:  # OSError (lost connection), ValueError (not a model), ...
+            text = str(err).strip()
+            reason = text.splitlines()[0] if text else type(err).__name__
+    if reason is not None:
         raise ConfigError(f"{flag} {name} is not a local path, and as a hub id it cannot be loaded ({reason}): pass "
-                          f"{KINDS}") from None
+                          f"{KINDS}")
 
 
 def resolve_model_arg(value: str | os.PathLike, flag: str = "--target", role: str = "target", *,

@@ -35,7 +35,7 @@ import torch
 import transformers
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from draftsmith.common.io import atomic_write_json
+from draftsmith.common.io import atomic_write_json, umask_modes
 from draftsmith.data.collate import PadCollator, response_mask
 from draftsmith.data.generation import (
     eos_token_ids,
@@ -232,10 +232,22 @@ class FrozenTargetTrainer(transformers.Trainer):
 
     # ---------------------------------------------------------------------------------------- the replicas
 
-    def train(self, *args, **kwargs):
-        result = super().train(*args, **kwargs)
+    def train(self, resume_from_checkpoint: str | None = None, **kwargs):
+        if finished_checkpoint(resume_from_checkpoint, self.args.max_steps) and not self._sharded():
+            return self._restore_finished(resume_from_checkpoint)
+        result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         self.check_replicas()
         return result
+
+    def _restore_finished(self, checkpoint: str) -> transformers.trainer_utils.TrainOutput:
+        """A checkpoint taken at ``max_steps`` (a run killed before its artefact): its state and weights, and no
+        training step (the Trainer would take one more before it checks the step count). The loss of the whole run
+        comes from the checkpoint's log history."""
+        self.state = transformers.TrainerState.load_from_json(str(Path(checkpoint) / transformers.trainer.TRAINER_STATE_NAME))
+        self._load_from_checkpoint(checkpoint)
+        self._tokens_total = next((int(h[TOKENS_LOG_KEY]) for h in reversed(self.state.log_history)
+                                   if TOKENS_LOG_KEY in h), 0)
+        return transformers.trainer_utils.TrainOutput(self.state.global_step, None, {})
 
     def check_replicas(self) -> None:
         """Data-parallel processes must end with the same trained parameters; a loss computed outside the wrapped
@@ -271,6 +283,7 @@ class FrozenTargetTrainer(transformers.Trainer):
                 seen.add(tensor.data_ptr())
                 state_dict[name] = tensor
         super()._save(output_dir, state_dict)
+        umask_modes(output_dir or self.args.output_dir)
 
     def _save_checkpoint(self, model, trial) -> None:
         """The :attr:`checkpoint_records` first (atomic files), then the Trainer's checkpoint, whose trainer state
@@ -297,6 +310,17 @@ class FrozenTargetTrainer(transformers.Trainer):
     def manifest_training(self) -> dict[str, Any]:
         """Method-specific facts for the artefact manifest's ``training`` record (default: none)."""
         return {}
+
+
+def finished_checkpoint(checkpoint: str | None, max_steps: int) -> bool:
+    """Whether ``checkpoint`` (a resumed checkpoint directory, or None) was taken at or past the run's last step:
+    ``max_steps`` when set (> 0), else the step count the checkpoint's own state planned (epochs)."""
+    state_file = Path(checkpoint) / transformers.trainer.TRAINER_STATE_NAME if checkpoint else None
+    if state_file is None or not state_file.is_file():
+        return False
+    state = transformers.TrainerState.load_from_json(str(state_file))
+    last = max_steps if max_steps > 0 else state.max_steps
+    return last > 0 and state.global_step >= last
 
 
 def unrestored_keys(module: torch.nn.Module, missing: Iterable[str]) -> list[str]:

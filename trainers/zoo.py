@@ -35,7 +35,7 @@ import transformers
 
 from draftsmith.common import __version__
 from draftsmith.common.errors import ConfigError
-from draftsmith.common.io import atomic_write_text, environment, read_json, sha256_file
+from draftsmith.common.io import atomic_write_text, environment, read_json, sha256_file, umask_modes
 from draftsmith.common.paths import draftsmith_home, zoo_dir, zoo_path
 from draftsmith.common.threads import choose_threads, torch_threads
 from draftsmith.data.corpus import corpus_sha256
@@ -220,6 +220,7 @@ def build_model_stage(
     tmp = out / ".build" / f"{role}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.to("cpu").save_pretrained(tmp, safe_serialization=True)
+    umask_modes(tmp)
     publish_dir(tmp, out / role)
     checkpoint.unlink(missing_ok=True)
     return {

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from draftsmith.common.io import atomic_write_json
+from draftsmith.common.io import atomic_write_json, umask_modes
 
 
 def write_export(out: str | os.PathLike, tensors: dict[str, torch.Tensor], config: dict) -> Path:
@@ -22,6 +22,7 @@ def write_export(out: str | os.PathLike, tensors: dict[str, torch.Tensor], confi
     staging.mkdir(parents=True)
     try:
         save_file(tensors, str(staging / "model.safetensors"))
+        umask_modes(staging / "model.safetensors")
         atomic_write_json(staging / "config.json", config)
         if out.exists():
             shutil.rmtree(out)

@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 
 from draftsmith.common.errors import ArtefactError
-from draftsmith.common.io import atomic_write_json, environment, sha256_file
+from draftsmith.common.io import atomic_write_json, environment, sha256_file, umask_modes
 from draftsmith.inference.artefacts.reader import (
     FORMAT,
     MANIFEST,
@@ -137,6 +137,7 @@ def write_weights(staging: Path, kind: str, *, model=None, state_dict: dict | No
         from safetensors.torch import save_file
 
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(staging / target))
+        umask_modes(staging / target)
         names = [target]
         if config is not None:
             atomic_write_json(staging / f"{kind}_config.json", config)
@@ -147,6 +148,7 @@ def write_weights(staging: Path, kind: str, *, model=None, state_dict: dict | No
     model.save_pretrained(staging / target, state_dict=state_dict, safe_serialization=True)
     if tokenizer is not None and kind != "lora_adapter":
         tokenizer.save_pretrained(staging / target)
+    umask_modes(staging / target)
     return [target]
 
 

@@ -48,3 +48,24 @@ def test_a_failed_write_removes_its_temporary_and_keeps_the_old_file(tmp_path):
         atomic_write_text(tmp_path / "f.json", object())  # not text: the write fails midway
     assert (tmp_path / "f.json").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002, 0o077], ids=oct)
+def test_weights_written_by_safetensors_get_the_umask_mode(tmp_path, umask, mask):
+    """safetensors' save_file makes 0600 files; the artefact, export, checkpoint and cache writers widen them."""
+    import torch
+    from safetensors.torch import save_file
+
+    from draftsmith.common.io import process_umask, umask_modes
+    from draftsmith.inference.artefacts.checkpoint import write_export
+
+    umask(mask)
+    assert process_umask() == mask
+    (tmp_path / "dir" / "sub").mkdir(parents=True)
+    for name in ("dir/a.safetensors", "dir/sub/b.safetensors", "one.safetensors"):
+        save_file({"w": torch.zeros(2)}, str(tmp_path / name))
+    umask_modes(tmp_path / "dir")
+    umask_modes(tmp_path / "one.safetensors")
+    export = write_export(tmp_path / "export", {"w": torch.zeros(2)}, {"model_type": "llama"})
+    for path in (*tmp_path.rglob("*.safetensors"), export / "config.json"):
+        assert mode(path) == 0o666 & ~mask, path

@@ -98,13 +98,61 @@ def test_a_directory_without_a_config_and_a_file_that_is_no_gguf_are_refused(tmp
 
 
 def test_a_hub_id_that_cannot_be_had_names_the_option(monkeypatch):
+    import huggingface_hub
     import transformers
 
     def offline(*args, **kwargs):
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
 
+    monkeypatch.setattr(huggingface_hub, "model_info", lambda name, timeout: None)  # the probe passes, the load fails
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", offline)
     with pytest.raises(ConfigError, match=r"^--target some-org/some-model is not a local path, and as a hub id"):
         resolve_model_arg("some-org/some-model")
     assert resolve_model_arg("some-org/some-model", check_hub=False) == "some-org/some-model"
     assert resolve_model_arg("smollm2-135m") == "smollm2-135m"  # a named target, imported when it loads
+
+
+def test_a_hub_id_is_probed_once_before_any_download(monkeypatch):
+    """A mistyped --target without network took 23 s (the download's five retries): one probe request decides."""
+    import huggingface_hub
+    import transformers
+    from huggingface_hub import errors
+
+    calls = []
+
+    def unreachable(name, timeout):
+        calls.append((name, timeout))
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+    def download(*args, **kwargs):
+        raise AssertionError("no download after a failed probe")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", download)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: None)
+    monkeypatch.setattr(huggingface_hub, "model_info", unreachable)
+    with pytest.raises(ConfigError, match=r"^--target tiny-targte is not a local path.*hub cannot be reached: \[Errno"):
+        resolve_model_arg("tiny-targte")
+    assert calls == [("tiny-targte", 10.0)]
+
+    def missing(name, timeout):
+        err = errors.RepositoryNotFoundError.__new__(errors.RepositoryNotFoundError)  # as the hub's 404 raises it
+        Exception.__init__(err, "404 Client Error")
+        raise err
+
+    monkeypatch.setattr(huggingface_hub, "model_info", missing)
+    with pytest.raises(ConfigError, match=r"\(no such model repository on the hub, or it is private\)"):
+        resolve_model_arg("org/tiny-targte", "--draft")
+
+
+def test_a_cached_hub_id_needs_no_network(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    def no_network(name, timeout):
+        raise AssertionError("a cached model must not be probed")
+
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: str(tmp_path / name))
+    monkeypatch.setattr(huggingface_hub, "model_info", no_network)
+    from draftsmith.launch.targets import hub_reason
+
+    assert hub_reason("org/cached") is None

@@ -86,6 +86,15 @@ def scratch():
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _working_directory(scratch, monkeypatch):
+    """Every command runs from a scratch folder: a fuzzed relative path (``logging_dir: 2``) lands there, not in the
+    checkout."""
+    cwd = scratch / "cwd"
+    cwd.mkdir(exist_ok=True)
+    monkeypatch.chdir(cwd)
+
+
 @pytest.fixture(scope="session")
 def harness(ledger, scratch) -> H.Harness:
     return H.Harness(ledger, scratch)

@@ -63,7 +63,7 @@ def training_argv(harness, pair, out, *extra):
 def artefact_result(out: Path) -> dict:
     """The artefact's weights and the numbers of its manifest that do not depend on timing, and the logged losses."""
     manifest = json.loads((out / "artefact" / "manifest.json").read_text())
-    metrics = {k: v for k, v in manifest["metrics"].items() if "second" not in k and "runtime" not in k}
+    metrics = {k: v for k, v in manifest["metrics"].items() if not any(t in k for t in ("second", "time"))}
     last = max((p for p in out.glob("checkpoint-*") if (p / "trainer_state.json").is_file()),
                key=lambda p: int(p.name.split("-")[1]))
     losses = [(h["step"], h["loss"]) for h in json.loads((last / "trainer_state.json").read_text())["log_history"]

@@ -177,3 +177,13 @@ def test_a_full_disk_as_a_feature_shard_lands(harness, pair, scenarios):
     repro = harness.command_line(argv).replace(str(pair["target"].parent), "$PAIR").replace(str(out), "OUT")
     harness.report("fault: disk full", harness.problems(outcome, out, may_succeed=False),
                    f"{repro}   # with ENOSPC as OUT/cache/*/shard-00000.safetensors is renamed into place", outcome)
+
+
+@pytest.mark.parametrize("name", ["training", "feature cache"])
+def test_weights_get_the_mode_the_umask_gives(harness, pair, scenarios, name):
+    """safetensors creates its files 0600 whatever the umask: checkpoints, artefact weights and feature-cache shards
+    were unreadable to the group sharing them. Every file of a finished run has the umask's mode."""
+    scenario = scenarios.SCENARIOS[name]
+    _, _, out = reference(harness, pair, scenario)
+    assert list(out.rglob("*.safetensors")), "the run wrote no safetensors file"
+    check_modes(harness, pair, scenario, out)

@@ -131,8 +131,6 @@ def test_a_rerun_after_kill_9_finishes_as_if_never_killed(harness, pair, scenari
 
 
 
-@pytest.mark.xfail(strict=True, reason="open: transformers' Trainer resumed at max_steps takes one more step before it "
-                   "checks the step count (docs/RELIABILITY.md, open problems)")
 def test_a_run_killed_after_its_last_checkpoint_trains_no_extra_step(harness, pair, scenarios):
     """Found by the kill test, made deterministic: killed after its last checkpoint (at ``max_steps``) but before its
     artefact, the rerun resumed from that checkpoint and trained one step more (5 of ``max_steps=4``), so its weights

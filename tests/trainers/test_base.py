@@ -60,3 +60,17 @@ def test_gradient_accumulation_1x8_equals_4x2_on_variable_length_rows(pair, toke
     assert any(d.abs().max() > 1e-4 for d in whole)
     for a, b in zip(whole, split):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(("step", "max_steps", "planned", "finished"), [
+    (4, 4, 4, True), (3, 4, 4, False), (5, 4, 4, True), (6, -1, 6, True), (5, -1, 6, False), (0, -1, 0, False)])
+def test_a_checkpoint_at_the_last_step_is_finished(tmp_path, step, max_steps, planned, finished):
+    """A resume from it trains no step more: ``max_steps`` when set, else the step count the checkpoint planned."""
+    import transformers
+
+    from draftsmith.trainers.base import finished_checkpoint
+
+    transformers.TrainerState(global_step=step, max_steps=planned).save_to_json(str(tmp_path / "trainer_state.json"))
+    assert finished_checkpoint(str(tmp_path), max_steps) is finished
+    assert finished_checkpoint(None, max_steps) is False
+    assert finished_checkpoint(str(tmp_path / "absent"), max_steps) is False
