@@ -27,9 +27,7 @@ import sys
 from pathlib import Path
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.common.models import DTYPES
 from draftsmith.common.outputs import claim_output, write_failures
-from draftsmith.common.precision import resolve_dtype
 from draftsmith.common.registry import method_commands
 from draftsmith.common.threads import parse_threads, torch_threads
 
@@ -57,9 +55,9 @@ def target_and_prompts(a) -> None:
 
 def machine_options(a, action) -> None:
     """The device, dtype, threads and progress options, and the function that runs the action ``a``."""
-    a.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="weights dtype; auto (default): bfloat16 on CUDA, float32 on the CPU")
-    a.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    from draftsmith.launch.targets import add_placement_options
+
+    add_placement_options(a)
     a.add_argument("--threads", metavar="N", default=None, help="torch CPU threads (default: torch's)")
     a.add_argument("--no-progress", action="store_true", help="no progress bar")
     a.set_defaults(run=run, action=action)
@@ -215,8 +213,7 @@ def check_numbers(args: argparse.Namespace) -> None:
     """The command's counts, sampling settings, device and models' paths, refused in one line before anything
     loads or is written."""
     from draftsmith.data.row_files import check_settings
-    from draftsmith.launch.eval_cli import resolve_device
-    from draftsmith.launch.targets import resolve_model_arg, tokenizer_source
+    from draftsmith.launch.targets import resolve_device, resolve_model_arg, tokenizer_source
 
     for name in POSITIVE:
         value = getattr(args, name, None)
@@ -252,11 +249,9 @@ def run(args: argparse.Namespace) -> int:
 
 def load_data_target(args: argparse.Namespace):
     """The target model (on ``--device``, in ``--dtype``) and its tokenizer."""
-    from draftsmith.launch.eval_cli import resolve_device
-    from draftsmith.launch.targets import load_target
+    from draftsmith.launch.targets import load_target, placement
 
-    device = resolve_device(args.device)
-    args.dtype = resolve_dtype(args.dtype, device)  # auto: bfloat16 on CUDA, float32 on the CPU
+    device, args.dtype = placement(args)  # auto: bfloat16 on CUDA, float32 on the CPU
     _, model, tokenizer = load_target(args.target, args.tokenizer, dtype=args.dtype, device=device)
     return model, tokenizer
 

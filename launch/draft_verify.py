@@ -11,6 +11,7 @@ from pathlib import Path
 
 from draftsmith.common.errors import ConfigError, DraftsmithError, error_line
 from draftsmith.launch.cli import OneLineParser
+from draftsmith.launch.targets import add_placement_options
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 THRESHOLD_RULE_NAMES = ("reference", "unsmoothed")  # draftsmith.inference.proposers.draft_verify.THRESHOLD_RULES
@@ -41,6 +42,7 @@ def parser() -> argparse.ArgumentParser:
                         "code's: threshold from 0.8, target acceptance 0.9, both smoothed, held after a full-length "
                         "draft) or unsmoothed (draftsmith's earlier rule: from 0.6, target 0.8, whole steps)")
     p.add_argument("--storage", default=None, help="Optuna storage URL (default: sqlite:///<output_dir>/study.db)")
+    add_placement_options(p)  # search on the timings of the device the skip set will run on
     p.add_argument("--threads", default=None, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--evaluate", action="store_true", help="evaluate the artefact on the bundled dev questions")
@@ -66,15 +68,16 @@ def run(args: argparse.Namespace) -> dict:
     from draftsmith.inference.evaluation.runs import chat_prompt_ids
     from draftsmith.inference.proposers.draft_verify import AdaptiveThreshold
     from draftsmith.launch.eval_cli import threads_context
-    from draftsmith.launch.targets import load_target
+    from draftsmith.launch.targets import load_target, placement
     from draftsmith.launch.tune_cli import calibration_questions
 
     if args.n_trials < 1 or args.prompts < 1:
         raise ConfigError("--n-trials and --prompts must be at least 1")
+    device, dtype = placement(args)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     with threads_context(args.threads):
-        target_dir, target, tokenizer = load_target(args.target, args.tokenizer, args.zoo)
+        target_dir, target, tokenizer = load_target(args.target, args.tokenizer, args.zoo, dtype=dtype, device=device)
         adapter = ModelAdapter(target)
         prompts = [torch.tensor(chat_prompt_ids(tokenizer, [{"role": "user", "content": q.turns[0]}]))
                    for q in calibration_questions(args.prompts, args.seed)]
@@ -115,7 +118,8 @@ def run(args: argparse.Namespace) -> dict:
         from draftsmith.launch.cli import main
 
         main(["eval", "--artefact", str(out / "artefact"), "--target", str(target_dir), "--limit", str(args.eval_limit),
-              "--out", str(out / "eval" / "report.json")] + (["--threads", args.threads] if args.threads else []))
+              "--device", device, "--dtype", dtype, "--out", str(out / "eval" / "report.json")]
+             + (["--threads", args.threads] if args.threads else []))
     return manifest
 
 

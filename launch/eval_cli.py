@@ -18,13 +18,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.common.models import DTYPES, load_model, load_tokenizer, tokenizer_dir_for
+from draftsmith.common.models import load_model, load_tokenizer, tokenizer_dir_for
 from draftsmith.common.outputs import claim_output, prepare_output, write_failures
-from draftsmith.common.precision import resolve_dtype
 from draftsmith.common.registry import REGISTRY, eval_flags, get_method, resolve
 from draftsmith.common.threads import parse_threads, torch_threads
 from draftsmith.launch.engine_eval import add_engine_options
-from draftsmith.launch.targets import load_target, resolve_model_arg, tokenizer_source, zoo_model_dir
+from draftsmith.launch.targets import (
+    add_placement_options,
+    load_target,
+    placement,
+    resolve_device,
+    resolve_model_arg,
+    tokenizer_source,
+    zoo_model_dir,
+)
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 DEFAULT_OUT = "eval/report.json"
@@ -51,9 +58,7 @@ def add_parser(sub) -> None:
     g.add_argument("--allow-target-mismatch", action="store_true", help="run an artefact on a target it was not trained for")
     g.add_argument("--zoo", default="tiny", choices=ZOO_SIZE_NAMES, help="zoo size used for the defaults")
     g.add_argument("--home", metavar="DIR", default=None, help="DRAFTSMITH_HOME of the zoo (default ~/.cache/draftsmith)")
-    g.add_argument("--dtype", default="auto", choices=DTYPES,
-                   help="weights dtype; auto (default): bfloat16 on CUDA, float32 on the CPU")
-    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    add_placement_options(g)
     g.add_argument("--tree-attention", choices=("mask", "kernel"), default="mask",
                    help="tree steps: mask = the model's own attention under a 4-D mask (default); kernel = the Triton "
                         "tree-attention kernel on CUDA (sdpa elsewhere; draftsmith.kernels.tree_attention)")
@@ -111,34 +116,6 @@ def method_options(args: argparse.Namespace) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- loading
-
-
-DEVICE_KINDS = "auto, cpu, cuda or cuda:N"
-
-
-def resolve_device(name: str) -> str:
-    """``--device``: ``auto`` (cuda when available, else cpu), or a device this machine has; anything else is one
-    :class:`ConfigError` line."""
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError, ValueError):
-        raise ConfigError(f"--device {name!r} is not a device: pass {DEVICE_KINDS}") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {name} requested but CUDA is not available: use --device cpu")
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            raise ConfigError(f"--device {name}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
-    elif device.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise ConfigError(f"--device {name} requested but MPS is not available: use --device cpu")
-    elif device.type != "cpu":
-        raise ConfigError(f"--device {name}: draftsmith runs on the CPU, CUDA or MPS: pass {DEVICE_KINDS}")
-    return name
 
 
 def threads_context(value):
@@ -206,8 +183,7 @@ def setup(args: argparse.Namespace):
         raise ConfigError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if args.draft_length is not None and args.draft_length < 1:
         raise ConfigError(f"--draft-length must be at least 1, got {args.draft_length}")
-    device = resolve_device(args.device)
-    args.dtype = resolve_dtype(args.dtype, device)  # auto: bfloat16 on CUDA, float32 on the CPU (as reported)
+    device, args.dtype = placement(args)  # auto: bfloat16 on CUDA, float32 on the CPU (as reported)
     target_name = artefact_target(args.artefact, args.target)
     attention = None
     if getattr(args, "tree_attention", "mask") == "kernel":

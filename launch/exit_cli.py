@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from draftsmith.common.errors import ConfigError
+from draftsmith.launch.targets import add_placement_options
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 
@@ -33,6 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--prompts", metavar="N", type=int, default=16, help="calibration prompts (held-out corpus split)")
     p.add_argument("--max-new-tokens", metavar="N", type=int, default=64, help="tokens per calibration answer")
     p.add_argument("--out", metavar="FILE", default=None, help="write the whole table as JSON")
+    add_placement_options(p)  # measure the layers' costs where the early exit will run
     p.add_argument("--threads", metavar="N", default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=run)
@@ -63,11 +65,12 @@ def run(args: argparse.Namespace) -> int:
     from draftsmith.common.io import atomic_write_json
     from draftsmith.inference.evaluation.exit_layer import choose_exit
     from draftsmith.launch.eval_cli import threads_context
-    from draftsmith.launch.targets import load_target
+    from draftsmith.launch.targets import load_target, placement
     from draftsmith.launch.tune_cli import calibration_questions
 
     if args.prompts < 1 or args.max_new_tokens < 1:
         raise ConfigError("--prompts and --max-new-tokens must be at least 1")
+    device, dtype = placement(args)
     with threads_context(args.threads):
         target_arg = args.target
         manifest = None
@@ -82,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"{args.artefact} does not hold an adapted target: --artefact takes a LayerSkip "
                                   "artefact; measure any other model with --target")
             target_arg = str(Path(args.artefact) / WEIGHT_PATHS["adapted_target"])
-        target_dir, target, tokenizer = load_target(target_arg, args.tokenizer, args.zoo)
+        target_dir, target, tokenizer = load_target(target_arg, args.tokenizer, args.zoo, dtype=dtype, device=device)
         questions = calibration_questions(args.prompts, args.seed)
         sequences, starts = calibration_sequences(target, tokenizer, questions, args.max_new_tokens)
         record = choose_exit(target, sequences, starts)

@@ -168,6 +168,52 @@ def tokenizer_source(target: str | os.PathLike, tokenizer: str | os.PathLike | N
     return resolved  # a hub id: its own tokenizer
 
 
+DEVICE_KINDS = "auto, cpu, cuda or cuda:N"
+
+
+def resolve_device(name: str) -> str:
+    """``--device``: ``auto`` (cuda when available, else cpu), or a device this machine has; anything else is one
+    :class:`ConfigError` line."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"--device {name!r} is not a device: pass {DEVICE_KINDS}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {name} requested but CUDA is not available: use --device cpu")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"--device {name}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"--device {name} requested but MPS is not available: use --device cpu")
+    elif device.type != "cpu":
+        raise ConfigError(f"--device {name}: draftsmith runs on the CPU, CUDA or MPS: pass {DEVICE_KINDS}")
+    return name
+
+
+def add_placement_options(group) -> None:
+    """``--dtype`` and ``--device``, as every command that runs a model takes them."""
+    from draftsmith.common.models import DTYPES
+
+    group.add_argument("--dtype", default="auto", choices=DTYPES,
+                       help="weights dtype; auto (default): bfloat16 on CUDA, float32 on the CPU")
+    group.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+
+
+def placement(args) -> tuple[str, str]:
+    """``(device, dtype)`` of ``--device``/``--dtype``, checked (:func:`resolve_device`) and ``auto`` resolved:
+    bfloat16 on CUDA, float32 on the CPU (:func:`~draftsmith.common.precision.resolve_dtype`)."""
+    from draftsmith.common.precision import resolve_dtype
+
+    device = resolve_device(args.device)
+    return device, resolve_dtype(args.dtype, device)
+
+
 def load_target(target: str | os.PathLike | None = None, tokenizer: str | os.PathLike | None = None,
                 zoo: str = "tiny", *, home: str | os.PathLike | None = None, dtype: str = "float32",
                 device: str | None = None, quantization: str = "none", attn_implementation: str | None = None):
@@ -182,4 +228,5 @@ def load_target(target: str | os.PathLike | None = None, tokenizer: str | os.Pat
     return target_dir, model, load_tokenizer(source)
 
 
-__all__ = ["check_hub_model", "load_target", "resolve_model_arg", "tokenizer_source", "zoo_model_dir"]
+__all__ = ["add_placement_options", "check_hub_model", "load_target", "placement", "resolve_device", "resolve_model_arg",
+           "tokenizer_source", "zoo_model_dir"]

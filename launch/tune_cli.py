@@ -24,6 +24,7 @@ import random
 from pathlib import Path
 
 from draftsmith.common.errors import ArtefactError, ConfigError
+from draftsmith.launch.targets import add_placement_options
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 AR_PROMPTS = 8  # calibration prompts decoded plainly to time a plain step
@@ -43,6 +44,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-length", metavar="K", type=int, default=8, help="longest draft profiled and considered")
     p.add_argument("--measure-top", metavar="N", type=int, default=2,
                    help="measure the N best predicted settings with the evaluator (0 = trust the prediction)")
+    add_placement_options(p)  # tune where the drafts will run: timings on the CPU do not hold on a GPU
     p.add_argument("--threads", metavar="N", default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--allow-target-mismatch", action="store_true")
@@ -189,12 +191,14 @@ def summary_lines(record: dict) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from draftsmith.launch.eval_cli import artefact_target, threads_context
-    from draftsmith.launch.targets import load_target
+    from draftsmith.launch.targets import load_target, placement
 
     if args.prompts < 1 or args.max_new_tokens < 1 or args.max_length < 1:
         raise ConfigError("--prompts, --max-new-tokens and --max-length must be at least 1")
+    device, dtype = placement(args)
     with threads_context(args.threads):
-        _, target, tokenizer = load_target(artefact_target(args.artefact, args.target), args.tokenizer, args.zoo)
+        _, target, tokenizer = load_target(artefact_target(args.artefact, args.target), args.tokenizer, args.zoo,
+                                           dtype=dtype, device=device)
         record = tune_artefact(Path(args.artefact), target, tokenizer, calibration_questions(args.prompts, args.seed),
                                max_new_tokens=args.max_new_tokens, max_length=args.max_length,
                                measure_top=args.measure_top, allow_target_mismatch=args.allow_target_mismatch)

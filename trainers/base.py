@@ -46,6 +46,7 @@ from draftsmith.data.generation import (
 )
 from draftsmith.inference.core.draft_length import expected_tau
 from draftsmith.trainers.losses import acceptance_from_tvd
+from draftsmith.trainers.mixins import on_training_device
 
 TOKENS_LOG_KEY = "trained_tokens"
 BATCH_COLUMNS = ("input_ids", "labels", "attention_mask")
@@ -99,7 +100,7 @@ class FrozenTargetTrainer(transformers.Trainer):
     def _place_teacher(self, teacher):
         if self._zero_stage() == 3:  # shard the frozen target too; its engine gathers each layer in forward
             return deepspeed_frozen_engine(teacher, self.accelerator.state.deepspeed_plugin.deepspeed_config)
-        return teacher if _is_placed(teacher) else teacher.to(self.args.device)
+        return on_training_device(teacher, self.args.device)
 
     @contextlib.contextmanager
     def generation_model(self, model) -> Iterator[Any]:
@@ -378,8 +379,3 @@ def deepspeed_frozen_engine(model, train_config: dict):
     engine, *_ = deepspeed.initialize(model=model, config=config)
     engine.eval()  # DeepSpeedEngine.eval returns None
     return engine
-
-
-def _is_placed(model) -> bool:
-    """True when the model was loaded onto devices already (device_map / bitsandbytes) and must not be moved."""
-    return bool(getattr(model, "hf_device_map", None)) or getattr(model, "is_quantized", False)

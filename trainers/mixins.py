@@ -90,11 +90,22 @@ class FeatureCache:
         check_choice("features", self.features, FEATURE_MODES)
 
 
+def is_placed(model) -> bool:
+    """True when the model was loaded onto devices already (device_map / bitsandbytes) and must not be moved."""
+    return bool(getattr(model, "hf_device_map", None)) or getattr(model, "is_quantized", False)
+
+
+def on_training_device(target, device):
+    """The frozen ``target`` on the training ``device`` (where the trainer puts it), unless it was loaded onto devices
+    already: what it computes before training (the feature cache, its answers) runs there, not on the CPU."""
+    return target if is_placed(target) else target.to(device)
+
+
 def offline_feature_datasets(config: FeatureCache, target, tokenizer, datasets, layers, training_args,
                              answer: dict | None = None) -> list:
     """``datasets`` as :class:`~draftsmith.data.feature_cache.FeatureDataset` of the target's ``layers`` under the
-    configured cache root (default :func:`draftsmith.common.paths.features_dir`); the main process builds, the
-    others wait and read."""
+    configured cache root (default :func:`draftsmith.common.paths.features_dir`), computed by the target on the
+    training device (:func:`on_training_device`); the main process builds, the others wait and read."""
     from pathlib import Path
 
     from draftsmith.common.paths import features_dir
@@ -104,7 +115,8 @@ def offline_feature_datasets(config: FeatureCache, target, tokenizer, datasets, 
     spec = CacheSpec(layers=tuple(layers), dtype=config.feature_cache_dtype,
                      budget_gb=float(config.feature_cache_budget_gb))
     with training_args.main_process_first(desc="building the feature cache"):
-        return feature_datasets(target, tokenizer, datasets, root, spec, answer)
+        return feature_datasets(on_training_device(target, training_args.device), tokenizer, datasets, root, spec,
+                                answer)
 
 
 # ----------------------------------------------------------------------------------------- a tuned target

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     from draftsmith.data.row_files import recover_rows
     from draftsmith.data.self_distill import generate_answers
     from draftsmith.launch.data_cli import load_prompts
-    from draftsmith.launch.eval_cli import resolve_device
+    from draftsmith.launch.targets import resolve_device
 
     args = parse_args(argv)
     threads = contextlib.nullcontext() if args.threads is None else torch_threads(

@@ -1,8 +1,8 @@
 """One short bfloat16 training run of every recipe on the GPU (a tiny random Llama pair, each recipe's test
 settings): finite losses, an artefact that loads onto the GPU target and decodes.
 
-The Draft & Verify search is not here: it trains nothing and times its trials on the CPU (it takes no ``--device``
-yet)."""
+The Draft & Verify search trains nothing: it is in ``test_commands.py``, with the other commands that time the
+target on the device."""
 
 from __future__ import annotations
 

@@ -156,3 +156,38 @@ def test_a_cached_hub_id_needs_no_network(monkeypatch, tmp_path):
     from draftsmith.launch.targets import hub_reason
 
     assert hub_reason("org/cached") is None
+
+
+class _Loaded(Exception):
+    """Raised by the stand-in loader: the command got as far as loading its target."""
+
+
+@pytest.mark.parametrize("argv", [["tune", "--artefact", "ART"], ["exit-layer"], ["draft-verify"]],
+                         ids=["tune", "exit-layer", "draft-verify"])
+def test_commands_that_measure_load_their_target_where_and_as_asked(monkeypatch, tmp_path, argv):
+    """tune, the exit-layer choice and the Draft & Verify search time the target: they take --device and --dtype as
+    eval does (a tuning on CPU timings would be applied on the GPU), and refuse a device that is not there."""
+    from draftsmith.launch import draft_verify, targets
+    from draftsmith.launch.cli import main
+
+    got = {}
+
+    def loader(*args, **kwargs):
+        got.update(kwargs)
+        raise _Loaded
+
+    def run(extra):
+        args = [a.replace("ART", str(tmp_path)) for a in argv] + extra
+        if args[0] == "draft-verify":
+            return draft_verify.main([*args[1:], "--output_dir", str(tmp_path / "dv")])
+        return main(args)
+
+    monkeypatch.setattr(targets, "load_target", loader)
+    monkeypatch.setattr("draftsmith.launch.eval_cli.artefact_target", lambda artefact, target: None)  # no artefact read
+    with pytest.raises(_Loaded):
+        run(["--device", "cpu", "--dtype", "bfloat16"])
+    assert (got["device"], got["dtype"]) == ("cpu", "bfloat16")
+    with pytest.raises(_Loaded):
+        run([])
+    assert (got["device"], got["dtype"]) == ("cpu", "float32")  # auto on a machine without CUDA
+    assert run(["--device", "tpu9"]) == 2

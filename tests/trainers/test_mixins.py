@@ -22,3 +22,38 @@ def test_a_lora_copy_keeps_the_16_bit_base_frozen_and_its_adapter_in_float32():
     trained = [p for p in copy.parameters() if p.requires_grad]
     assert trained and all(p.dtype == torch.float32 for p in trained)
     assert all(p.dtype == torch.bfloat16 for p in copy.parameters() if not p.requires_grad)
+
+
+class _Target:
+    """A stand-in target that records where it is moved (``to``) and whether it was loaded onto devices."""
+
+    def __init__(self, placed: bool = False):
+        self.moves, self.hf_device_map = [], {"": 0} if placed else None
+
+    def to(self, device):
+        self.moves.append(str(device))
+        return self
+
+
+class _Args:
+    device = torch.device("cpu")
+
+    def main_process_first(self, desc: str):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def test_the_feature_cache_is_computed_on_the_training_device(monkeypatch, tmp_path):
+    """The offline cache (and the answers it holds) runs the target where training runs, not on the CPU before the
+    trainer places it; a target loaded onto devices (device_map) stays where it is."""
+    import draftsmith.data.feature_cache as feature_cache
+    from draftsmith.trainers.mixins import FeatureCache, offline_feature_datasets
+
+    seen = []
+    monkeypatch.setattr(feature_cache, "feature_datasets", lambda target, *a: seen.append(list(target.moves)) or [])
+    config = FeatureCache(features="offline", feature_cache_dir=str(tmp_path))
+    for placed, moves in ((False, ["cpu"]), (True, [])):
+        seen.clear()
+        offline_feature_datasets(config, _Target(placed), None, (), (1,), _Args())
+        assert seen == [moves]
