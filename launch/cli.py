@@ -33,6 +33,15 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's own parse, and one check it lacks: ``--prompts=--`` leaves a single-valued option an empty list
+        (``--`` taken as the end of the options), which the command would meet as a traceback."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            if action.nargs is None and action.type is not None and isinstance(getattr(namespace, action.dest, None), list):
+                self.error(f"argument {'/'.join(action.option_strings) or action.dest}: expected one value")
+        return namespace, extras
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(

@@ -266,7 +266,8 @@ def test_a_recipe_script_type_error_is_one_line_without_a_usage_dump(tiny_pair, 
 
 
 @pytest.mark.parametrize("argv", [["eval", "--limit", "x"], ["export", "--out"], ["data", "generate", "--nope"],
-                                  ["tune", "--zoo=1.5"], ["nosuchcommand"]])
+                                  ["tune", "--zoo=1.5"], ["nosuchcommand"],
+                                  ["exit-layer", "--prompts=--"]])  # argparse leaves an int option an empty list
 def test_a_bad_flag_of_any_subcommand_is_one_line_without_a_usage_dump(argv, capsys):
     from draftsmith.launch.cli import main
 
