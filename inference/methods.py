@@ -46,16 +46,18 @@ def load_artefact(
     target_tokenizer=None,
     allow_target_mismatch: bool = False,
     draft_model=None,
+    manifest: dict | None = None,
     **options,
 ):
     """Read and check an artefact (:func:`draftsmith.inference.artefacts.reader.read_manifest`: its manifest, its
     method and kind, every file), compare it with ``target_model``, and build its proposer through the method
     registry (``options``: command-line decoding settings, None = the artefact's own; ``draft_model`` replaces the
-    artefact's draft, e.g. the draft before training).
+    artefact's draft, e.g. the draft before training; ``manifest``: what :func:`read_manifest` returned for this
+    directory already, so its files are not hashed again).
 
     Returns ``(proposer, manifest)``."""
     directory = Path(directory)
-    manifest = read_manifest(directory)  # a known method of the manifest's kind: checked there
+    manifest = read_manifest(directory) if manifest is None else manifest  # its method and kind checked there
     check_target(manifest, target_model, target_tokenizer, allow_target_mismatch)
     spec = REGISTRY.get(manifest["method"])
     ctx = ProposerContext(target_model=target_model, method=spec.name, tokenizer=target_tokenizer, artefact_dir=directory,

@@ -132,9 +132,11 @@ def artefact_target(artefact: str | None, target: str | None) -> str | None:
     if target is not None or artefact is None:
         return target
     from draftsmith.data.zoo import zoo_size_for_target
-    from draftsmith.inference.artefacts.manifest import read_manifest
+    from draftsmith.inference.artefacts.reader import load_manifest_json, validate_manifest
 
-    name = (read_manifest(artefact).get("target") or {}).get("name_or_path")
+    path, manifest = load_manifest_json(Path(artefact))
+    validate_manifest(manifest, path)  # its files are hashed once, when the artefact loads
+    name = (manifest.get("target") or {}).get("name_or_path")
     if name and (Path(name).exists() or zoo_size_for_target(name) is not None):
         return str(name)
     return None
@@ -207,7 +209,7 @@ def setup(args: argparse.Namespace):
         manifest = read_manifest(args.artefact)
         check_target(manifest, target, tokenizer, args.allow_target_mismatch)  # the given target, whatever the kind
         verified = adapted_target(args.artefact, manifest, target)  # target, or target + LoRA
-        proposer, manifest = load_artefact(args.artefact, verified, tokenizer,
+        proposer, manifest = load_artefact(args.artefact, verified, tokenizer, manifest=manifest,
                                            allow_target_mismatch=args.allow_target_mismatch, **options)
         info.update(method=manifest["method"], draft=str(args.artefact), manifest=manifest,
                     draft_model=getattr(proposer, "draft_model", None), factory=lambda: proposer,

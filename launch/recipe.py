@@ -293,10 +293,11 @@ def evaluate_artefact(artefact: Path, target_model, tokenizer, args: RecipeArgum
     from draftsmith.inference.methods import load_artefact
 
     questions = read_questions(None, limit=args.eval_limit)
-    verified = adapted_target(artefact, read_manifest(artefact), target_model)  # the target, or target + LoRA
-    runs = {"trained": load_artefact(artefact, verified, tokenizer)}
+    manifest = read_manifest(artefact)  # every file hashed, once
+    verified = adapted_target(artefact, manifest, target_model)  # the target, or target + LoRA
+    runs = {"trained": load_artefact(artefact, verified, tokenizer, manifest=manifest)}
     if baseline_draft is not None:
-        runs["baseline"] = load_artefact(artefact, verified, tokenizer, draft_model=baseline_draft)
+        runs["baseline"] = load_artefact(artefact, verified, tokenizer, draft_model=baseline_draft, manifest=manifest)
     reports = {}
     for name, (proposer, manifest) in runs.items():
         label = str(artefact) if name == "trained" else f"{manifest['method']} before training"

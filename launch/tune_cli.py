@@ -103,9 +103,9 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
     manifest = read_manifest(artefact)
     if manifest.get("method") in TREE_METHODS:
         return calibrate_tree_artefact(artefact, target_model, tokenizer, questions, max_new_tokens=max_new_tokens,
-                                       allow_target_mismatch=allow_target_mismatch)
+                                       allow_target_mismatch=allow_target_mismatch, manifest=manifest)
     profiler, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, draft_length=max_length,
-                                draft_length_mode="fixed", confidence_threshold=0.0)
+                                draft_length_mode="fixed", confidence_threshold=0.0, manifest=manifest)
     if getattr(profiler, "draft_model", None) is None:
         raise ArtefactError(f"{artefact} is a {manifest['method']} artefact: draftsmith tune chooses a draft model's "
                             "length and confidence stop; other methods carry their own settings")
@@ -124,7 +124,8 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
                              max_length=max_length, prefill=prefill)
     measured = ranked[: max(1, measure_top)]
     for cand in measured if measure_top > 0 else []:
-        proposer, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, **cand.settings())
+        proposer, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, manifest=manifest,
+                                    **cand.settings())
         report = evaluate(target_model, tokenizer, "draft", lambda p=proposer: p, questions,
                           max_new_tokens=max_new_tokens, progress=False)
         summary = report["summary"]  # the token-weighted speedup: what the prediction is of
@@ -142,20 +143,21 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
 
 
 def calibrate_tree_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new_tokens: int = 64,
-                            allow_target_mismatch: bool = False) -> dict:
+                            allow_target_mismatch: bool = False, manifest: dict | None = None) -> dict:
     """Calibrate a Medusa or EAGLE artefact's tree in place: decode the calibration ``questions`` with its chain
     (every head, or the tree's depth) and store the per-depth temperatures and conditional rank accuracies as
-    ``proposer.tree_calibration``, the whole record as ``tuning`` (:mod:`~draftsmith.inference.evaluation.tree_calibration`)."""
+    ``proposer.tree_calibration``, the whole record as ``tuning`` (:mod:`~draftsmith.inference.evaluation.tree_calibration`).
+    ``manifest``: the artefact's, when read (and its files hashed) already."""
     from draftsmith.inference.artefacts.manifest import rewrite_manifest
     from draftsmith.inference.artefacts.reader import read_manifest
     from draftsmith.inference.core.adapter import ModelAdapter
     from draftsmith.inference.evaluation.tree_calibration import calibrate
     from draftsmith.inference.methods import load_artefact
 
-    manifest = read_manifest(artefact)
+    manifest = read_manifest(artefact) if manifest is None else manifest
     depth = manifest["proposer"].get("tree_depth") or 5
     options = {"tree": "chain", "draft_length": depth} if manifest["method"] == "eagle" else {"tree": "chain"}
-    proposer, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, **options)
+    proposer, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, manifest=manifest, **options)
     depth = getattr(getattr(proposer, "tree", None), "max_depth", None) or depth  # Medusa: its number of heads
     prompts, eos = first_turn_prompts(tokenizer, questions)
     fitted = calibrate(ModelAdapter(target_model), proposer, prompts, depth, max_new_tokens, eos)

@@ -161,3 +161,17 @@ def test_eval_checks_the_given_target_of_an_adapted_target_artefact(artefacts, t
     argv = evaluate(tiny_pair, artefacts["layerskip"], tmp_path)
     argv[argv.index("--target") + 1] = tiny_pair["draft"]
     refused(capsys, argv, "does not match", "--allow-target-mismatch")
+
+
+@pytest.mark.parametrize("name", ["distillspec", "layerskip"])
+def test_eval_hashes_an_artefact_once(artefacts, tiny_pair, tmp_path, monkeypatch, name):
+    """An adapted target is a whole model: ``eval --artefact`` verifies its files once (it read and hashed the
+    manifest three times: to find the target, to check it, to build the proposer)."""
+    from draftsmith.inference.artefacts import reader
+
+    calls = []
+    verify = reader.verify_files
+    monkeypatch.setattr(reader, "verify_files", lambda directory, manifest: calls.append(directory) or
+                        verify(directory, manifest))
+    assert main([str(a) for a in evaluate(tiny_pair, artefacts[name], tmp_path)]) == 0
+    assert len(calls) == 1
