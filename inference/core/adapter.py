@@ -7,6 +7,12 @@ Draft & Verify), hidden states of chosen layers (EAGLE, Medusa), a forward over 
 custom 4-D mask and explicit position ids (tree verification), and a KV cache that can be cropped
 and branch-selected (:class:`~draftsmith.inference.core.kv_cache.KVCache`).
 
+Masks: a causal forward (prefill, chain verification) builds no 4-D mask under ``sdpa`` and flash attention
+(:func:`~draftsmith.inference.core.attention.causal_mask`: SDPA keeps its fused kernels); token trees, KV
+prefixes, sliding-window layers under ``sdpa`` and every forward under other implementations (``eager``) get the
+explicit additive mask of :func:`visibility`. Flash attention takes no explicit mask: a tree or a KV prefix under
+it is refused before anything runs.
+
 Supported layouts: Llama-style (Llama, Qwen2, Mistral and their relatives: ``model.embed_tokens``,
 ``model.layers``, ``model.norm``, ``model.rotary_emb``) and GPT-2 (``transformer.wte``/``wpe``,
 ``transformer.h``, ``transformer.ln_f``). Nothing is patched or set on the wrapped modules; only
@@ -31,7 +37,7 @@ from torch import nn
 
 from draftsmith.common.errors import ConfigError, UnsupportedModelError
 from draftsmith.common.models import cache_keyword
-from draftsmith.inference.core.attention import decode_attention
+from draftsmith.inference.core.attention import FLASH, SDPA, causal_attention_kind, causal_mask, decode_attention
 from draftsmith.inference.core.kv_cache import KVCache, KVPrefix, PrefixedCache
 from draftsmith.kernels.tree_attention import TREE_KWARG, tree_attention_backend
 
@@ -217,10 +223,16 @@ class ModelAdapter:
         window: int | None,
         dtype: torch.dtype,
         prefix: KVPrefix | None = None,
-    ) -> torch.Tensor | None:  # [1 or B, 1, T, (P +) past + T]
+        causal: str | None = None,
+    ) -> torch.Tensor | None:  # [1 or B, 1, T, (P +) past + T], a CausalBias, or None
+        """The ``attention_mask`` of one layer. ``causal``: the attention kind (:data:`SDPA`, :data:`FLASH`) when
+        ``new_visible`` is the causal mask and there is no prefix, so that a layer without a sliding window (any
+        layer, for flash attention) needs no 4-D mask; None builds the explicit one."""
         t = new_visible.shape[0]
         if t == 1 and window is None and prefix is None:
             return None  # a single query sees the whole cache
+        if causal == FLASH or (causal == SDPA and window is None):
+            return causal_mask(causal, past, t)
         vis = visibility(past, new_visible, position_ids[0], window)  # [T, past + T]
         if prefix is not None:  # the prefix's columns come first, as PrefixedCache returns its keys
             seen = prefix.visible.to(vis.device)  # [B or 1, T, P]
@@ -259,6 +271,13 @@ class ModelAdapter:
             self._check_sublayers(partial)
         want = frozenset(output_hidden_states)
         t = hidden.shape[1]
+        kind = self._attention_kind()
+        if kind == FLASH and (tree is not None or kv_prefix is not None):
+            raise UnsupportedModelError(
+                f"attn_implementation {self.config._attn_implementation!r} takes no attention mask, and token trees "
+                "and KV prefixes need one: load the target with attn_implementation='sdpa' (or 'eager')"
+            )
+        causal = kind if tree is None and kv_prefix is None else None  # a causal block: no 4-D mask under `kind`
         # a model loaded with a registered tree attention (draftsmith.kernels.tree_attention) gets the tree of a
         # tree step as an attention keyword in the layers without a sliding window, where every prefix key is
         # visible and the one [1, 1, T, L] mask holds for every batch row: its kernel replaces the 4-D mask there
@@ -274,18 +293,19 @@ class ModelAdapter:
             states[start] = hidden
         with decode_attention():
             hidden = self._layer_loop(hidden, position_ids, cache, layer_cache, tree, kernel_tree, rope, start, end,
-                                      skip, partial, no_attn, no_mlp, kv_prefix, want, states)
+                                      skip, partial, no_attn, no_mlp, kv_prefix, want, states, causal)
         return hidden, states
 
     def _layer_loop(self, hidden, position_ids, cache, layer_cache, tree, kernel_tree, rope, start, end, skip, partial,
-                    no_attn, no_mlp, kv_prefix, want, states) -> torch.Tensor:
+                    no_attn, no_mlp, kv_prefix, want, states, causal=None) -> torch.Tensor:
         masks: dict[tuple[int, int | None], torch.Tensor | None] = {}
         for i in range(start, end):
             if i not in skip:
                 past = cache.get_seq_length(i) if cache is not None else 0
                 key = (past, self._windows[i])
                 if key not in masks:
-                    masks[key] = self._layer_mask(past, tree, position_ids, self._windows[i], hidden.dtype, kv_prefix)
+                    masks[key] = self._layer_mask(past, tree, position_ids, self._windows[i], hidden.dtype, kv_prefix,
+                                                  causal)
                 layer_tree = tree if kernel_tree and self._windows[i] is None else None
                 if i in partial:
                     hidden = self._run_sublayers(
@@ -297,6 +317,12 @@ class ModelAdapter:
             if i + 1 in want:
                 states[i + 1] = hidden
         return hidden
+
+    def _attention_kind(self) -> str | None:
+        """How the model's attention runs a causal block without a 4-D mask (:data:`SDPA`, :data:`FLASH`), None
+        when it needs the explicit one; a registered tree attention delegates such calls to ``sdpa``."""
+        implementation = getattr(self.config, "_attn_implementation", None)
+        return SDPA if tree_attention_backend(implementation) is not None else causal_attention_kind(implementation)
 
     def _tree_attention(self) -> bool:
         """Whether the model's attention implementation is a registered tree attention, which takes the tree."""

@@ -78,6 +78,19 @@ def test_sublayer_skips_pass_the_tree_too(reference_name, calls):
     torch.testing.assert_close(got[1], base[1], rtol=1e-5, atol=1e-5)
 
 
+def test_a_chain_after_a_cache_goes_to_sdpa_without_a_4d_mask(reference_name, calls):
+    """No tree: the registered function hands the adapter's lower-right CausalBias to sdpa, as plain sdpa gets it."""
+    outs = []
+    for model in (random_model("llama", hidden=64), with_attention("llama", reference_name)):
+        adapter = ModelAdapter(model)
+        cache = adapter.new_cache()
+        ids = torch.randint(4, 128, (1, 15), generator=torch.Generator().manual_seed(0))
+        adapter.forward(ids[:, :9], cache)
+        outs.append(adapter.forward(ids[:, 9:], cache).logits)
+    assert calls == []
+    assert torch.equal(outs[1], outs[0])
+
+
 def test_sliding_window_layers_keep_the_4d_mask(reference_name, calls):
     base = run(random_model("mistral", hidden=64, max_positions=64))
     model = with_attention("mistral", reference_name, max_positions=64)
