@@ -7,7 +7,10 @@ after a full accept), so a step commits between 1 and ``len(draft) + 1`` tokens;
 is plain autoregressive decoding and every step commits exactly one token (tau = 1).
 
 Per step the host waits on the device once, for the verdict (accepted path, next token and the
-accepted tokens in one transfer; see :mod:`~draftsmith.inference.core.verify`). Self-drafting proposers
+draft's tokens in one transfer; see :mod:`~draftsmith.inference.core.verify`); with step timing on, twice
+more. Nothing goes the other way: the verdict keeps the accepted node indices and the committed tokens on
+the device, where the KV cache keeps its accepted entries, the proposer's hidden-state rows are picked and
+the sequence grows. A draft made on the host is moved once. Self-drafting proposers
 reach the target and this sequence's cache through ``bind(TargetView)`` (see
 :class:`~draftsmith.inference.core.proposer.TargetView`); the loop checks the cache they leave.
 A draft's extra inputs ride along in the verification forward and are dropped from the cache with
@@ -188,8 +191,8 @@ def verify_forward(
     ``pad`` dummy rows (:func:`pad_rows`) go after the draft; their outputs mean nothing."""
     device = pending.device
     want = _layer_indices(hidden_layers)
-    pos = draft.positions(past, device)[None]  # [1, 1 + n + m]
-    mask = draft.forward_mask  # [T, T] bool or None (causal)
+    pos, mask = draft.forward_inputs(past, device)  # [1 + n + m]; [T, T] bool or None (causal), on the device
+    pos = pos[None]  # [1, 1 + n + m]
     if draft.resume is not None:
         start = draft.resume.start
         if any(i < start for i in want):
@@ -240,10 +243,28 @@ def accept(
     return verify_sampling(process_logits(target_logits, sampling), draft, generator)
 
 
-def commit_cache(cache: KVCache, past: int, verdict: Verdict) -> None:
+def accepted_index(verdict: Verdict, device: torch.device) -> torch.Tensor:  # [a] long on device
+    """The accepted node indices on the device: the verdict's own (the rules of
+    :mod:`~draftsmith.inference.core.verify` keep them there), made there for a chain's prefix, else copied once."""
+    a = len(verdict.accepted)
+    if verdict.path is not None:
+        return verdict.path
+    if verdict.accepted == list(range(a)):
+        return torch.arange(a, device=device)
+    return torch.tensor(verdict.accepted, dtype=torch.long, device=device)
+
+
+def commit_cache(cache: KVCache, past: int, verdict: Verdict, index: torch.Tensor | None = None) -> None:
     """Keep the pending token (at ``past``) and the accepted branch; drop every other node and
-    every extra input."""
-    cache.select(past + 1, torch.tensor(verdict.accepted, dtype=torch.long))
+    every extra input. ``index``: the accepted node indices on the cache's device (:func:`accepted_index`)."""
+    cache.select(past + 1, verdict.accepted, index)
+
+
+def committed_ids(verdict: Verdict, step_tokens: list[int], device: torch.device) -> torch.Tensor:  # [a + 1] long
+    """A step's committed tokens on the device: the verdict's own, else copied from the host."""
+    if verdict.committed is not None:
+        return verdict.committed
+    return torch.tensor(step_tokens, dtype=torch.long, device=device)
 
 
 def step_feedback(
@@ -254,12 +275,15 @@ def step_feedback(
     hidden_layers: Sequence[int],
     draft_seconds: float,
     target_seconds: float,
+    index: torch.Tensor | None = None,  # [a] the accepted node indices on the device (accepted_index)
+    committed_tensor: torch.Tensor | None = None,  # [a + 1] the committed tokens on the device (committed_ids)
 ) -> StepFeedback:
     n = len(draft)
     logits = out.logits[0]  # [1 + n + m, V]
     hidden = {}
     if hidden_layers:
-        rows = torch.tensor([0] + [a + 1 for a in verdict.accepted], device=logits.device)  # [1 + a]
+        index = accepted_index(verdict, logits.device) if index is None else index
+        rows = torch.cat([index.new_zeros(1), index + 1])  # [1 + a] the pending token's row, then the accepted nodes'
         hidden = _pick_hidden(out, hidden_layers, rows)
     extra = draft.extra_inputs
     return StepFeedback(
@@ -269,6 +293,8 @@ def step_feedback(
         target_seconds=target_seconds,
         accepted=verdict.accepted,
         committed=committed,
+        committed_ids=committed_tensor,
+        draft_tokens=verdict.drafted,
         target_logits=logits[: 1 + n],
         hidden_states=hidden,
         extra_logits=logits[1 + n :] if extra is not None else None,
@@ -369,7 +395,7 @@ def generate(
             draft = Draft.empty()
         else:
             budget = target.max_positions - tokens.numel() - 1 if config.engine_steps else room - 1
-            draft = proposer.propose(tokens, budget, config.sampling, generator)
+            draft = proposer.propose(tokens, budget, config.sampling, generator).to(device)  # host tokens: one upload
             check_target_cache(cache, past, draft, getattr(proposer, "name", type(proposer).__name__))
         if config.timing:
             sync_device(device)
@@ -377,20 +403,23 @@ def generate(
         want = hidden_layers + (draft.extra_inputs.hidden_layers if draft.extra_inputs is not None else ())
         out = verify_forward(target, cache, past, tokens[-1:], draft, want, pad_rows(padding, draft))
         verdict = accept(out.logits[0, : 1 + len(draft)], draft, config.sampling, generator, rule)
-        commit_cache(cache, past, verdict)
+        index = accepted_index(verdict, device)  # [a] on the device: the cache and the proposer's rows need no upload
+        commit_cache(cache, past, verdict, index)
         if config.timing:
             sync_device(device)
         t_end = time.perf_counter()
         draft_time += t_verify - t_draft
         verify_time += t_end - t_verify
         step_tokens = verdict.accepted_tokens(draft) + [verdict.next_token]
+        step_ids = committed_ids(verdict, step_tokens, device)  # [a + 1] on the device
         if len(draft):
             n_proposed += len(draft)
             n_accepted += len(verdict.accepted)
             _count_depths(draft, verdict, proposed_by_depth, accepted_by_depth)
         if proposer is not None:
             proposer.observe(
-                step_feedback(out, draft, verdict, step_tokens, hidden_layers, t_verify - t_draft, t_end - t_verify)
+                step_feedback(out, draft, verdict, step_tokens, hidden_layers, t_verify - t_draft, t_end - t_verify,
+                              index, step_ids)
             )
         kept, reason = truncate(step_tokens, len(output), max_new, config.eos_token_ids)
         stop = find_stop(tokenizer, output[max(0, len(output) - lookback) :], kept, config.stop_strings)
@@ -398,7 +427,7 @@ def generate(
             kept, reason = kept[:stop], "stop"
         output.extend(kept)
         accept_lengths.append(len(kept))
-        tokens = torch.cat([tokens, torch.tensor(kept, dtype=torch.long, device=device)])
+        tokens = torch.cat([tokens, step_ids[: len(kept)]])  # kept is a prefix of the step's tokens
         if reason is not None:
             finish = reason
             break

@@ -9,6 +9,8 @@ the length, and keeping the accepted branch of a token tree is one gather per la
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -85,24 +87,34 @@ class KVCache:
             raise ValueError(f"cannot crop a cache to a negative length ({length})")
         self._lengths = [min(n, length) for n in self._lengths]
 
-    def select(self, start: int, keep: torch.Tensor) -> None:
-        """Keep the entries ``start + keep`` (``keep``: LongTensor ``[k]``, offsets after ``start``,
-        in order) and move them to positions ``start .. start + k - 1``; drop the rest after
-        ``start``. This is how the accepted branch of a verified token tree is committed."""
-        keep = keep.to(torch.long)
-        k = int(keep.numel())
-        in_order = keep.tolist() == list(range(k)) if keep.device.type == "cpu" else \
-            bool((keep == torch.arange(k, device=keep.device)).all())  # host structure: no device read
-        if k == 0 or in_order:
+    def select(self, start: int, keep: Sequence[int] | torch.Tensor, index: torch.Tensor | None = None) -> None:
+        """Keep the entries ``start + keep`` (``keep``: offsets after ``start``, in order) and move them to
+        positions ``start .. start + k - 1``; drop the rest after ``start``. This is how the accepted branch of a
+        verified token tree is committed.
+
+        ``keep`` is read on the host (a list, or a CPU tensor; a device tensor is read once); ``index``: the same
+        offsets ``[k]`` already on the cache's device (the decode loop has them from the verdict), else they are
+        copied there once, not once per layer."""
+        offsets = keep.tolist() if isinstance(keep, torch.Tensor) else [int(i) for i in keep]
+        k = len(offsets)
+        if k == 0 or offsets == list(range(k)):
             self.crop(start + k)
             return
+        rows: dict[torch.device, torch.Tensor] = {}  # device -> [k] start + keep, made once per device
+        if index is not None:
+            rows[index.device] = start + index.to(torch.long)
+        elif isinstance(keep, torch.Tensor):
+            rows[keep.device] = start + keep.to(torch.long)
         for i in range(self.num_layers):
             n = self._lengths[i]
             if n <= start:
                 continue
-            if int(keep.max()) >= n - start:
-                raise IndexError(f"layer {i}: keep index {int(keep.max())} past the cache end")
-            idx = (start + keep).to(self._keys[i].device)
+            if max(offsets) >= n - start:
+                raise IndexError(f"layer {i}: keep index {max(offsets)} past the cache end")
+            device = self._keys[i].device
+            if device not in rows:
+                rows[device] = torch.tensor([start + o for o in offsets], dtype=torch.long, device=device)
+            idx = rows[device]
             for buf in (self._keys[i], self._values[i]):
                 buf[:, :, start : start + k] = buf.index_select(2, idx)
             self._lengths[i] = start + k

@@ -61,6 +61,8 @@ class StepFeedback:
     target_seconds: float  # time of the target forward + acceptance
     accepted: list[int] = field(default_factory=list)  # accepted node indices, root to leaf
     committed: list[int] = field(default_factory=list)  # tokens committed (accepted + correction/bonus)
+    committed_ids: torch.Tensor | None = None  # [a + 1] long: the same tokens on the target's device (None: not given)
+    draft_tokens: list[int] | None = None  # [n] every draft token, read with the verdict (None: not read)
     target_logits: torch.Tensor | None = None  # [1 + n, V] rows: pending token, then draft nodes
     hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)
     # layer index -> [1 + a, H]: the target's hidden states at the pending token and the accepted

@@ -22,7 +22,7 @@ import torch
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.core.adapter import additive_mask
-from draftsmith.inference.core.verify import Draft
+from draftsmith.inference.core.verify import Draft, TreeShape
 
 Path = tuple[int, ...]
 
@@ -59,8 +59,29 @@ class StaticTree:
         return int(self.ranks.max()) + 1 if len(self) else 0
 
     @cached_property
+    def shape(self) -> TreeShape:  # shared by every draft of this tree: its device copy is made once
+        return TreeShape(self.parents)
+
+    @cached_property
     def _skeleton(self) -> Draft:  # the tree's structure as a draft (tokens unknown)
-        return Draft(tokens=torch.zeros(len(self), dtype=torch.long), parents=self.parents)
+        return Draft(tokens=torch.zeros(len(self), dtype=torch.long), parents=self.parents, shape=self.shape)
+
+    @cached_property
+    def _slots(self) -> dict[tuple[torch.device, int], torch.Tensor]:  # (device, k) -> [n] node's index in [heads * k]
+        return {}
+
+    @cached_property
+    def _shallower(self) -> dict[int, StaticTree]:  # depth -> this tree without its deeper nodes
+        return {}
+
+    def within(self, max_depth: int) -> StaticTree:
+        """This tree without its nodes deeper than ``max_depth`` (a prefix of its nodes: they are ordered by depth),
+        kept for the next call."""
+        if max_depth >= self.max_depth:
+            return self
+        if max_depth not in self._shallower:
+            self._shallower[max_depth] = StaticTree(tuple(p for p in self.paths if len(p) <= max_depth))
+        return self._shallower[max_depth]
 
     @cached_property
     def mask(self) -> torch.Tensor:  # [1 + n, 1 + n] bool: row i sees column j (row 0 = the pending token)
@@ -85,15 +106,22 @@ class StaticTree:
             out[row, : len(path)] = torch.tensor([index[path[:d]] for d in range(1, len(path) + 1)])
         return out
 
-    def draft(self, candidates: torch.Tensor) -> Draft:
+    def draft(self, candidates: torch.Tensor, max_depth: int | None = None) -> Draft:
         """The tree filled with the heads' candidates: ``candidates[d, r]`` is head ``d + 1``'s rank-``r`` token
-        (``[heads, k]`` with ``heads >= max_depth`` and ``k >= top_k``)."""
+        (``[heads, k]`` with ``heads >= max_depth`` and ``k >= top_k``); with ``max_depth``, only its nodes that deep
+        or shallower (:meth:`within`). The node slots and the tree's structure reach the candidates' device once per
+        tree and device, not once per draft."""
+        if max_depth is not None and max_depth < self.max_depth:
+            return self.within(max_depth).draft(candidates)
         if candidates.dim() != 2 or candidates.shape[0] < self.max_depth or candidates.shape[1] < self.top_k:
             raise ConfigError(f"a tree of depth {self.max_depth} using top-{self.top_k} candidates needs candidates of "
                               f"shape [>= {self.max_depth}, >= {self.top_k}], got {tuple(candidates.shape)}")
-        depth = self.depths.to(candidates.device) - 1
-        tokens = candidates[depth, self.ranks.to(candidates.device)]  # [n]
-        return Draft(tokens=tokens, parents=self.parents)
+        k = int(candidates.shape[1])
+        key = (candidates.device, k)
+        if key not in self._slots:
+            self._slots[key] = ((self.depths - 1) * k + self.ranks).to(candidates.device)  # [n]
+        tokens = candidates.reshape(-1).index_select(0, self._slots[key])  # [n]
+        return Draft(tokens=tokens, parents=self.parents, shape=self.shape)
 
 
 def _sorted_paths(choices: Iterable[Sequence[int]]) -> tuple[Path, ...]:
@@ -215,11 +243,52 @@ def within_depth(draft: Draft, max_depth: int) -> Draft:
     if len(draft) == 0 or int(draft.depths.max()) <= max_depth:
         return draft
     keep = draft.depths <= max_depth  # [n] bool
+    m = int(keep.sum())
+    if bool(keep[:m].all()):  # the kept nodes come first (a tree ordered by depth): slices, no index on the device
+        q = draft.q[:m] if draft.q is not None else None
+        return Draft(tokens=draft.tokens[:m], parents=draft.parents[:m], q=q)
     new_index = keep.long().cumsum(0) - 1  # [n]
     parents = draft.parents[keep]
     parents = torch.where(parents >= 0, new_index[parents.clamp(min=0)], parents)
     q = draft.q[keep.to(draft.q.device)] if draft.q is not None else None
     return Draft(tokens=draft.tokens[keep.to(draft.tokens.device)], parents=parents, q=q)
+
+
+def rerank_order(scores: torch.Tensor, depths: torch.Tensor, total: int, first: torch.Tensor) -> torch.Tensor:
+    """:func:`rerank`'s choice as tensor operations on ``scores``' device (stable sorts, no host read): the indices
+    ``[min(total, n)]`` of the kept candidates in topological order. ``scores`` ``[n]`` float, ``depths`` ``[n]`` long,
+    ``first`` ``[n]`` long: a forced candidate's rank among the forced ones (kept before any other, in that order), ``n``
+    for the others. Order kept: forced first, then by score (the higher first), depth, index; then the kept ones by
+    depth, score (the higher first), index."""
+    n = scores.numel()
+    order = torch.sort(depths, stable=True).indices  # [n] by (depth, index)
+    order = order[torch.sort(scores[order], descending=True, stable=True).indices]  # by (-score, depth, index)
+    order = order[torch.sort(first[order], stable=True).indices]  # the forced ones first, in their order
+    kept = torch.sort(order[: max(0, min(total, n))]).values  # by index
+    kept = kept[torch.sort(scores[kept], descending=True, stable=True).indices]
+    return kept[torch.sort(depths[kept], stable=True).indices]  # by (depth, -score, index)
+
+
+def kept_parents(kept: Sequence[int], parents: Sequence[int]) -> list[int]:
+    """The parents of the ``kept`` candidates as indices into ``kept`` (-1 = the root), from the candidates' own
+    ``parents`` (-1 = the root); a candidate kept without its parent is refused."""
+    where = {c: j for j, c in enumerate(kept)}
+    new_parents = []
+    for c in kept:
+        p = parents[c]
+        if p >= 0 and p not in where:
+            raise ValueError(f"candidate {c} is kept without its parent {p}: its score exceeds its parent's")
+        new_parents.append(where[p] if p >= 0 else -1)
+    return new_parents
+
+
+def forced_ranks(n: int, keep: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:  # [n] long
+    """``first`` for :func:`rerank_order`: the rank of each candidate of ``keep`` (duplicates once), ``n`` elsewhere;
+    made on ``device`` with one fill per forced candidate (no upload)."""
+    first = torch.full((n,), n, dtype=torch.long, device=device)
+    for j, c in enumerate(dict.fromkeys(int(i) for i in keep)):
+        first[c] = j
+    return first
 
 
 def rerank(scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, total: int,
@@ -232,21 +301,13 @@ def rerank(scores: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, to
     is smaller); it must be closed under ancestors.
 
     Returns ``(keep, new_parents)``: the kept candidates' indices in topological order (by depth, then by score)
-    and their parents as indices into ``keep`` (-1 = the root)."""
-    n = scores.numel()
-    forced = list(dict.fromkeys(int(i) for i in keep))[: max(0, total)]
-    rest = sorted(set(range(n)) - set(forced), key=lambda i: (-float(scores[i]), int(depths[i]), i))
-    order = (forced + rest)[: max(0, min(total, n))]
-    kept = sorted(order, key=lambda i: (int(depths[i]), -float(scores[i]), i))
-    where = {c: j for j, c in enumerate(kept)}
-    new_parents = []
-    for c in kept:
-        p = int(parents[c])
-        if p >= 0 and p not in where:
-            raise ValueError(f"candidate {c} is kept without its parent {p}: its score exceeds its parent's")
-        new_parents.append(where[p] if p >= 0 else -1)
+    and their parents as indices into ``keep`` (-1 = the root). The choice is :func:`rerank_order`'s."""
+    first = forced_ranks(scores.numel(), keep, scores.device)
+    kept = rerank_order(scores, depths.to(scores.device), total, first).tolist()
+    new_parents = kept_parents(kept, torch.as_tensor(parents).tolist())
     return torch.tensor(kept, dtype=torch.long), torch.tensor(new_parents, dtype=torch.long)
 
 
-__all__ = ["grown_paths", "rerank", "within_depth", "size_for_step", "tree_size_for_cost", "StaticTree", "tree_from_choices", "chain_choices", "greedy_choices", "default_accuracy",
-           "default_choices"]
+__all__ = ["StaticTree", "chain_choices", "default_accuracy", "default_choices", "forced_ranks", "greedy_choices",
+           "grown_paths", "kept_parents", "rerank", "rerank_order", "size_for_step", "tree_from_choices",
+           "tree_size_for_cost", "within_depth"]

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from draftsmith.inference.core.verify import Draft, Verdict, chain_path, verdict_on_host
+from draftsmith.inference.core.verify import Draft, Verdict, chain_path, empty_verdict, verdict_on_host
 
 
 def typical_threshold(
@@ -71,16 +71,16 @@ def typical_verifier(epsilon: float = 0.09, delta: float | None = None):
         probs = target_probs.float()  # [1 + n, V]
         device = probs.device
         if len(draft) == 0:
-            return Verdict([], int(probs[0].argmax()), tokens=[])
+            return empty_verdict(probs[0].argmax())
         tokens = draft.tokens.to(device)  # [n]
-        rows = draft.parents.to(device) + 1  # [n] each node's verification row
+        tree = draft.on(device)
+        rows = tree.parents + 1  # [n] each node's verification row
         p = probs[rows, tokens]  # [n]
         passed = p > typical_threshold(probs, epsilon, delta)[rows]  # [n]
         if draft.is_chain:  # one candidate: its leading run of passing nodes
             length = chain_path(passed)
             return verdict_on_host(length, probs.index_select(0, length[None]).argmax(-1), tokens)
-        length, row, on_path = longest_candidate(passed, p.clamp_min(1e-30).log(), draft.ancestors.to(device),
-                                                 draft.depths.to(device))
+        length, row, on_path = longest_candidate(passed, p.clamp_min(1e-30).log(), tree.ancestors, tree.depths)
         return verdict_on_host(length, probs.index_select(0, row[None]).argmax(-1), tokens, on_path)
 
     verify_typical.__name__ = f"typical_acceptance(epsilon={epsilon:g}, delta={delta:g})"

@@ -38,7 +38,7 @@ the verification forward, after the tree: BiTA's mask tokens, Jacobi blocks).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import torch
@@ -103,12 +103,148 @@ class ExtraInputs:
         return cls(visible, depths, input_ids, inputs_embeds, tuple(hidden_layers))
 
 
+class TreeShape:
+    """The structure of a draft tree: ``parents`` (``[n]`` long, on the host) and what the verification derives from
+    it, on the host (cached) and on the target's device (:meth:`on`: one upload per device, none for a chain, whose
+    structure is made there). A proposer whose trees keep one shape (a static tree) shares one ``TreeShape`` between
+    its drafts, so the device copy is made once."""
+
+    def __init__(self, parents: torch.Tensor) -> None:
+        self.parents = torch.as_tensor(parents, dtype=torch.long).reshape(-1)
+        self._on: dict[torch.device, DeviceTree] = {}
+        self._with_extras: tuple | None = None  # the last extras' (device, visible, depths, positions, mask)
+
+    def __len__(self) -> int:
+        return int(self.parents.numel())
+
+    @cached_property
+    def parent_list(self) -> list[int]:
+        return self.parents.tolist()
+
+    @cached_property
+    def is_chain(self) -> bool:
+        return self.parent_list == list(range(-1, len(self) - 1))
+
+    @cached_property
+    def depths(self) -> torch.Tensor:  # [n], children of the root have depth 1
+        return torch.arange(1, len(self) + 1) if self.is_chain else tree_depths(self.parent_list)
+
+    @cached_property
+    def ancestors(self) -> torch.Tensor:
+        """``[n, n]`` bool: ``[i, j]`` when node ``j`` is node ``i`` or one of its ancestors."""
+        n = len(self)
+        if self.is_chain:
+            return torch.ones(n, n, dtype=torch.bool).tril()
+        return causal_tree_mask(self.parent_list)
+
+    @cached_property
+    def verify_mask(self) -> torch.Tensor | None:
+        """``[1 + n, 1 + n]`` bool visibility for the verification forward (None = causal)."""
+        if self.is_chain:
+            return None
+        n = len(self)
+        m = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+        m[:, 0] = True
+        m[1:, 1:] = self.ancestors
+        return m
+
+    @cached_property
+    def position_offsets(self) -> torch.Tensor:  # [1 + n] long: each verification row's position minus the pending's
+        return torch.cat([torch.zeros(1, dtype=torch.long), self.depths])
+
+    @cached_property
+    def children(self) -> list[list[int]]:
+        """``children[0]`` are the root's children, ``children[i + 1]`` node i's, in draft order."""
+        kids: list[list[int]] = [[] for _ in range(len(self) + 1)]
+        for i, p in enumerate(self.parent_list):
+            kids[p + 1].append(i)
+        return kids
+
+    @cached_property
+    def sibling_groups(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per sibling rank r: ``(nodes, rows)``, the r-th child of every node that has one and the
+        verification row of its parent (``parent + 1``); each row occurs once per group."""
+        by_rank: list[list[tuple[int, int]]] = []
+        for row, kids in enumerate(self.children):
+            for r, c in enumerate(kids):
+                if r == len(by_rank):
+                    by_rank.append([])
+                by_rank[r].append((c, row))
+        flat = torch.tensor([pair for group in by_rank for pair in group], dtype=torch.long).reshape(-1, 2)
+        parts = flat.split([len(group) for group in by_rank])
+        return [(part[:, 0], part[:, 1]) for part in parts]
+
+    def on(self, device: torch.device | str) -> DeviceTree:
+        """The structure on ``device``, made once per device (one upload; a chain's is made on the device)."""
+        device = torch.device(device)
+        if device not in self._on:
+            self._on[device] = self._chain_on(device) if self.is_chain else self._upload(device)
+        return self._on[device]
+
+    def forward_mask(self, visible: torch.Tensor) -> torch.Tensor:  # [m, 1 + n + m] -> [1 + n + m, 1 + n + m] bool
+        """The whole verification forward's visibility with ``m`` extra inputs after the tree whose rows see
+        ``visible`` (:class:`ExtraInputs`)."""
+        n, m = len(self), int(visible.shape[0])
+        vis = torch.zeros(1 + n + m, 1 + n + m, dtype=torch.bool)
+        tree = self.verify_mask
+        vis[: 1 + n, : 1 + n] = torch.ones(1 + n, 1 + n, dtype=torch.bool).tril() if tree is None else tree
+        vis[1 + n :] = visible.to(torch.bool).cpu()
+        return vis
+
+    def with_extras_on(self, device: torch.device | str, visible: torch.Tensor,
+                       depths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [1 + n + m], [T, T] bool
+        """``(position offsets, forward mask)`` of the verification rows with extra inputs (``visible`` ``[m, 1 + n
+        + m]``, ``depths`` ``[m]``, on the host) on ``device``, in one upload; a proposer that hands the same
+        ``visible`` and ``depths`` tensors with this shape again gets the copy it was given the last time."""
+        device = torch.device(device)
+        last = self._with_extras
+        if last is not None and last[0] == device and last[1] is visible and last[2] is depths:
+            return last[3], last[4]
+        offsets = torch.cat([self.position_offsets, depths.to(torch.long).cpu()])  # [T]
+        t = int(offsets.numel())
+        flat = torch.cat([offsets, self.forward_mask(visible).reshape(-1).long()]).to(device)  # the one upload
+        pos, mask = flat[:t], flat[t:].reshape(t, t).bool()
+        self._with_extras = (device, visible, depths, pos, mask)
+        return pos, mask
+
+    def _chain_on(self, device: torch.device) -> DeviceTree:
+        n = len(self)
+        nodes = torch.arange(n, device=device)  # [n]
+        return DeviceTree(parents=nodes - 1, depths=nodes + 1,
+                          ancestors=torch.ones(n, n, dtype=torch.bool, device=device).tril(), verify_mask=None,
+                          position_offsets=torch.arange(n + 1, device=device),
+                          sibling_groups=[(nodes, nodes)] if n else [])
+
+    def _upload(self, device: torch.device) -> DeviceTree:
+        parts = [self.parents, self.depths, self.ancestors, self.verify_mask, self.position_offsets]
+        parts += [t for group in self.sibling_groups for t in group]
+        flat = torch.cat([p.reshape(-1).to(torch.long) for p in parts]).to(device)  # the one upload
+        pieces = [piece.reshape(p.shape) for piece, p in zip(flat.split([p.numel() for p in parts]), parts, strict=True)]
+        groups = pieces[5:]
+        return DeviceTree(parents=pieces[0], depths=pieces[1], ancestors=pieces[2].bool(),
+                          verify_mask=pieces[3].bool(), position_offsets=pieces[4],
+                          sibling_groups=list(zip(groups[0::2], groups[1::2], strict=True)))
+
+
+@dataclass(frozen=True)
+class DeviceTree:
+    """A :class:`TreeShape` on one device (:meth:`TreeShape.on`)."""
+
+    parents: torch.Tensor  # [n] long
+    depths: torch.Tensor  # [n] long
+    ancestors: torch.Tensor  # [n, n] bool
+    verify_mask: torch.Tensor | None  # [1 + n, 1 + n] bool; None for a chain (causal)
+    position_offsets: torch.Tensor  # [1 + n] long
+    sibling_groups: list[tuple[torch.Tensor, torch.Tensor]]  # per sibling rank: (nodes [k], rows [k])
+
+
 @dataclass
 class Draft:
     """Proposed tokens as a tree in topological order (parents before children).
 
     ``parents`` is structure, read on the host (keep it on the CPU); ``tokens`` and ``q`` may live
-    on the target's device."""
+    on the target's device. ``shape``: the tree's :class:`TreeShape` when the proposer keeps one (made from
+    ``parents`` otherwise)."""
 
     tokens: torch.Tensor  # [n] long
     parents: torch.Tensor  # [n] long; -1 = child of the root (the pending token)
@@ -116,11 +252,16 @@ class Draft:
     extras: dict = field(default_factory=dict)  # proposer-specific payload (e.g. hidden states)
     resume: Resume | None = None  # verification starts at layer resume.start (early exit)
     extra_inputs: ExtraInputs | None = None  # proposer inputs after the tree (BiTA, Jacobi)
+    shape: TreeShape | None = None
 
     def __post_init__(self) -> None:
         n = len(self)
         if self.parents.numel() != n:
             raise ProposerError(f"a draft with {n} tokens has {self.parents.numel()} parents")
+        if self.shape is None:
+            self.shape = TreeShape(self.parents)
+        elif self.shape.parents is not self.parents and not torch.equal(self.shape.parents, self.parents):
+            raise ProposerError("a draft's shape was made from other parents than the draft's")
         if self.q is not None and self.q.shape[0] != n:
             raise ProposerError(f"a draft with {n} tokens has q for {self.q.shape[0]} nodes")
         if self.resume is not None and self.resume.hidden.shape[0] != 1 + n:
@@ -161,40 +302,51 @@ class Draft:
     def __len__(self) -> int:
         return int(self.tokens.numel())
 
+    def to(self, device: torch.device) -> Draft:
+        """This draft with its tokens on ``device`` (one upload when they are on the host; the shape is shared)."""
+        tokens = self.tokens.to(device) if len(self) else self.tokens
+        return self if tokens is self.tokens else replace(self, tokens=tokens)
+
     @property
     def num_extra(self) -> int:
         return len(self.extra_inputs) if self.extra_inputs is not None else 0
 
-    @cached_property
+    @property
     def _parent_list(self) -> list[int]:
-        return self.parents.tolist()
+        return self.shape.parent_list
 
-    @cached_property
+    @property
     def is_chain(self) -> bool:
-        return self._parent_list == list(range(-1, len(self) - 1))
+        return self.shape.is_chain
 
-    @cached_property
+    @property
     def depths(self) -> torch.Tensor:  # [n], children of the root have depth 1
-        return torch.arange(1, len(self) + 1) if self.is_chain else tree_depths(self._parent_list)
+        return self.shape.depths
 
-    @cached_property
+    @property
     def ancestors(self) -> torch.Tensor:
         """``[n, n]`` bool: ``[i, j]`` when node ``j`` is node ``i`` or one of its ancestors."""
-        n = len(self)
-        if self.is_chain:
-            return torch.ones(n, n, dtype=torch.bool).tril()
-        return causal_tree_mask(self._parent_list)
+        return self.shape.ancestors
 
-    @cached_property
+    @property
     def verify_mask(self) -> torch.Tensor | None:
         """``[1 + n, 1 + n]`` bool visibility for the verification forward (None = causal)."""
-        if self.is_chain:
-            return None
-        n = len(self)
-        m = torch.zeros(n + 1, n + 1, dtype=torch.bool)
-        m[:, 0] = True
-        m[1:, 1:] = self.ancestors
-        return m
+        return self.shape.verify_mask
+
+    @property
+    def children(self) -> list[list[int]]:
+        """``children[0]`` are the root's children, ``children[i + 1]`` node i's, in draft order."""
+        return self.shape.children
+
+    @property
+    def sibling_groups(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per sibling rank r: ``(nodes, rows)``, the r-th child of every node that has one and the
+        verification row of its parent (``parent + 1``); each row occurs once per group."""
+        return self.shape.sibling_groups
+
+    def on(self, device: torch.device) -> DeviceTree:
+        """The tree's structure on ``device`` (:meth:`TreeShape.on`)."""
+        return self.shape.on(device)
 
     @cached_property
     def forward_mask(self) -> torch.Tensor | None:
@@ -202,49 +354,30 @@ class Draft:
         included (None = causal)."""
         if self.extra_inputs is None:
             return self.verify_mask
-        n, m = len(self), self.num_extra
-        vis = torch.zeros(1 + n + m, 1 + n + m, dtype=torch.bool)
-        tree = self.verify_mask
-        vis[: 1 + n, : 1 + n] = torch.ones(1 + n, 1 + n, dtype=torch.bool).tril() if tree is None else tree
-        vis[1 + n :] = self.extra_inputs.visible.to(torch.bool).cpu()
-        return vis
-
-    def positions(self, past: int, device: torch.device) -> torch.Tensor:  # [1 + n + m] long, on device
-        """Positions of the verification rows when the pending token sits at ``past``: made on the device for a
-        plain chain (no upload), else the offsets moved there."""
-        if self.is_chain and self.extra_inputs is None:
-            return torch.arange(past, past + 1 + len(self), device=device)
-        return past + self.position_offsets.to(device)
+        return self.shape.forward_mask(self.extra_inputs.visible)
 
     @cached_property
     def position_offsets(self) -> torch.Tensor:
         """``[1 + n + m]`` long: position of each verification row minus the pending token's."""
-        parts = [torch.zeros(1, dtype=torch.long), self.depths]
-        if self.extra_inputs is not None:
-            parts.append(self.extra_inputs.depths.to(torch.long).cpu())
-        return torch.cat(parts)
+        if self.extra_inputs is None:
+            return self.shape.position_offsets
+        return torch.cat([self.shape.position_offsets, self.extra_inputs.depths.to(torch.long).cpu()])
 
-    @cached_property
-    def children(self) -> list[list[int]]:
-        """``children[0]`` are the root's children, ``children[i + 1]`` node i's, in draft order."""
-        kids: list[list[int]] = [[] for _ in range(len(self) + 1)]
-        for i, p in enumerate(self._parent_list):
-            kids[p + 1].append(i)
-        return kids
+    def forward_inputs(self, past: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(positions [1 + n + m], mask [1 + n + m, 1 + n + m] bool or None = causal)`` of the verification
+        forward when the pending token sits at ``past``, on ``device``: from the shape's device copy (a static
+        tree's is made once; a chain's on the device), or, with extra inputs, in one upload (none when a proposer
+        hands the same layout again: :meth:`TreeShape.with_extras_on`)."""
+        if self.extra_inputs is None:
+            tree = self.on(device)
+            return past + tree.position_offsets, tree.verify_mask
+        offsets, mask = self.shape.with_extras_on(device, self.extra_inputs.visible, self.extra_inputs.depths)
+        return past + offsets, mask
 
-    @cached_property
-    def sibling_groups(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per sibling rank r: ``(nodes, rows)``, the r-th child of every node that has one and the
-        verification row of its parent (``parent + 1``); each row occurs once per group."""
-        by_rank: list[list[tuple[int, int]]] = []
-        for row, kids in enumerate(self.children):
-            for r, c in enumerate(kids):
-                if r == len(by_rank):
-                    by_rank.append([])
-                by_rank[r].append((c, row))
-        flat = torch.tensor([pair for group in by_rank for pair in group], dtype=torch.long).reshape(-1, 2)
-        parts = flat.split([len(group) for group in by_rank])
-        return [(part[:, 0], part[:, 1]) for part in parts]
+    def positions(self, past: int, device: torch.device) -> torch.Tensor:  # [1 + n + m] long, on device
+        """Positions of the verification rows when the pending token sits at ``past``, on ``device``
+        (:meth:`forward_inputs`)."""
+        return self.forward_inputs(past, device)[0]
 
 
 @dataclass
@@ -252,6 +385,10 @@ class Verdict:
     accepted: list[int]  # node indices of the accepted path, root to leaf
     next_token: int  # correction (after a rejection) or bonus (after a full accept) token
     tokens: list[int] | None = None  # the accepted nodes' tokens, when the rule already has them on the host
+    # what the rules of this module also give, on the target's device (the loop needs no upload with them):
+    path: torch.Tensor | None = None  # [a] long, the accepted node indices
+    committed: torch.Tensor | None = None  # [a + 1] long, the accepted tokens then next_token
+    drafted: list[int] | None = None  # every draft token, read on the host with the verdict
 
     @property
     def num_committed(self) -> int:
@@ -301,13 +438,27 @@ def verdict_on_host(
     tokens: torch.Tensor,  # [n]
     on_path: torch.Tensor | None = None,  # [n] bool; None for a chain (the path is 0 .. length-1)
 ) -> Verdict:
-    """The one device-to-host transfer of a verification step."""
+    """The one device-to-host transfer of a verification step. The verdict also keeps, on the device, the accepted
+    path's node indices and the committed tokens (sliced with the length read here: no further read), and every
+    draft token as read."""
     n = tokens.numel()
     parts = [length.reshape(1), next_token.reshape(1)] + ([] if on_path is None else [on_path.long()]) + [tokens]
     host = torch.cat(parts).tolist()
-    path = list(range(host[0])) if on_path is None else [i for i in range(n) if host[2 + i]]
+    a = host[0]
+    path = list(range(a)) if on_path is None else [i for i in range(n) if host[2 + i]]
     toks = host[2:] if on_path is None else host[2 + n :]
-    return Verdict(path, host[1], tokens=[toks[i] for i in path])
+    if on_path is None:
+        index = torch.arange(a, device=tokens.device)  # [a]
+    else:  # the path's nodes first, in node (root-to-leaf) order
+        index = torch.argsort((~on_path).to(torch.int8), stable=True)[:a]  # [a]
+    committed = torch.cat([tokens.index_select(0, index), next_token.reshape(1).to(tokens.dtype)])  # [a + 1]
+    return Verdict(path, host[1], tokens=[toks[i] for i in path], path=index, committed=committed, drafted=toks)
+
+
+def empty_verdict(next_token: torch.Tensor) -> Verdict:  # next_token [] on the device
+    """The verdict of a step that drafted nothing: one read, the next token."""
+    return Verdict([], int(next_token), tokens=[], path=next_token.new_empty(0, dtype=torch.long),
+                   committed=next_token.reshape(1).long(), drafted=[])
 
 
 def _accept(
@@ -321,9 +472,9 @@ def _accept(
     if draft.is_chain:
         length = chain_path(passed)
         return verdict_on_host(length, next_token(length[None]), tokens)
-    device = tokens.device
-    ok = first_in_siblings(passed, draft.parents.to(device))  # [n]
-    length, row, on_path = accepted_path(ok, draft.ancestors.to(device), draft.depths.to(device))
+    tree = draft.on(tokens.device)
+    ok = first_in_siblings(passed, tree.parents)  # [n]
+    length, row, on_path = accepted_path(ok, tree.ancestors, tree.depths)
     return verdict_on_host(length, next_token(row[None]), tokens, on_path)
 
 
@@ -335,9 +486,9 @@ def verify_greedy(
     choice = target_logits.argmax(-1)  # [1 + n]
     device = choice.device
     if len(draft) == 0:
-        return Verdict([], int(choice[0]), tokens=[])
+        return empty_verdict(choice[0])
     tokens = draft.tokens.to(device)  # [n]
-    wanted = choice[:-1] if draft.is_chain else choice[draft.parents.to(device) + 1]  # [n] the argmax at each parent
+    wanted = choice[:-1] if draft.is_chain else choice[draft.on(device).parents + 1]  # [n] the argmax at each parent
     return _accept(tokens == wanted, draft, tokens, lambda row: choice.index_select(0, row))
 
 
@@ -358,8 +509,7 @@ def sibling_residuals(
     for a leaf). One pass per sibling rank, all rows at once."""
     left = probs.clone()
     tried = torch.empty_like(q)
-    for nodes, rows in draft.sibling_groups:
-        nodes, rows = nodes.to(probs.device), rows.to(probs.device)
+    for nodes, rows in draft.on(probs.device).sibling_groups:
         here = left.index_select(0, rows)  # [k, V]
         tried[nodes] = here
         left[rows] = residual(here, q.index_select(0, nodes))
@@ -375,7 +525,7 @@ def verify_sampling(
     probs = target_probs.float()
     device = probs.device
     if len(draft) == 0:
-        return Verdict([], int(draw(probs[0], generator)), tokens=[])
+        return empty_verdict(draw(probs[0], generator))
     tokens = draft.tokens.to(device)  # [n]
     q = _node_q(draft, probs.shape[-1], device)  # [n, V]
     tried, left = sibling_residuals(probs, q, draft)

@@ -108,11 +108,15 @@ class DraftModelProposer:
 
     def reset_stats(self) -> None:
         self.stats = {"committed": 0, "outside": 0}  # outside: committed tokens the draft could not propose
+        self._outside: torch.Tensor | None = None  # [] the outside count summed on the device, read when reported
 
     def report_section(self) -> tuple[str, dict]:
         """``("draft_vocab", {...})``: the draft's vocabulary size (``"all"`` without one) and the share of the
         committed tokens outside it, which no draft could have proposed."""
         size = "all" if self.vocab is None else int(self.vocab.numel())
+        if self._outside is not None:  # the one read of the count, at report time
+            self.stats["outside"] += int(self._outside)
+            self._outside = None
         committed = self.stats["committed"]
         return "draft_vocab", {"size": size, "committed_tokens": committed,
                                "outside_fraction": self.stats["outside"] / max(1, committed)}
@@ -125,7 +129,8 @@ class DraftModelProposer:
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self._cache = self.adapter.new_cache(capacity=max(256, 2 * prompt_ids.numel()))
-        self._ids: list[int] = []  # the tokens in the draft's cache
+        self._ids: list[int] = []  # the tokens in the draft's cache (known on the host)
+        self._unread: torch.Tensor | None = None  # [k] the last chain, on the device: its first k - 1 follow _ids
         self._committed: list[int] = prompt_ids.reshape(-1).tolist()  # the sequence, kept on the host by observe()
         self.policy.reset()
 
@@ -143,6 +148,7 @@ class DraftModelProposer:
         generator: torch.Generator | None = None,
     ) -> Draft:
         k = min(self.policy.next_length(), max_tokens, self.adapter.max_positions - tokens.numel())
+        self._unread = None
         if k <= 0:
             return Draft.empty()
         host = self._host_tokens(tokens)
@@ -152,9 +158,10 @@ class DraftModelProposer:
         if self.confidence_threshold > 0 or self.record_confidences:
             drafted, qs = self._draft_reading_each(feed, k, sampling, generator)
             chain = drafted
-        else:
+        else:  # read on the host with the verdict (observe), not here
             chain, qs = self._draft_on_device(feed, k, sampling, generator)  # [k] on the device
-            drafted = chain.tolist()  # the chain's one device-to-host read
+            self._ids, self._unread = list(host), chain  # the cache holds tokens + chain[:-1]
+            return Draft.chain(chain, q=torch.stack(qs) if qs else None)
         self._ids = host + drafted[:-1]  # the cache now holds tokens + drafted[:-1]
         return Draft.chain(chain, q=torch.stack(qs) if qs else None)
 
@@ -207,9 +214,18 @@ class DraftModelProposer:
         return drafted, qs
 
     def observe(self, feedback: StepFeedback) -> None:
+        if self._unread is not None:  # the chain's tokens, as the verdict read them (else read here)
+            drafted = feedback.draft_tokens
+            if drafted is None or len(drafted) != self._unread.numel():
+                drafted = self._unread.tolist()
+            self._ids += drafted[:-1]
+            self._unread = None
         self._committed.extend(feedback.committed)
         self.stats["committed"] += len(feedback.committed)
         if self._inside is not None and feedback.committed:
-            committed = torch.tensor(feedback.committed, dtype=torch.long, device=self._inside.device)
-            self.stats["outside"] += int((~self._inside[committed]).sum())
+            committed = feedback.committed_ids
+            if committed is None:
+                committed = torch.tensor(feedback.committed, dtype=torch.long, device=self._inside.device)
+            outside = (~self._inside[committed.to(self._inside.device)]).sum()  # [] kept on the device until reported
+            self._outside = outside if self._outside is None else self._outside + outside
         self.policy.observe(feedback.num_proposed, feedback.num_accepted, feedback.draft_seconds, feedback.target_seconds)

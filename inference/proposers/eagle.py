@@ -35,7 +35,7 @@ import torch
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.core.proposer import StepFeedback
 from draftsmith.inference.core.sampling import SamplingParams, process_logits
-from draftsmith.inference.core.trees import rerank, size_for_step
+from draftsmith.inference.core.trees import forced_ranks, kept_parents, rerank_order, size_for_step
 from draftsmith.inference.core.verify import Draft
 
 TREES = ("chain", "dynamic")
@@ -87,12 +87,16 @@ class EagleProposer:
 
     def reset_stats(self) -> None:
         self.stats = {"trees": 0, "nodes": 0, "committed": 0, "outside": 0}  # outside: committed, not draftable
+        self._outside: torch.Tensor | None = None  # [] the outside count summed on the device, read when reported
 
     def report_section(self) -> tuple[str, dict]:
         """``("tree_size", {...})``: how the dynamic tree's size was set (a fixed count, or per step on the measured
         cost, with the mean kept and the drafting cost in plain steps); for EAGLE-3, ``draft_vocab``: the share of
         committed tokens outside the draft vocabulary, which no draft could have proposed."""
         s = self.stats
+        if self._outside is not None:  # the one read of the count, at report time
+            s["outside"] += int(self._outside)
+            self._outside = None
         vocab = {}
         if self._t2d is not None:  # EAGLE-3: how often the target chose a token it cannot draft
             vocab = {"draft_vocab": {"size": int(self._t2d.sum()), "committed_tokens": s["committed"],
@@ -139,12 +143,15 @@ class EagleProposer:
         if self._feature is None:
             return
         self._cache.crop(self._true)  # drop the draft's own entries
-        committed = torch.tensor(feedback.committed, dtype=torch.long, device=self._feature.device)  # [a + 1]
-        if committed.numel() == 0:
+        if not feedback.committed:
             return
+        committed = feedback.committed_ids  # [a + 1] on the device, from the verdict
+        if committed is None:
+            committed = torch.tensor(feedback.committed, dtype=torch.long, device=self._feature.device)
         if self._t2d is not None:
             self.stats["committed"] += committed.numel()
-            self.stats["outside"] += int((~self._t2d[committed]).sum())
+            outside = (~self._t2d[committed]).sum()  # [] kept on the device until reported
+            self._outside = outside if self._outside is None else self._outside + outside
         self._feature = self._feed(committed, feedback.hidden_states)[-1]  # features at the pending token + accepted
 
     @torch.inference_mode()
@@ -156,7 +163,7 @@ class EagleProposer:
         if self.tree == "dynamic":
             return self._dynamic_tree(self.total_tokens, min(self.depth, max_tokens))
         feature, pos = self._feature, self._true
-        drafted: list[int] = []
+        drafted: list[torch.Tensor] = []  # [] target ids, on the device: the chain is read once, with the verdict
         qs: list[torch.Tensor] = []
         rows: list[torch.Tensor] = []
         for i in range(k):
@@ -168,15 +175,14 @@ class EagleProposer:
                 q = process_logits(logits, sampling)  # [Vd]
                 idx = torch.multinomial(q, 1, generator=generator)[0]
                 qs.append(self._on_target_vocab(q))
-            tok = int(self.head.to_target(idx))
+            tok = self.head.to_target(idx)  # []
             drafted.append(tok)
             if i + 1 < k:  # the head's next position reads its own feature
-                ids = torch.tensor([[tok]], dtype=torch.long, device=feature.device)
-                p = torch.tensor([[pos]], device=feature.device)
-                feature = self.head(self.embed(ids), feature[None, None], p, self._cache)[0, -1]
+                p = torch.arange(pos, pos + 1, device=feature.device)[None]  # [1, 1]
+                feature = self.head(self.embed(tok.reshape(1, 1)), feature[None, None], p, self._cache)[0, -1]
                 pos += 1
         self.last_draft_logits = torch.stack(rows)
-        return Draft.chain(drafted, q=torch.stack(qs) if qs else None)
+        return Draft.chain(torch.stack(drafted), q=torch.stack(qs) if qs else None)
 
     def draft_index(self, tokens: torch.Tensor) -> torch.Tensor:  # [m] target ids -> [m] draft ids (-1: outside)
         """Target token ids as indices into the vocabulary the head drafts from (tree calibration)."""
@@ -199,56 +205,58 @@ class EagleProposer:
 
     def _dynamic_tree(self, total: int, depth: int) -> Draft:
         """EAGLE-2's expansion and rerank (module docstring), ``depth`` levels (fewer than the tree's near the end of
-        an answer)."""
+        an answer). The host reads each level's expanded nodes once (not the first level's: the root's children, in
+        their order) and the kept nodes once; the tokens, features, scores and head-cache visibility stay on the
+        device."""
         device, k = self._feature.device, self.top_k
-        top = self._logprobs(self._feature[None], 1)[0].topk(k)  # the root's children
+        top = self._logprobs(self._feature[None], 1)[0].topk(k)  # the root's children, best first
         tokens, scores = [self.head.to_target(top.indices)], [top.values]  # per level: [c] target ids, log-probs
-        parents = [torch.full((k,), -1, dtype=torch.long)]  # candidate index of each node's parent (-1 = root)
-        depths = [torch.ones(k, dtype=torch.long)]
-        slot_of: dict[int, int] = {}  # candidate index -> its entry in the head cache past the true prefix
-        ancestors: dict[int, list[int]] = {-1: []}  # candidate index -> cache slots of its forwarded ancestors
-        feature_of: dict[int, torch.Tensor] = {-1: self._feature}  # expanded candidate -> the head's output there
+        depths = [torch.ones(k, dtype=torch.long, device=device)]  # per level: [c]
+        parents: list[int] = [-1] * k  # candidate index of each node's parent (-1 = root), on the host
         offset = 0  # candidate index of the first node of the newest level
         spine = [0]  # candidate index of the top-1 chain's node at each level: always expanded and kept
+        feats = self._feature[None]  # [e, H] the head's output at the last expanded nodes (first: the root)
+        seen = torch.zeros(1, 0, dtype=torch.bool, device=device)  # [e, slots] the draft slots each of them sees
         for level in range(1, depth):
             level_scores = scores[-1]
-            chosen = level_scores.topk(min(k, level_scores.numel())).indices  # [e] within the level
-            picked = chosen.tolist()  # the level's one device-to-host read
+            if level == 1:  # all k children of the root, already best first: no read
+                chosen, picked = torch.arange(k, device=device), list(range(k))
+            else:
+                chosen = level_scores.topk(min(k, level_scores.numel())).indices  # [e] within the level
+                picked = chosen.tolist()  # the level's one device-to-host read
             if spine[-1] - offset not in picked:  # the chain's node ranks below the level's top-k
                 picked[-1] = chosen[-1] = spine[-1] - offset
             cands = [offset + i for i in picked]
-            all_parents = torch.cat(parents)
-            feats = torch.stack([feature_of[int(all_parents[c])] for c in cands])  # [e, H]
-            ids = torch.cat(tokens)[cands].to(device)  # [e]
+            e = len(cands)
+            rows = chosen // k if level > 1 else torch.zeros(e, dtype=torch.long, device=device)  # [e] parent rows
+            seen = torch.cat([seen.index_select(0, rows), torch.eye(e, dtype=torch.bool, device=device)], dim=1)
             past = self._cache.get_seq_length(0)
-            visible = torch.zeros(len(cands), past + len(cands), dtype=torch.bool, device=device)
-            visible[:, : self._true] = True
-            for row, c in enumerate(cands):
-                chain = ancestors[int(all_parents[c])]
-                visible[row, [self._true + s for s in chain]] = True
-                visible[row, past + row] = True
-                ancestors[c] = chain + [past - self._true + row]
-                slot_of[c] = past - self._true + row
-            pos = torch.full((1, len(cands)), self._true + level - 1, device=device)
-            out = self.head(self.embed(ids)[None], feats[None], pos, self._cache, visible=visible)[0]  # [e, H]
-            for row, c in enumerate(cands):
-                feature_of[c] = out[row]
+            visible = torch.cat([seen.new_ones(e, past + e - seen.shape[1]), seen], dim=1)  # [e, past + e]
+            ids = tokens[-1].index_select(0, chosen)  # [e]
+            pos = torch.full((1, e), self._true + level - 1, device=device)
+            out = self.head(self.embed(ids)[None], feats.index_select(0, rows)[None], pos, self._cache,
+                            visible=visible)[0]  # [e, H]
+            feats = out
             child = self._logprobs(out, level + 1).topk(k, dim=-1)  # [e, k]
-            offset += scores[-1].numel()
+            offset += level_scores.numel()
             spine.append(offset + cands.index(spine[-1]) * k)  # the chain node's top-1 child
             tokens.append(self.head.to_target(child.indices).reshape(-1))
             scores.append((level_scores[chosen][:, None] + child.values).reshape(-1))
-            parents.append(torch.tensor(cands, dtype=torch.long).repeat_interleave(k))
-            depths.append(torch.full((len(cands) * k,), level + 1, dtype=torch.long))
-        all_scores = torch.cat(scores).cpu()  # [c]
-        if self.verify_cost is not None:
-            total = min(total, self._size(all_scores))
-        keep, new_parents = rerank(all_scores, torch.cat(parents), torch.cat(depths), total, keep=spine)
-        if self.verify_cost is not None:
-            self._pending_mass = float(all_scores[keep].double().exp().sum())
+            parents += [c for c in cands for _ in range(k)]
+            depths.append(torch.full((e * k,), level + 1, dtype=torch.long, device=device))
+        all_scores = torch.cat(scores)  # [c] on the device
+        host_scores = None
+        if self.verify_cost is not None:  # the cost-sized count needs the scores on the host: one more read
+            host_scores = all_scores.cpu()
+            total = min(total, self._size(host_scores))
+        order = rerank_order(all_scores, torch.cat(depths), total, forced_ranks(all_scores.numel(), spine, device))
+        keep = order.tolist()  # the kept nodes: the tree's last read
+        new_parents = torch.tensor(kept_parents(keep, parents), dtype=torch.long)
+        if host_scores is not None:
+            self._pending_mass = float(host_scores[keep].double().exp().sum())
         self.stats["trees"] += 1
-        self.stats["nodes"] += int(keep.numel())
-        return Draft(tokens=torch.cat(tokens).cpu()[keep].to(device), parents=new_parents)
+        self.stats["nodes"] += len(keep)
+        return Draft(tokens=torch.cat(tokens).index_select(0, order), parents=new_parents)
 
     def _size(self, scores: torch.Tensor) -> int:  # scores [c]: cumulative draft log-probabilities
         """Nodes to keep this step (:func:`~draftsmith.inference.core.trees.size_for_step`) from the calibrated path

@@ -38,10 +38,10 @@ class JacobiProposer:
         if block < 1:
             raise ConfigError(f"--draft-length {block}: a Jacobi block needs at least 1 token")
         self.block, self.seed = int(block), int(seed)
-        self._guess: list[int] = []  # guesses for the positions after the pending token
+        self._guess: torch.Tensor = torch.empty(0, dtype=torch.long)  # [g] guesses for the positions after the pending
         self._previous: dict[int, int] = {}  # absolute position -> token of the last guess
         self._position = 0  # absolute position of the pending token
-        self._context: torch.Tensor | None = None
+        self._context: list[int] = []  # the committed tokens on the host (extended by observe: no device read)
         self._generator = torch.Generator().manual_seed(self.seed)
         self.reset_stats()
 
@@ -49,42 +49,48 @@ class JacobiProposer:
         self.stats = {"steps": 0, "committed": 0, "accepted": 0, "fast_forwarded": 0, "stationary": 0}
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
-        self._guess, self._previous = [], {}
+        self._guess, self._previous = torch.empty(0, dtype=torch.long), {}
         self._position = prompt_ids.numel() - 1
-        self._context = prompt_ids.detach().cpu()
+        self._context = prompt_ids.reshape(-1).tolist()
         self._generator.manual_seed(self.seed)
 
     def _fill(self, n: int) -> list[int]:
         """``n`` tokens drawn from the context (the prompt and what was committed), CLLM's initial guess."""
-        ctx = self._context
-        if ctx is None or ctx.numel() == 0 or n <= 0:
+        if not self._context or n <= 0:
             return [0] * max(n, 0)
-        pick = torch.randint(0, ctx.numel(), (n,), generator=self._generator)
-        return ctx[pick].tolist()
+        pick = torch.randint(0, len(self._context), (n,), generator=self._generator)
+        return torch.tensor(self._context)[pick].tolist()
 
     def propose(self, tokens: torch.Tensor, max_tokens: int, sampling: SamplingParams,
                 generator: torch.Generator | None = None) -> Draft:
         if not sampling.greedy:
             raise ConfigError("Jacobi decoding is greedy (its fixed point is the greedy answer): use --temperature 0")
-        self._context = tokens.detach().cpu()
+        if len(self._context) != tokens.numel():  # observe was not told every step: read the sequence once
+            self._context = tokens.reshape(-1).tolist()
         self._position = tokens.numel() - 1
         n = max(0, min(self.block, max_tokens))
-        guess = (self._guess + self._fill(n - len(self._guess)))[:n] if n else []
+        kept = self._guess[:n]  # [<= n] the last update, on the target's device
+        fill = self._fill(n - kept.numel())
+        guess = torch.cat([kept, torch.tensor(fill, dtype=torch.long, device=kept.device)]) if fill else kept
         self._guess = guess
-        return Draft.chain(torch.tensor(guess, dtype=torch.long))
+        return Draft.chain(guess)
 
     def observe(self, feedback: StepFeedback) -> None:
         a, n = feedback.num_accepted, feedback.num_proposed
         pos = self._position
-        stationary = sum(1 for i in range(a) if self._previous.get(pos + 1 + i) == self._guess[i])
+        guess = feedback.draft_tokens  # the guess as read with the verdict
+        if guess is None or len(guess) != self._guess.numel():
+            guess = self._guess.tolist()
+        stationary = sum(1 for i in range(a) if self._previous.get(pos + 1 + i) == guess[i])
+        self._context.extend(feedback.committed)
         self.stats["steps"] += 1
         self.stats["committed"] += len(feedback.committed)
         self.stats["accepted"] += a
         self.stats["stationary"] += stationary
         self.stats["fast_forwarded"] += a - stationary
-        self._previous = {pos + 1 + i: t for i, t in enumerate(self._guess)}
+        self._previous = {pos + 1 + i: t for i, t in enumerate(guess)}
         rows = feedback.target_logits[a + 1: n + 1] if feedback.target_logits is not None else None  # [n - a, V]
-        self._guess = rows.argmax(-1).tolist() if rows is not None and rows.numel() else []
+        self._guess = rows.argmax(-1) if rows is not None and rows.numel() else torch.empty(0, dtype=torch.long)
 
     def report_section(self) -> tuple[str, dict]:
         """``("jacobi", {...})``: the block size and, per ``block`` generated tokens, the fast-forwarded and the

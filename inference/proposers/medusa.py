@@ -19,7 +19,7 @@ import torch
 from draftsmith.common.errors import ProposerError
 from draftsmith.inference.core.proposer import StepFeedback
 from draftsmith.inference.core.sampling import SamplingParams
-from draftsmith.inference.core.trees import StaticTree, within_depth
+from draftsmith.inference.core.trees import StaticTree
 from draftsmith.inference.core.typical import typical_verifier
 from draftsmith.inference.core.verify import Draft
 from draftsmith.inference.drafters.medusa import MedusaHeads
@@ -69,7 +69,7 @@ class MedusaProposer:
                 generator: torch.Generator | None = None) -> Draft:
         if self._hidden is None or max_tokens <= 0:
             return Draft.empty()
-        return within_depth(self.tree.draft(self.candidates()), max_tokens)
+        return self.tree.draft(self.candidates(), max_depth=max_tokens)
 
 
 __all__ = ["MedusaProposer"]

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from host_reads import HostReads
 
 from draftsmith.inference.core.kv_cache import KVCache
 
@@ -57,3 +58,20 @@ def test_lengths_per_layer():
     assert c.get_seq_length(0) == 4
     c.crop(3)
     assert c.lengths() == [3, 0, 2]
+
+
+def test_select_reads_its_offsets_on_the_host_and_copies_an_index_to_the_device_once_or_never():
+    """A tree's accepted branch is kept with the offsets as host ints and the index on the device: given there
+    (the decode loop's, from the verdict), nothing is copied; else one copy for every layer, not one per layer."""
+    for given in (True, False):
+        with HostReads() as counter:
+            c = KVCache(num_layers=3)
+            for layer in range(3):
+                for i in range(6):
+                    c.update(torch.full((1, 2, 1, 4), float(i), device="cpu"), torch.zeros(1, 2, 1, 4, device="cpu"),
+                             layer_idx=layer)
+            index = torch.tensor([1, 3], device="cpu") if given else None
+            counter.reset()
+            c.select(2, [1, 3], index)
+        assert (counter.reads, counter.uploads) == (0, 0 if given else 1)
+        assert all(c.layer(i)[0][0, 0, :, 0].tolist() == [0, 1, 3, 5] for i in range(3))

@@ -191,3 +191,32 @@ def test_within_depth_keeps_the_shallow_branches_of_a_tree_near_the_end_of_an_an
     assert within_depth(draft, 3) is draft
     chain = within_depth(Draft.chain([5, 6, 7]), 1)
     assert chain.tokens.tolist() == [5] and chain.parents.tolist() == [-1]
+
+
+def test_rerank_order_is_the_host_rule_as_stable_sorts():
+    """On scores with ties, the device-side choice equals the rule written out: forced candidates first in their
+    order, then by (-score, depth, index), cut at ``total``, and the kept ones by (depth, -score, index)."""
+    from draftsmith.inference.core.trees import forced_ranks, rerank_order
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        n = 12
+        scores = -torch.randint(0, 4, (n,), generator=g).float() / 2  # many ties
+        depths = torch.randint(1, 4, (n,), generator=g)
+        forced = [int(i) for i in torch.randperm(n, generator=g)[: trial % 4]]
+        total = 1 + trial % n
+        rest = sorted(set(range(n)) - set(forced), key=lambda i: (-float(scores[i]), int(depths[i]), i))
+        want = sorted((forced + rest)[:total], key=lambda i: (int(depths[i]), -float(scores[i]), i))
+        assert rerank_order(scores, depths, total, forced_ranks(n, forced)).tolist() == want
+
+
+def test_a_static_tree_cut_by_depth_is_a_kept_prefix_of_its_nodes_sharing_one_shape_per_depth():
+    from draftsmith.inference.core.trees import within_depth
+
+    tree = tree_from_choices([(0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0)])
+    candidates = torch.tensor([[10, 11, 12], [20, 21, 22], [30, 31, 32]])
+    cut = tree.draft(candidates, max_depth=2)
+    want = within_depth(tree.draft(candidates), 2)
+    assert cut.tokens.tolist() == want.tokens.tolist() and cut.parents.tolist() == want.parents.tolist()
+    assert tree.draft(candidates, max_depth=2).shape is cut.shape  # kept for the next step near the end
+    assert tree.draft(candidates).shape is tree.draft(candidates, max_depth=3).shape is tree.shape

@@ -113,6 +113,46 @@ def test_greedy_chain_and_tree():
     assert v.accepted == [1, 2] and v.next_token == 0
 
 
+@pytest.mark.parametrize("rule", ["greedy", "sampling", "typical"])
+def test_the_verdict_keeps_the_path_and_the_committed_tokens_for_the_device(rule):
+    """Besides the host lists, a verdict holds the accepted node indices and the committed tokens as tensors (the
+    loop indexes the cache and extends the sequence with them: no upload) and every draft token as read."""
+    tree = Draft(tokens=torch.tensor([1, 2, 3, 4]), parents=torch.tensor([-1, -1, 1, 1]))
+    logits = torch.full((5, V), -20.0)
+    logits[0, 2] = logits[2, 4] = logits[4, 5] = logits[1, 0] = logits[3, 0] = 20.0  # path 1 -> 3, then token 5
+    probs = process_logits(logits, SamplingParams(temperature=1.0))
+    verify = {"greedy": lambda d: verify_greedy(logits, d),
+              "sampling": lambda d: verify_sampling(probs, d, torch.Generator().manual_seed(0)),
+              "typical": lambda d: typical_verifier()(probs, d)}[rule]
+    for draft, path in ((tree, [1, 3]), (Draft.chain([2, 0, 3, 1]), [0, 1])):
+        v = verify(draft)
+        committed = [int(draft.tokens[i]) for i in path] + [v.next_token]
+        assert v.accepted == path and v.path.tolist() == path and v.committed.tolist() == committed
+        assert v.drafted == draft.tokens.tolist() and v.tokens == committed[:-1]
+    empty = verify(Draft.empty())
+    assert empty.accepted == [] and empty.path.tolist() == [] and empty.committed.tolist() == [2]
+
+
+def test_a_tree_shape_reaches_a_device_once_and_is_shared_by_the_drafts_made_with_it():
+    from draftsmith.inference.core.verify import TreeShape
+
+    shape = TreeShape(torch.tensor([-1, -1, 0, 2]))
+    a = Draft(tokens=torch.tensor([1, 2, 3, 4]), parents=shape.parents, shape=shape)
+    b = Draft(tokens=torch.tensor([5, 6, 7, 8]), parents=shape.parents, shape=shape)
+    on = a.on("cpu")
+    assert b.on("cpu") is on and on.parents.tolist() == [-1, -1, 0, 2] and on.depths.tolist() == [1, 1, 2, 3]
+    assert torch.equal(on.ancestors, a.ancestors) and torch.equal(on.verify_mask, a.verify_mask)
+    assert [(n.tolist(), r.tolist()) for n, r in on.sibling_groups] == [
+        (n.tolist(), r.tolist()) for n, r in a.sibling_groups]
+    pos, mask = a.forward_inputs(10, torch.device("cpu"))
+    assert pos.tolist() == [10, 11, 11, 12, 13] and torch.equal(mask, a.verify_mask)
+    chain = Draft.chain([1, 2, 3]).on("cpu")  # made on the device: nothing to upload
+    assert chain.verify_mask is None and chain.position_offsets.tolist() == [0, 1, 2, 3]
+    assert [(n.tolist(), r.tolist()) for n, r in chain.sibling_groups] == [([0, 1, 2], [0, 1, 2])]
+    with pytest.raises(ProposerError, match="shape"):
+        Draft(tokens=torch.tensor([1, 2, 3, 4]), parents=torch.tensor([-1, 0, 1, 2]), shape=shape)
+
+
 def test_deterministic_proposals_under_sampling_use_one_hot_q():
     p = _dist(5)
     g = torch.Generator().manual_seed(0)
