@@ -38,7 +38,8 @@ class OneLineParser(argparse.ArgumentParser):
         (``--`` taken as the end of the options), which the command would meet as a traceback."""
         namespace, extras = super().parse_known_args(args, namespace)
         for action in self._actions:
-            if action.nargs is None and action.type is not None and isinstance(getattr(namespace, action.dest, None), list):
+            single = isinstance(action, argparse._StoreAction) and action.nargs is None  # not append, not nargs
+            if single and action.type is not None and isinstance(getattr(namespace, action.dest, None), list):
                 self.error(f"argument {'/'.join(action.option_strings) or action.dest}: expected one value")
         return namespace, extras
 

@@ -289,3 +289,12 @@ def test_a_yaml_key_with_a_line_break_is_named_on_one_line(tiny_pair, tmp_path, 
                  "--output_dir", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "'a\\nb'" in err and "'c\\rd'" in err, err
+
+
+def test_repeatable_options_still_take_lists():
+    """``data generate --limit`` is given once per prompt set: a list is its value, not the empty-list slip."""
+    from draftsmith.launch.cli import build_parser
+
+    args = build_parser().parse_args(["data", "generate", "--target", "t", "--prompts", "corpus", "--limit", "3", "--limit", "4",
+                                      "--out", "x.jsonl"])
+    assert args.limit == [3, 4]
