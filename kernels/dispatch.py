@@ -1,4 +1,9 @@
-"""Backend choice for the fused linear + divergence loss: Triton on CUDA, the PyTorch reference elsewhere."""
+"""Backend choice for the fused linear + loss functions: Triton on CUDA, the PyTorch reference elsewhere.
+
+The Triton kernel computes the four divergences (and, through the forward KL, the soft cross-entropy); the hard
+cross-entropy with labels and any other per-row loss run the reference's per-chunk math on every device, inside
+the same chunked driver (so no ``[N, V]`` table exists on any backend; only the softmax of a chunk is not fused).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,14 @@ import os
 
 import torch
 
-from draftsmith.kernels.reference import chunked_linear_divergence, reference_divergence_rows
+from draftsmith.kernels.cross_entropy import chunked_linear_cross_entropy, chunked_linear_soft_cross_entropy
+from draftsmith.kernels.reference import (
+    RowLoss,
+    RowsFn,
+    chunked_linear_divergence,
+    chunked_linear_loss,
+    reference_divergence_rows,
+)
 
 BACKENDS = ("auto", "reference", "triton")
 
@@ -41,6 +53,15 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def divergence_rows_fn(backend: str, device: torch.device) -> RowsFn:
+    """The per-chunk divergence rows of ``backend`` on ``device``: the Triton kernel's, or the reference's."""
+    if resolve_backend(backend, device) == "triton":
+        from draftsmith.kernels.triton_divergence import triton_divergence_rows
+
+        return triton_divergence_rows
+    return reference_divergence_rows
+
+
 def fused_linear_divergence(
     hidden: torch.Tensor,  # [..., H] student last hidden states
     weight: torch.Tensor,  # [V, H] student LM head
@@ -66,13 +87,6 @@ def fused_linear_divergence(
     elsewhere), ``"reference"`` or ``"triton"``. Equals :func:`naive_linear_divergence` in value and
     gradients; see :mod:`draftsmith.kernels.reference` for the memory argument.
     """
-    chosen = resolve_backend(backend, hidden.device)
-    if chosen == "triton":
-        from draftsmith.kernels.triton_divergence import triton_divergence_rows
-
-        rows_fn = triton_divergence_rows
-    else:
-        rows_fn = reference_divergence_rows
     return chunked_linear_divergence(
         hidden,
         weight,
@@ -87,5 +101,77 @@ def fused_linear_divergence(
         mask=mask,
         reduction=reduction,
         chunk_size=chunk_size,
+        rows_fn=divergence_rows_fn(backend, hidden.device),
+    )
+
+
+def fused_linear_soft_cross_entropy(
+    hidden: torch.Tensor,  # [..., H] student
+    weight: torch.Tensor,  # [V, H]
+    teacher_logits: torch.Tensor | None = None,  # [..., V]
+    *,
+    bias: torch.Tensor | None = None,
+    teacher_hidden: torch.Tensor | None = None,  # [..., Ht]
+    teacher_weight: torch.Tensor | None = None,  # [V, Ht]
+    teacher_bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    mask: torch.Tensor | None = None,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:  # scalar float32
+    """Cross-entropy ``- sum_v p_v log q_v`` to the frozen teacher's distribution, chunked
+    (:func:`~draftsmith.kernels.cross_entropy.chunked_linear_soft_cross_entropy`): on the Triton backend each chunk
+    is the kernel's forward KL plus the teacher's entropy, elsewhere the reference's autograd rows."""
+    rows_fn = None if resolve_backend(backend, hidden.device) == "reference" else divergence_rows_fn(backend,
+                                                                                                      hidden.device)
+    return chunked_linear_soft_cross_entropy(
+        hidden, weight, teacher_logits, bias=bias, teacher_hidden=teacher_hidden, teacher_weight=teacher_weight,
+        teacher_bias=teacher_bias, temperature=temperature, mask=mask, reduction=reduction, chunk_size=chunk_size,
         rows_fn=rows_fn,
     )
+
+
+def fused_linear_cross_entropy(
+    hidden: torch.Tensor,  # [..., H]
+    weight: torch.Tensor,  # [V, H]
+    labels: torch.Tensor,  # [...] long
+    *,
+    bias: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    mask: torch.Tensor | None = None,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:  # scalar float32
+    """``cross_entropy(h @ W.T + b, labels)`` chunked
+    (:func:`~draftsmith.kernels.cross_entropy.chunked_linear_cross_entropy`). ``backend`` is checked, but every
+    backend runs the reference's per-chunk math: the Triton kernel has no labels."""
+    resolve_backend(backend, hidden.device)
+    return chunked_linear_cross_entropy(hidden, weight, labels, bias=bias, ignore_index=ignore_index,
+                                        label_smoothing=label_smoothing, mask=mask, reduction=reduction,
+                                        chunk_size=chunk_size)
+
+
+def fused_linear_loss(
+    hidden: torch.Tensor,  # [..., H]
+    weight: torch.Tensor,  # [V, H]
+    row_loss: RowLoss,
+    *,
+    bias: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+    teacher_hidden: torch.Tensor | None = None,
+    teacher_weight: torch.Tensor | None = None,
+    teacher_bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:  # scalar float32
+    """Any per-row loss of the logits, chunked (:func:`~draftsmith.kernels.reference.chunked_linear_loss`); every
+    backend runs the reference's per-chunk autograd (``backend`` is checked)."""
+    resolve_backend(backend, hidden.device)
+    return chunked_linear_loss(hidden, weight, row_loss, bias=bias, labels=labels, teacher_hidden=teacher_hidden,
+                               teacher_weight=teacher_weight, teacher_bias=teacher_bias, mask=mask,
+                               reduction=reduction, chunk_size=chunk_size)

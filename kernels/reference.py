@@ -15,6 +15,11 @@ pure functions of :mod:`draftsmith.kernels.divergences` with autograd (so the re
 definition); :mod:`draftsmith.kernels.triton_divergence` computes the same rows with a Triton kernel.
 :func:`naive_linear_divergence` is the unfused baseline both are tested against.
 
+The same driver runs any per-row loss of the logits (:func:`chunked_linear_loss`, the per-row function
+differentiated with autograd chunk by chunk): the cross-entropies of :mod:`draftsmith.kernels.cross_entropy` are
+built on it, and :mod:`draftsmith.kernels.head_calls` runs the same per-row losses through calls of a head whose
+parameters are sharded.
+
 Divergence definitions, conventions and equations: :mod:`draftsmith.kernels.divergences`
 (DistillSpec, Zhou et al. 2023; GKD, Agarwal et al. 2024). The teacher is frozen: no gradient flows to
 the teacher's logits, hidden states or LM head.
@@ -35,6 +40,17 @@ from draftsmith.kernels.divergences import check_divergence_args, divergence, di
 RowsFn = Callable[
     [torch.Tensor, torch.Tensor, str, float, float, float, bool], tuple[torch.Tensor, torch.Tensor | None]
 ]
+# row_loss(student_logits [C, V] float32, labels [C] long | None, teacher_logits [C, Vt] | None) -> per-row loss [C]:
+# a pure, differentiable function of the student logits (the teacher's are frozen)
+RowLoss = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
+# chunk_fn(student_logits [C, V] (owned: may be overwritten), rows [C] long, grad_scale, need_grad)
+#   -> (per-row loss [C], grad_scale * dL/dz [C, V] or None): the per-chunk step of the driver
+ChunkFn = Callable[[torch.Tensor, torch.Tensor, float, bool], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def loss_dtype(t: torch.Tensor) -> torch.dtype:
+    """float32 for half-precision logits, float64 for float64 ones (as :mod:`draftsmith.kernels.divergences`)."""
+    return torch.promote_types(t.dtype, torch.float32)
 
 
 def reference_divergence_rows(
@@ -47,9 +63,23 @@ def reference_divergence_rows(
     need_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [C] float32, [C, V] float32 | None
     """Per-row divergence and ``grad_scale * d(divergence)/d(student_logits)`` by autograd."""
+    return autograd_rows(lambda z, _, t: divergence_per_token(z, t, kind, beta, temperature), student_logits, None,
+                         teacher_logits, grad_scale, need_grad)
+
+
+def autograd_rows(
+    row_loss: RowLoss,
+    student_logits: torch.Tensor,  # [C, V]
+    labels: torch.Tensor | None,  # [C]
+    teacher_logits: torch.Tensor | None,  # [C, Vt]
+    grad_scale: float,
+    need_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # [C] float32, [C, V] float32 | None
+    """``row_loss`` of one chunk and ``grad_scale * d(row_loss)/d(student_logits)`` by autograd: the reference's
+    per-chunk step for any per-row loss."""
     with torch.enable_grad():
-        z = student_logits.detach().float().requires_grad_(need_grad)  # [C, V]
-        per_row = divergence_per_token(z, teacher_logits, kind, beta, temperature)  # [C]
+        z = student_logits.detach().to(loss_dtype(student_logits)).requires_grad_(need_grad)  # [C, V]
+        per_row = row_loss(z, labels, None if teacher_logits is None else teacher_logits.detach())  # [C]
         if not need_grad:
             return per_row.detach(), None
         (grad,) = torch.autograd.grad(per_row.sum() * grad_scale, z)  # [C, V]
@@ -74,6 +104,16 @@ def default_chunk_size(n_tokens: int, vocab: int, hidden: int, budget_bytes: int
     return max(1, min(rows, max(n_tokens, 1)))
 
 
+def resolve_chunk_size(chunk_size: int | None, n: int, vocab: int, hidden: int, device: torch.device) -> int:
+    """``chunk_size``, or :func:`default_chunk_size` (with the GPU budget on CUDA); refuses a size below 1."""
+    if chunk_size is None:
+        budget = GPU_CHUNK_BYTES if device.type == "cuda" else None
+        chunk_size = default_chunk_size(n, vocab, hidden, budget)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    return int(chunk_size)
+
+
 def matmul_dtype(t: torch.Tensor) -> torch.dtype:
     """The dtype ``t``'s matrix products run in: autocast's on ``t``'s device when it is on, else ``t``'s own."""
     device = t.device.type
@@ -82,21 +122,24 @@ def matmul_dtype(t: torch.Tensor) -> torch.dtype:
     return t.dtype
 
 
-def _teacher_chunk(
+def teacher_chunk(
     rows: torch.Tensor,  # [C] long
     teacher_logits: torch.Tensor | None,  # [N, V]
     teacher_hidden: torch.Tensor | None,  # [N, Ht]
     teacher_weight: torch.Tensor | None,  # [V, Ht]
     teacher_bias: torch.Tensor | None,  # [V]
-) -> torch.Tensor:  # [C, V]
+) -> torch.Tensor | None:  # [C, V]
     if teacher_logits is not None:
         return teacher_logits.index_select(0, rows)
+    if teacher_hidden is None:
+        return None
     logits = teacher_hidden.index_select(0, rows) @ teacher_weight.t()  # [C, V]
     return logits if teacher_bias is None else logits + teacher_bias
 
 
-class ChunkedLinearDivergence(torch.autograd.Function):
-    """Loss and gradients chunk by chunk in the forward; the backward only rescales them."""
+class ChunkedLinearLoss(torch.autograd.Function):
+    """Loss and gradients chunk by chunk in the forward; the backward only rescales them. ``chunk_fn`` computes one
+    chunk's per-row losses and their gradient w.r.t. the chunk's logits (the teacher, labels, ... it closes over)."""
 
     @staticmethod
     def forward(
@@ -104,17 +147,10 @@ class ChunkedLinearDivergence(torch.autograd.Function):
         hidden: torch.Tensor,  # [N, H]
         weight: torch.Tensor,  # [V, H]
         bias: torch.Tensor | None,  # [V]
-        teacher_logits: torch.Tensor | None,  # [N, V]
-        teacher_hidden: torch.Tensor | None,  # [N, Ht]
-        teacher_weight: torch.Tensor | None,  # [V, Ht]
-        teacher_bias: torch.Tensor | None,  # [V]
         rows: torch.Tensor,  # [M] long, the unmasked token indices
-        kind: str,
-        beta: float,
-        temperature: float,
+        chunk_fn: ChunkFn,
         reduction: str,
         chunk_size: int,
-        rows_fn: RowsFn,
         need_grads: tuple[bool, bool, bool],  # hidden, weight, bias
     ) -> torch.Tensor:  # scalar float32
         need_h, need_w, need_b = need_grads
@@ -135,10 +171,8 @@ class ChunkedLinearDivergence(torch.autograd.Function):
                 z_c = h_c @ w_c.t()  # [C, V]
                 if b_c is not None:
                     z_c += b_c
-                t_c = _teacher_chunk(idx, teacher_logits, teacher_hidden, teacher_weight, teacher_bias)  # [C, V]
-                per_row, g_c = rows_fn(z_c, t_c, kind, beta, temperature, grad_scale, need_grad)
+                per_row, g_c = chunk_fn(z_c, idx, grad_scale, need_grad)
                 total += per_row.sum()
-                del t_c
                 if not need_grad:
                     continue
                 g_c = g_c.to(compute)  # [C, V], as autograd would cast it for the matmuls
@@ -162,25 +196,31 @@ class ChunkedLinearDivergence(torch.autograd.Function):
         ctx.grads = None
         if not torch.equal(grad_output, torch.ones_like(grad_output)):
             grads = tuple(None if g is None else g * grad_output.to(g.dtype) for g in grads)
-        return (*grads, *([None] * 12))
+        return (*grads, *([None] * 5))
 
 
-def _flatten_inputs(
+def flatten_inputs(
     hidden: torch.Tensor,
     teacher_logits: torch.Tensor | None,
     teacher_hidden: torch.Tensor | None,
     mask: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    labels: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
     lead = hidden.shape[:-1]
     flat = lambda x: None if x is None else x.reshape(-1, x.shape[-1])  # noqa: E731
     if mask is not None:
         if mask.shape != lead:
             raise ValueError(f"mask {tuple(mask.shape)} must match the token dims {tuple(lead)} of the hidden states")
         mask = mask.reshape(-1).to(device=hidden.device, dtype=torch.bool)
-    return flat(hidden), flat(teacher_logits), flat(teacher_hidden), mask
+    if labels is not None:
+        if labels.shape != lead:
+            raise ValueError(f"labels {tuple(labels.shape)} must match the token dims {tuple(lead)} of the hidden "
+                             "states")
+        labels = labels.reshape(-1).to(hidden.device)
+    return flat(hidden), flat(teacher_logits), flat(teacher_hidden), mask, labels
 
 
-def _check_inputs(
+def check_inputs(
     hidden: torch.Tensor,  # [N, H]
     weight: torch.Tensor,  # [V, H]
     bias: torch.Tensor | None,
@@ -189,6 +229,7 @@ def _check_inputs(
     teacher_weight: torch.Tensor | None,
     teacher_bias: torch.Tensor | None,
     reduction: str,
+    teacher_required: bool = True,
 ) -> None:
     n, h = hidden.shape
     if weight.dim() != 2 or weight.shape[1] != h:
@@ -196,9 +237,12 @@ def _check_inputs(
     v = weight.shape[0]
     if bias is not None and bias.shape != (v,):
         raise ValueError(f"student LM-head bias {tuple(bias.shape)} must be [{v}]")
-    if (teacher_logits is None) == (teacher_hidden is None):
+    if teacher_logits is not None and teacher_hidden is not None:
         raise ValueError("pass either teacher_logits or teacher_hidden + teacher_weight (exactly one)")
-    if teacher_logits is not None:
+    if teacher_logits is None and teacher_hidden is None:
+        if teacher_required:
+            raise ValueError("pass either teacher_logits or teacher_hidden + teacher_weight (exactly one)")
+    elif teacher_logits is not None:
         if teacher_weight is not None or teacher_bias is not None:
             raise ValueError("teacher_weight/teacher_bias go with teacher_hidden, not with teacher_logits")
         if teacher_logits.shape != (n, v):
@@ -215,6 +259,20 @@ def _check_inputs(
             raise ValueError(f"teacher LM-head bias {tuple(teacher_bias.shape)} must be [{v}]")
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+
+
+def need_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[bool, bool, bool]:
+    grad_on = torch.is_grad_enabled()
+    return (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
+            grad_on and bias is not None and bias.requires_grad)
+
+
+def counted_rows(n: int, mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:  # [M] long
+    return torch.arange(n, device=device) if mask is None else mask.nonzero().reshape(-1)
+
+
+def detached(x: torch.Tensor | None) -> torch.Tensor | None:
+    return None if x is None else x.detach()
 
 
 def chunked_linear_divergence(
@@ -243,39 +301,54 @@ def chunked_linear_divergence(
     LM head) and rescaled by the incoming gradient in the backward, so call ``backward`` at most once.
     """
     check_divergence_args(kind, beta, temperature)
-    hidden, teacher_logits, teacher_hidden, mask = _flatten_inputs(hidden, teacher_logits, teacher_hidden, mask)
-    _check_inputs(hidden, weight, bias, teacher_logits, teacher_hidden, teacher_weight, teacher_bias, reduction)
+    hidden, teacher_logits, teacher_hidden, mask, _ = flatten_inputs(hidden, teacher_logits, teacher_hidden, mask)
+    check_inputs(hidden, weight, bias, teacher_logits, teacher_hidden, teacher_weight, teacher_bias, reduction)
+    teacher = tuple(detached(x) for x in (teacher_logits, teacher_hidden, teacher_weight, teacher_bias))  # frozen
+    beta, temperature = float(beta), float(temperature)
+
+    def chunk_fn(z_c, idx, grad_scale, need_grad):
+        t_c = teacher_chunk(idx, *teacher)  # [C, V]
+        return rows_fn(z_c, t_c, kind, beta, temperature, grad_scale, need_grad)
+
     n = hidden.shape[0]
-    rows = torch.arange(n, device=hidden.device) if mask is None else mask.nonzero().reshape(-1)  # [M]
-    if chunk_size is None:
-        budget = GPU_CHUNK_BYTES if hidden.device.type == "cuda" else None
-        chunk_size = default_chunk_size(n, weight.shape[0], hidden.shape[1], budget)
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    grad_on = torch.is_grad_enabled()
-    need_grads = (
-        grad_on and hidden.requires_grad,
-        grad_on and weight.requires_grad,
-        grad_on and bias is not None and bias.requires_grad,
-    )
-    detach = lambda x: None if x is None else x.detach()  # noqa: E731  (the teacher is frozen)
-    return ChunkedLinearDivergence.apply(
-        hidden,
-        weight,
-        bias,
-        detach(teacher_logits),
-        detach(teacher_hidden),
-        detach(teacher_weight),
-        detach(teacher_bias),
-        rows,
-        kind,
-        float(beta),
-        float(temperature),
-        reduction,
-        int(chunk_size),
-        rows_fn,
-        need_grads,
-    )
+    chunk_size = resolve_chunk_size(chunk_size, n, weight.shape[0], hidden.shape[1], hidden.device)
+    return ChunkedLinearLoss.apply(hidden, weight, bias, counted_rows(n, mask, hidden.device), chunk_fn, reduction,
+                                   chunk_size, need_grads(hidden, weight, bias))
+
+
+def chunked_linear_loss(
+    hidden: torch.Tensor,  # [..., H] student hidden states
+    weight: torch.Tensor,  # [V, H] student LM head
+    row_loss: RowLoss,
+    *,
+    bias: torch.Tensor | None = None,  # [V]
+    labels: torch.Tensor | None = None,  # [...] long
+    teacher_logits: torch.Tensor | None = None,  # [..., V]
+    teacher_hidden: torch.Tensor | None = None,  # [..., Ht]
+    teacher_weight: torch.Tensor | None = None,  # [V, Ht]
+    teacher_bias: torch.Tensor | None = None,  # [V]
+    mask: torch.Tensor | None = None,  # [...] bool, True = token counts
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> torch.Tensor:  # scalar float32
+    """Mean (or sum) over unmasked tokens of ``row_loss(h @ W.T + b, label, teacher logits)``, chunked like
+    :func:`chunked_linear_divergence`: the same value and gradients (w.r.t. ``hidden``, ``weight``, ``bias``) as
+    ``row_loss`` over the full ``[N, V]`` logits, with only ``[chunk_size, V]`` buffers alive. ``row_loss`` is
+    differentiated with autograd chunk by chunk; labels and the (frozen) teacher are optional and sliced per chunk."""
+    hidden, teacher_logits, teacher_hidden, mask, labels = flatten_inputs(hidden, teacher_logits, teacher_hidden,
+                                                                           mask, labels)
+    check_inputs(hidden, weight, bias, teacher_logits, teacher_hidden, teacher_weight, teacher_bias, reduction,
+                  teacher_required=False)
+    teacher = tuple(detached(x) for x in (teacher_logits, teacher_hidden, teacher_weight, teacher_bias))
+
+    def chunk_fn(z_c, idx, grad_scale, need_grad):
+        y_c = None if labels is None else labels.index_select(0, idx)  # [C]
+        return autograd_rows(row_loss, z_c, y_c, teacher_chunk(idx, *teacher), grad_scale, need_grad)
+
+    n = hidden.shape[0]
+    chunk_size = resolve_chunk_size(chunk_size, n, weight.shape[0], hidden.shape[1], hidden.device)
+    return ChunkedLinearLoss.apply(hidden, weight, bias, counted_rows(n, mask, hidden.device), chunk_fn, reduction,
+                                   chunk_size, need_grads(hidden, weight, bias))
 
 
 def naive_linear_divergence(
@@ -295,8 +368,8 @@ def naive_linear_divergence(
 ) -> torch.Tensor:  # scalar float32
     """The unfused baseline: full ``[N, V]`` logits of both models, then :func:`~draftsmith.kernels.divergences.divergence`."""
     check_divergence_args(kind, beta, temperature)
-    hidden, teacher_logits, teacher_hidden, mask = _flatten_inputs(hidden, teacher_logits, teacher_hidden, mask)
-    _check_inputs(hidden, weight, bias, teacher_logits, teacher_hidden, teacher_weight, teacher_bias, reduction)
+    hidden, teacher_logits, teacher_hidden, mask, _ = flatten_inputs(hidden, teacher_logits, teacher_hidden, mask)
+    check_inputs(hidden, weight, bias, teacher_logits, teacher_hidden, teacher_weight, teacher_bias, reduction)
     student_logits = hidden @ weight.t()  # [N, V]
     if bias is not None:
         student_logits = student_logits + bias

@@ -18,6 +18,10 @@ summed over the targets inside the sequence, normalised by the base trainer over
 token ``x_{t+1}`` itself is the target's own prediction at ``t``, so each decoding step commits it and drafts
 ``M`` tokens after it.
 
+The masks' cross-entropy runs chunk by chunk over the vocabulary from their last hidden states and the target's LM
+head (:func:`~draftsmith.trainers.losses.head_cross_entropy`; the forward computes no logits), so no
+``[targets, vocabulary]`` table exists beyond one chunk.
+
 Held-out evaluation reports each mask's top-1 accuracy and the chain tau they imply
 (``1 + sum_j prod_{k<=j} acc_k``, with the per-mask accuracies as if independent).
 """
@@ -28,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.common.errors import ConfigError
@@ -45,6 +48,7 @@ from draftsmith.inference.drafters.bita import (
 )
 from draftsmith.inference.proposers.bita import TREES
 from draftsmith.trainers.base import FrozenTargetTrainer
+from draftsmith.trainers.losses import LinearHead, head_cross_entropy, head_rows_map
 from draftsmith.trainers.mixins import TargetAnswers
 from draftsmith.trainers.mixins import help_text as _help
 
@@ -117,9 +121,10 @@ class BitaTraining(nn.Module):
         super().__init__()
         self.embeddings = embeddings
 
-    def mask_logits(self, adapter: ModelAdapter, points: torch.Tensor, labels: torch.Tensor,
+    def mask_hidden(self, adapter: ModelAdapter, points: torch.Tensor, labels: torch.Tensor,
                     seq_keys: list[torch.Tensor], seq_values: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(logits [B, G*M, V], targets [B, G*M])`` of every mask group of the batch (module docstring)."""
+        """``(final-normed hidden states [B, G*M, H], targets [B, G*M])`` of every mask group of the batch (module
+        docstring): the LM head's inputs."""
         emb = self.embeddings
         b, g = points.shape
         m = emb.mask_tokens
@@ -131,15 +136,16 @@ class BitaTraining(nn.Module):
         inputs = emb.mask_inputs(g)[None].expand(b, -1, -1).to(adapter.dtype)  # [B, GM, H]
         out = adapter.forward(inputs_embeds=inputs, position_ids=positions,
                               tree=group_visibility(g, m, emb.mask_attention).to(inputs.device),
-                              kv_prefix=KVPrefix(keys, values, visible))
-        return out.logits, targets
+                              kv_prefix=KVPrefix(keys, values, visible), compute_logits=False)
+        return out.last_hidden, targets
 
     def forward(self, adapter: ModelAdapter, points: torch.Tensor, labels: torch.Tensor,
                 seq_keys: list[torch.Tensor], seq_values: list[torch.Tensor]) -> torch.Tensor:
-        """The summed cross-entropy of every mask against its target token (BiTA eq. 4)."""
-        logits, targets = self.mask_logits(adapter, points, labels, seq_keys, seq_values)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100,
-                               reduction="sum")
+        """The summed cross-entropy of every mask against its target token (BiTA eq. 4), chunked over the
+        vocabulary."""
+        hidden, targets = self.mask_hidden(adapter, points, labels, seq_keys, seq_values)
+        return head_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), LinearHead(adapter.lm_head),
+                                  targets.reshape(-1))
 
     def artefact_config(self) -> dict:
         return self.embeddings.artefact_config()
@@ -205,11 +211,12 @@ class BitaTrainer(FrozenTargetTrainer):
         with torch.no_grad():
             keys, values = sequence_kv(self.adapter, batch["input_ids"])
             module = self.accelerator.unwrap_model(model)
-            logits, targets = module.mask_logits(self.adapter, batch[POINTS_KEY], batch["labels"], keys, values)
+            hidden, targets = module.mask_hidden(self.adapter, batch[POINTS_KEY], batch["labels"], keys, values)
+            hidden, head = hidden.reshape(-1, hidden.shape[-1]), LinearHead(self.adapter.lm_head)  # [B*GM, H]
             count = (targets != -100).sum()
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
-                                   ignore_index=-100, reduction="sum") / count.clamp(min=1)
-            hit = (logits.argmax(-1) == targets) & (targets != -100)  # [B, GM]
+            loss = head_cross_entropy(hidden, head, targets.reshape(-1)) / count.clamp(min=1)
+            top = head_rows_map(hidden, head, lambda z, _, __: z.argmax(-1)).view_as(targets)  # [B, GM]
+            hit = (top == targets) & (targets != -100)  # [B, GM]
             by_mask = hit.reshape(hit.shape[0], -1, m).sum((0, 1)).float()  # [M]
             total = (targets != -100).reshape(hit.shape[0], -1, m).sum((0, 1)).float()  # [M]
             self.add_eval_sums(torch.stack([by_mask, total]))

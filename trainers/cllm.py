@@ -27,6 +27,11 @@ distribution at block position ``i`` given ``x`` and the first ``i`` tokens of `
 ``sg`` is stop-gradient; positions whose context already equals the fixed point's (``y^(j)_<i = y^*_<i``) add
 nothing to the consistency term and are left out of it, as in the reference code. Sums run over the block positions
 up to the first end-of-sequence token and are normalised by the base trainer over those positions.
+
+Both terms run chunk by chunk over the vocabulary from the model's last hidden states and its LM head
+(:mod:`draftsmith.trainers.losses`; the forwards compute one position's logits only): the consistency KL computes
+``sg[q(. | y^*, x)]`` inside the same loop as ``q(. | y^(j), x)``, so no ``[tokens, vocabulary]`` table exists beyond
+one chunk. The logits must be that product: a model that post-processes them (soft-capping) is refused.
 """
 
 from __future__ import annotations
@@ -39,12 +44,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.data.collate import IGNORE_INDEX
 from draftsmith.trainers.base import FrozenTargetTrainer
+from draftsmith.trainers.losses import (
+    LinearHead,
+    check_plain_logits,
+    head_cross_entropy,
+    head_divergence,
+    head_rows_map,
+    last_hidden,
+    plain_linear,
+)
 from draftsmith.trainers.mixins import AnswerTokens, TunableCopy, check_choice, merged_model, tunable_copy
 from draftsmith.trainers.mixins import help_text as _help
 
@@ -149,21 +162,23 @@ class TrajectoryCollator:
 # -------------------------------------------------------------------------------------------------- the model
 
 
-def block_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``sum KL(softmax(teacher) || softmax(student))`` over the positions ``t`` whose *next* token is masked in
-    (``mask`` ``[B, T]`` on token positions; logits ``[B, T, V]`` at ``t`` predict ``t + 1``)."""
+def block_kl(teacher_hidden: torch.Tensor, student_hidden: torch.Tensor, head: LinearHead,
+             mask: torch.Tensor) -> torch.Tensor:
+    """``sum KL(softmax(head(teacher)) || softmax(head(student)))`` over the positions ``t`` whose *next* token is
+    masked in (``mask`` ``[B, T]`` on token positions; hidden states ``[B, T, H]`` at ``t`` predict ``t + 1``), chunked
+    over the vocabulary; the teacher side is frozen (``sg``)."""
     rows = mask[:, 1:].bool()  # [B, T-1]
-    teacher = F.log_softmax(teacher_logits[:, :-1][rows].float(), -1)  # [N, V]
-    student = F.log_softmax(student_logits[:, :-1][rows].float(), -1)
-    return (teacher.exp() * (teacher - student)).sum()
+    frozen = LinearHead(head.module, head.rows, head.vocab, head.called)
+    return head_divergence(student_hidden[:, :-1][rows], head, teacher_hidden.detach()[:, :-1][rows], frozen,
+                           kind="forward_kl")
 
 
-def ar_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """Summed CE of ``logits`` ``[B, T, V]`` at ``t`` against ``labels[t + 1]``; with ``label_smoothing`` ``eps`` each
-    position adds ``(1 - eps) * (-log p_label) + eps * mean_v(-log p_v)`` (the reference's ``LabelSmoother``)."""
+def ar_loss(hidden: torch.Tensor, head: LinearHead, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Summed CE of ``head(hidden)`` (``hidden`` ``[B, T, H]``) at ``t`` against ``labels[t + 1]``, chunked over the
+    vocabulary; with ``label_smoothing`` ``eps`` each position adds ``(1 - eps) * (-log p_label) + eps * mean_v(-log
+    p_v)`` (the reference's ``LabelSmoother``)."""
     rows = labels[:, 1:] != IGNORE_INDEX
-    return F.cross_entropy(logits[:, :-1][rows].float(), labels[:, 1:][rows], reduction="sum",
-                           label_smoothing=float(label_smoothing))
+    return head_cross_entropy(hidden[:, :-1][rows], head, labels[:, 1:][rows], label_smoothing=label_smoothing)
 
 
 class ConsistencyTraining(nn.Module):
@@ -175,22 +190,30 @@ class ConsistencyTraining(nn.Module):
         super().__init__()
         self.model = model
 
-    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:  # [B, T, V]
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:  # [B, T, H]
+        """The final-normed last hidden states (the forward computes one position's logits only)."""
+        return last_hidden(self.model, input_ids, attention_mask)
+
+    def head(self, called: bool = False) -> LinearHead:
+        """The model's LM head (``called``: sharded, called chunk by chunk)."""
+        return LinearHead(plain_linear(self.model.get_output_embeddings(), "the tuned copy's LM head"), called=called)
 
     def forward(self, input_ids: torch.Tensor, input_state: torch.Tensor, input_next: torch.Tensor,
                 attention_mask: torch.Tensor, labels: torch.Tensor, consistency_mask: torch.Tensor,
-                consistency: str = "global", ar_weight: float = 10.0, label_smoothing: float = 0.1) -> torch.Tensor:
+                consistency: str = "global", ar_weight: float = 10.0, label_smoothing: float = 0.1,
+                called: bool = False) -> torch.Tensor:
         """``L_consistency + ar_weight * L_AR`` (module docstring; ``L_AR`` label-smoothed by ``label_smoothing``),
         summed."""
-        fixed = self.logits(input_ids, attention_mask)  # with gradient: the AR term
+        fixed = self.hidden(input_ids, attention_mask)  # with gradient: the AR term
         if consistency == "global":
             teacher = fixed.detach()
         else:
             with torch.no_grad():
-                teacher = self.logits(input_next, attention_mask)
-        student = self.logits(input_state, attention_mask)
-        return block_kl(teacher, student, consistency_mask) + float(ar_weight) * ar_loss(fixed, labels, label_smoothing)
+                teacher = self.hidden(input_next, attention_mask)
+        student = self.hidden(input_state, attention_mask)
+        head = self.head(called)
+        return block_kl(teacher, student, head, consistency_mask) + float(ar_weight) * ar_loss(fixed, head, labels,
+                                                                                                label_smoothing)
 
     def artefact_model(self) -> nn.Module:
         return merged_model(self.model)
@@ -199,7 +222,10 @@ class ConsistencyTraining(nn.Module):
 def build_cllm_model(models: dict, config: CllmConfig) -> ConsistencyTraining:
     """A copy of the target (the original collects the trajectories and stays the reference), fully trainable or
     under a LoRA adapter."""
-    return ConsistencyTraining(tunable_copy(models["target"], config.finetune, config.lora_r, config.lora_alpha))
+    check_plain_logits(models["target"].config, "CLLM")
+    module = ConsistencyTraining(tunable_copy(models["target"], config.finetune, config.lora_r, config.lora_alpha))
+    module.head()  # a plain linear LM head (LoRA leaves it out)
+    return module
 
 
 class CllmTrainer(FrozenTargetTrainer):
@@ -244,7 +270,7 @@ class CllmTrainer(FrozenTargetTrainer):
         cfg = self.method_config
         return model(inputs["input_ids"], inputs["input_state"], inputs["input_next"], inputs["attention_mask"],
                      inputs["labels"], inputs["consistency_mask"], cfg.consistency, cfg.ar_weight,
-                     cfg.ar_label_smoothing), None
+                     cfg.ar_label_smoothing, self._sharded()), None
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Held-out loss and how often the model, from an intermediate state, already predicts the fixed point's
@@ -254,12 +280,15 @@ class CllmTrainer(FrozenTargetTrainer):
             total, _ = self.loss_sum(model, inputs)
             loss = total / self.count_loss_tokens(inputs).clamp(min=1).to(total.device)
             module = self.accelerator.unwrap_model(model)
-            logits = module.logits(inputs["input_state"], inputs["attention_mask"])  # [B, T, V]
+            head = module.head(self._sharded())
             rows = inputs["consistency_mask"][:, 1:].bool()  # [B, T-1]
-            hit = (logits[:, :-1].argmax(-1) == inputs["labels"][:, 1:]) & rows
-            tuned = ar_loss(module.logits(inputs["input_ids"], inputs["attention_mask"]), inputs["labels"])
-            original = ar_loss(self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits,
-                               inputs["labels"])
+            state = module.hidden(inputs["input_state"], inputs["attention_mask"])[:, :-1][rows]  # [N, H]
+            top = head_rows_map(state, head, lambda z, _, __: z.argmax(-1))  # [N]
+            hit = top == inputs["labels"][:, 1:][rows]
+            tuned = ar_loss(module.hidden(inputs["input_ids"], inputs["attention_mask"]), head, inputs["labels"])
+            original_hidden = last_hidden(self.teacher, inputs["input_ids"], inputs["attention_mask"])
+            original = ar_loss(original_hidden, LinearHead(self.teacher_module.get_output_embeddings(),
+                                                           called=self._sharded()), inputs["labels"])
             n = (inputs["labels"][:, 1:] != IGNORE_INDEX).sum().float()
             self.add_eval_sums(torch.stack([hit.sum().float(), rows.sum().float(), tuned.float(), original.float(),
                                             n.to(tuned.device)]))

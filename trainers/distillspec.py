@@ -46,13 +46,20 @@ from draftsmith.trainers.logits import (
     check_offline_logits,
     check_same_vocabulary,
     check_triton_backend,
-    draft_argmax,
     draft_labels,
     fused_kernel_blocker,
-    head_rows,
-    proposal_logits,
 )
-from draftsmith.trainers.losses import DIVERGENCES, divergence, divergence_per_token, sequence_kd_nll
+from draftsmith.trainers.losses import (
+    DIVERGENCES,
+    LinearHead,
+    acceptance_rows,
+    divergence,
+    divergence_per_token,
+    head_divergence,
+    head_rows_map,
+    last_hidden,
+    sequence_kd_nll,
+)
 from draftsmith.trainers.mixins import AnswerTokens, FeatureCache, check_choice, offline_feature_datasets
 from draftsmith.trainers.mixins import help_text as _help
 
@@ -142,9 +149,9 @@ class DistillSpecConfig(FeatureCache, AnswerTokens):
     use_fused_kernel: bool | None = field(
         default=None,
         metadata=_help("Compute the loss with draftsmith.kernels' fused, chunked LM-head + divergence (never holds "
-                       "either model's full [tokens, vocab] logits). Unset = wherever it applies: the draft's LM "
-                       "head unsharded (not ZeRO-3 / FSDP), no logit post-processing such as soft-capping, an "
-                       "unquantized target; true = required (an error where it does not apply); false = off."),
+                       "either model's full [tokens, vocab] logits; ZeRO-3 / FSDP: the heads called chunk by chunk). "
+                       "Unset = wherever it applies: no logit post-processing such as soft-capping, an unquantized "
+                       "target; true = required (an error where it does not apply); false = off."),
     )
     kernel_backend: str = field(default="auto", metadata=_help("Backend of the fused kernel: auto (Triton on CUDA, "
                                                                "PyTorch reference elsewhere), triton or reference."))
@@ -243,7 +250,9 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         if self.method_config.draft_vocab == "answers":
             self.draft_ids = self._refit_draft_vocab(model)
         self.loss_rows = self._resolve_loss_rows()  # [K] the rows the divergence runs over, or None: all
-        self.use_fused_kernel = self._resolve_fused_kernel(model, teacher_model)
+        blocker = fused_kernel_blocker(model, teacher_model, sharded=False)  # sharded heads: called chunk by chunk
+        self.use_fused_kernel = self._resolve_fused_kernel(blocker)
+        self.heads_are_logits = blocker is None  # each model's logits are hidden @ LM head: evaluation chunks too
         if self.method_config.features == "offline":
             check_offline_logits(teacher_model, self._sharded())
         self._micro_step = (-1, 0)  # (global step, micro batch within it) for the mixed-mode coin
@@ -295,12 +304,11 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         model.config.draft_vocab = new.tolist()
         return new
 
-    def _resolve_fused_kernel(self, model, teacher_model) -> bool:
-        """``use_fused_kernel``: true = required, false = off, unset = on wherever it applies."""
+    def _resolve_fused_kernel(self, blocker: str | None) -> bool:
+        """``use_fused_kernel``: true = required, false = off, unset = on wherever it applies (no ``blocker``)."""
         requested = self.method_config.use_fused_kernel
         if requested is False or self.method_config.target_signal == "tokens":
             return False
-        blocker = fused_kernel_blocker(model, teacher_model, self._sharded())
         if requested and blocker:
             raise ConfigError(f"use_fused_kernel {blocker}: set use_fused_kernel=false (or leave it unset)")
         if blocker:
@@ -341,14 +349,12 @@ class DistillSpecTrainer(FrozenTargetTrainer):
     # ------------------------------------------------------------------------------------------------ loss
 
     def _teacher_hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:  # [B, T, Ht]
-        """The target's final-normed last hidden state (its LM head's input): from the batch's cached features when it
-        has them, else from a frozen forward."""
+        """The target's final-normed last hidden state (its LM head's input): cached in the batch, else a forward."""
         cached = features_of(inputs)
         if -1 in cached:
             return cached[-1].to(self.teacher_module.get_output_embeddings().weight.dtype)
         with torch.no_grad():
-            return self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                                output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
+            return last_hidden(self.teacher, inputs["input_ids"], inputs["attention_mask"])
 
     def _teacher_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:  # [B, T, V]
         with torch.no_grad():
@@ -384,64 +390,58 @@ class DistillSpecTrainer(FrozenTargetTrainer):
                           reduction="sum")
         return loss, {"student": student, "teacher": teacher}
 
+    def _heads(self, model, rows: torch.Tensor | None) -> tuple[LinearHead, LinearHead]:
+        """The draft's and the target's LM heads over ``rows`` (None: the first ``vocab_size``); called if sharded."""
+        models = (self.accelerator.unwrap_model(model), self.teacher_module)
+        return tuple(LinearHead(m.get_output_embeddings(), rows, self.vocab_size, self._sharded()) for m in models)
+
     def _token_loss(self, model, inputs: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
-        """Sequence-level KD (:func:`~draftsmith.trainers.losses.sequence_kd_nll`) over the draft's vocabulary: only
-        the ``[N, K]`` logits of the answer positions and the ``K`` tokens the draft can propose are computed (the
-        draft's whole LM head where ZeRO-3 / FSDP shard it), and the target does not run."""
-        batch = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+        """Sequence-level KD (:func:`~draftsmith.trainers.losses.sequence_kd_nll`), the draft's K rows; no target."""
         labels = inputs["labels"][:, 1:][mask]  # [N] the target's tokens
-        rows = self.draft_ids if self.draft_ids is not None else torch.arange(self.vocab_size)  # [K]
-        rows = rows.to(labels.device)
-        if self._sharded():  # the LM head is whole only inside the forward
-            logits = model(**batch).logits[:, :-1][mask][:, rows]  # [N, K]
-        else:
-            hidden = model(**batch, output_hidden_states=True, logits_to_keep=1).hidden_states[-1][:, :-1][mask]  # [N, H]
-            weight, bias = head_rows(self.accelerator.unwrap_model(model).get_output_embeddings(), self.vocab_size,
-                                     rows)  # [K, H], [K]
-            logits = hidden @ weight.T if bias is None else hidden @ weight.T + bias  # [N, K]
-        return sequence_kd_nll(logits, draft_labels(labels, rows, self.vocab_size))
+        rows = (torch.arange(self.vocab_size) if self.draft_ids is None else self.draft_ids).to(labels.device)  # [K]
+        hidden = last_hidden(model, inputs["input_ids"], inputs["attention_mask"])[:, :-1][mask]  # [N, H]
+        head, _ = self._heads(model, rows)
+        return sequence_kd_nll(hidden, head, draft_labels(labels, rows, self.vocab_size))
 
     def _fused_loss(self, model, inputs: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
-        """The same sum through draftsmith.kernels: both models' last hidden states (the LM heads' inputs) and
-        LM heads (their ``logits_vocab`` rows) go in, chunks of ``[C, V]`` logits are the only vocabulary-sized
-        buffers."""
+        """The same sum through draftsmith.kernels: both models' last hidden states and LM heads (their
+        ``logits_vocab`` rows) go in, chunks of ``[C, V]`` logits are the only vocabulary-sized buffers."""
         cfg = self.method_config
         t_hidden = self._teacher_hidden(inputs)[:, :-1]  # [B, T-1, Ht]
-        hidden = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                       output_hidden_states=True, logits_to_keep=1).hidden_states[-1][:, :-1]  # [B, T-1, H]
-        weight, bias = head_rows(self.accelerator.unwrap_model(model).get_output_embeddings(), self.vocab_size,
-                                 self.loss_rows)  # [V, H], [V]
-        t_weight, t_bias = head_rows(self.teacher_module.get_output_embeddings(), self.vocab_size,
-                                     self.loss_rows)  # [V, Ht], [V], in the teacher's dtype: never cast per step
-        from draftsmith.kernels import fused_linear_divergence
-
-        return fused_linear_divergence(
-            hidden, weight, bias=bias, teacher_hidden=t_hidden.to(t_weight.dtype), teacher_weight=t_weight,
-            teacher_bias=t_bias, kind=cfg.divergence, beta=cfg.beta, temperature=cfg.temperature, mask=mask,
-            reduction="sum", chunk_size=cfg.kernel_chunk_size, backend=cfg.kernel_backend,
-        )
+        hidden = last_hidden(model, inputs["input_ids"], inputs["attention_mask"])[:, :-1]  # [B, T-1, H]
+        head, teacher = self._heads(model, self.loss_rows)
+        return head_divergence(hidden, head, t_hidden, teacher, kind=cfg.divergence, beta=cfg.beta,
+                               temperature=cfg.temperature, mask=mask, chunk_size=cfg.kernel_chunk_size,
+                               backend=cfg.kernel_backend)
 
     # ---------------------------------------------------------------------------------------------- eval
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Loss on the held-out batch (or on the target's greedy answers to its prompts, ``eval_responses=target``),
-        plus the acceptance sums turned into metrics by :meth:`eval_metrics`."""
+        plus the acceptance sums turned into metrics by :meth:`eval_metrics`, chunk by chunk where it can."""
         inputs = self._prepare_inputs(inputs)
         if self.method_config.eval_responses == "target":
             inputs = self.generate_batch(model, inputs, "target", greedy=True)
         with torch.no_grad():
             mask = response_mask(inputs["labels"])  # [B, T-1]
-            teacher = self._teacher_logits(inputs)[:, :-1][mask][:, : self.vocab_size]  # [N, V]
-            student = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
-            student = student[:, :-1][mask][:, : self.vocab_size]  # [N, V]
-            cfg = self.method_config
-            loss = divergence(self._loss_columns(student), self._loss_columns(teacher), kind=cfg.divergence,
-                              beta=cfg.beta, temperature=cfg.temperature)
-            proposed = proposal_logits(student, self.draft_ids)  # [N, V]: what the proposer samples from
-            tvd = divergence_per_token(proposed, teacher, "tvd")  # [N], temperature 1: what sampling sees
-            agree = (draft_argmax(student, self.draft_ids) == teacher.argmax(-1)).float()  # [N], greedy acceptance
+            if self.heads_are_logits:  # both models' last hidden states [N, H], [N, Ht] through their heads
+                hidden = last_hidden(model, inputs["input_ids"], inputs["attention_mask"])[:, :-1][mask]
+                head, teacher = self._heads(model, None)
+                t_hidden = self._teacher_hidden(inputs)[:, :-1][mask]
+                rows = head_rows_map(hidden, head, self._eval_rows, teacher_hidden=t_hidden, teacher=teacher)  # [N, 3]
+            else:
+                teacher = self._teacher_logits(inputs)[:, :-1][mask][:, : self.vocab_size]  # [N, V]
+                student = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+                rows = self._eval_rows(student[:, :-1][mask][:, : self.vocab_size], None, teacher)  # [N, 3]
+            loss, tvd, agree = rows.unbind(-1)  # [N] each
             self.add_eval_sums(torch.stack([tvd.sum(), agree.sum(), torch.tensor(float(tvd.numel()), device=tvd.device)]))
-        return loss.detach(), None, None
+        return (loss.sum() / max(loss.numel(), 1)).detach(), None, None
+
+    def _eval_rows(self, student: torch.Tensor, _, teacher: torch.Tensor) -> torch.Tensor:  # [C, V] x 2 -> [C, 3]
+        cfg = self.method_config  # per held-out token: the divergence over the loss columns, TVD and agreement
+        loss = divergence_per_token(self._loss_columns(student), self._loss_columns(teacher), cfg.divergence, cfg.beta,
+                                    cfg.temperature)
+        return torch.cat([loss[:, None], acceptance_rows(student, teacher, self.draft_ids).to(loss.dtype)], -1)
 
     def eval_metrics(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
         return acceptance_metrics(sums, self.method_config.draft_length, prefix)

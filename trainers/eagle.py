@@ -42,6 +42,14 @@ trainer's rule). The draft vocabulary is counted on the answers the head trains 
 Evaluation logs the top-1 agreement at every unrolled step (``eval_step{j}_top1``, out-of-vocabulary anchors
 counted as misses, as the reference's ``acc``): the acceptance proxy of draft depth ``j + 1``; and the share of
 the evaluated answer tokens inside the draft vocabulary (``eval_draft_vocab_coverage``).
+
+Memory: the target's forward returns only the hidden states the head reads (the decoder layers run through
+:class:`~draftsmith.inference.core.adapter.ModelAdapter`: the features of the chosen layers and the final-normed last
+hidden state, no logits; under ZeRO-3, whose sharded target only its engine runs, the engine's forward with
+``logits_to_keep=1``). Every distribution over the vocabulary is computed chunk by chunk from hidden states and an LM
+head (:mod:`draftsmith.trainers.losses`): ``p_{t+2}`` inside the same loop as the head's ``q`` (EAGLE-1: the soft
+cross-entropy; EAGLE-3: per unrolled step, the target's LM-head rows of the draft vocabulary), and the target's argmax
+behind the mask ``m`` in a chunked pass without gradient.
 """
 
 from __future__ import annotations
@@ -56,9 +64,12 @@ import torch.nn.functional as F
 from draftsmith.common.errors import ConfigError
 from draftsmith.data.draft_vocab import answer_token_counts, ranked_counts
 from draftsmith.data.feature_cache import features_of
+from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, aux_layers, draft_vocab
 from draftsmith.trainers.base import FrozenTargetTrainer
-from draftsmith.trainers.eagle3 import Eagle3TTT, shifted, ttt_anchors
+from draftsmith.trainers.eagle3 import shifted, ttt_anchors
+from draftsmith.trainers.eagle3_loss import Eagle3Training
+from draftsmith.trainers.losses import LinearHead, head_rows_map, head_soft_cross_entropy
 from draftsmith.trainers.mixins import FeatureCache, TargetAnswers, offline_feature_datasets
 from draftsmith.trainers.mixins import help_text as _help
 
@@ -182,7 +193,19 @@ def draft_vocab_counts(target, config: EagleConfig, train_dataset, tokenizer=Non
     return ranked_counts(answer_token_counts(answers, vocab), given)
 
 
-def build_eagle_head(models: dict, config: EagleConfig, train_dataset=None, tokenizer=None) -> EagleHead | Eagle3TTT:
+def target_features(target, input_ids: torch.Tensor, layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
+    """``{layer: [B, T, H]}`` of a right-padded batch: the hidden states of ``layers`` (transformers' indices; -1 =
+    the final-normed last hidden state) through the target's own decoder layers, and nothing else (no logits, no
+    other layer): :meth:`ModelAdapter.forward` with the layers it keeps. Right padding leaves every real position's
+    states those of the masked forward."""
+    with torch.no_grad():
+        out = ModelAdapter(target).forward(input_ids, output_hidden_states=[i for i in layers if i != -1],
+                                           compute_logits=False)
+    return {i: out.last_hidden if i == -1 else out.hidden_states[i] for i in layers}
+
+
+def build_eagle_head(models: dict, config: EagleConfig, train_dataset=None,
+                     tokenizer=None) -> EagleHead | Eagle3Training:
     """The trainable module of the recipe: a fresh head for the target (EAGLE-3: with its draft vocabulary, the
     most frequent tokens of the answers it trains on: :func:`draft_vocab_counts`)."""
     target = models["target"]
@@ -190,7 +213,7 @@ def build_eagle_head(models: dict, config: EagleConfig, train_dataset=None, toke
         return EagleHead.for_target(target, fc_bias=config.fc_bias)
     d2t, t2d = draft_vocab(draft_vocab_counts(target, config, train_dataset, tokenizer), config.draft_vocab_size)
     layers = None if config.layers == "auto" else tuple(int(x) for x in str(config.layers).split(","))
-    return Eagle3TTT(Eagle3Head.for_target(target, d2t, t2d, layers))
+    return Eagle3Training(Eagle3Head.for_target(target, d2t, t2d, layers))
 
 
 def supervised_positions(labels: torch.Tensor) -> torch.Tensor:  # [B, T-2] bool
@@ -203,13 +226,21 @@ def uniform_noise(like: torch.Tensor, scale: float) -> torch.Tensor:
     return (torch.rand_like(like) * 2.0 - 1.0) * scale
 
 
-def eagle_losses(pred: torch.Tensor, target_features: torch.Tensor, pred_logits: torch.Tensor,
-                 target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed ``(L_reg, L_cls)`` over ``N`` positions: ``pred``/``target_features`` ``[N, H]``, logits ``[N, V]``."""
+def eagle_losses(pred: torch.Tensor, target_features: torch.Tensor, lm_head: LinearHead) -> tuple[torch.Tensor,
+                                                                                                    torch.Tensor]:
+    """Summed ``(L_reg, L_cls)`` over ``N`` positions (EAGLE eqs. 2-4): ``pred``/``target_features`` ``[N, H]``,
+    ``L_cls = - sum_t sum_v p(v) log softmax(LMHead(f^))(v)`` with ``p = softmax(LMHead(f))``, both through the
+    target's LM head chunk by chunk."""
     reg = F.smooth_l1_loss(pred.float(), target_features.float(), reduction="none").mean(-1).sum()
-    p = target_logits.float().softmax(-1)
-    cls = -(p * F.log_softmax(pred_logits.float(), dim=-1)).sum()
+    cls = head_soft_cross_entropy(pred, lm_head, target_features, lm_head)
     return reg, cls
+
+
+def top1_agreement(pred: torch.Tensor, target_features: torch.Tensor, lm_head: LinearHead) -> torch.Tensor:
+    """How often ``argmax LMHead(f^) == argmax LMHead(f)`` over the ``N`` rows (without gradient, chunked)."""
+    hits = head_rows_map(pred, lm_head, lambda z, _, t: (z.argmax(-1) == t.argmax(-1)).float(),
+                         teacher_hidden=target_features, teacher=lm_head)
+    return hits.sum()
 
 
 class EagleTrainer(FrozenTargetTrainer):
@@ -239,25 +270,23 @@ class EagleTrainer(FrozenTargetTrainer):
         self.vocab_coverage = None  # EAGLE-3: the share of the evaluated answer tokens a draft can propose
         self._coverage_warned = False
 
-    def _target_outputs(self, inputs: dict[str, torch.Tensor], layers: tuple[int, ...], logits: bool = True):
-        """``({layer: [B, T, H]}, logits [B, T, V])``: from the batch's cached features when it has them (the
-        logits through the target's LM head from the final-normed layer; ``None`` unless ``logits``: the caller
-        takes the rows it needs), else from a frozen target forward."""
+    def _target_outputs(self, inputs: dict[str, torch.Tensor], layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
+        """``{layer: [B, T, H]}``: from the batch's cached features when it has them, else from a frozen target forward
+        that keeps only those layers (:func:`target_features`; under ZeRO-3 the engine's forward, with one position's
+        logits)."""
         cached = features_of(inputs)
         if self.method_config.features == "offline" and not cached:
             raise ConfigError("features=offline but the batch holds no cached features: build the trainer through the "
                               "recipe runner (EagleTrainer.prepare_datasets), or train with features=online")
         if cached:
             dtype = self.teacher_module.get_output_embeddings().weight.dtype
-            feats = {i: v.to(dtype) for i, v in cached.items()}
-            if not logits:
-                return feats, None
+            return {i: cached[i].to(dtype) for i in layers}
+        if self._zero_stage() == 3:  # the sharded target runs only as its engine
             with torch.no_grad():
-                return feats, self.teacher_module.get_output_embeddings()(feats[-1])
-        with torch.no_grad():
-            out = self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                               output_hidden_states=True)
-        return {i: out.hidden_states[i] for i in layers}, out.logits
+                out = self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                   output_hidden_states=True, logits_to_keep=1)
+            return {i: out.hidden_states[i] for i in layers}
+        return target_features(self.teacher_module, inputs["input_ids"], layers)
 
     def prepare_training_batch(self, model, inputs):
         if features_of(inputs):  # cached rows already hold the target's answers
@@ -270,9 +299,8 @@ class EagleTrainer(FrozenTargetTrainer):
         return supervised_positions(inputs["labels"]).sum()
 
     def _head_outputs(self, model, inputs: dict[str, torch.Tensor], noise: float):
-        """``(f^ [B, T-1, H], target features [B, T, H], target logits [B, T, V] or None: cached features)``."""
-        feats, logits = self._target_outputs(inputs, (-1,), logits=False)
-        features = feats[-1]  # [B, T, H], logits [B, T, V]
+        """``(f^ [B, T-1, H], target features [B, T, H])``."""
+        features = self._target_outputs(inputs, (-1,))[-1]  # [B, T, H]
         ids = inputs["input_ids"]
         with torch.no_grad():
             embeds = self.teacher_module.get_input_embeddings()(ids[:, 1:])  # [B, T-1, H]  E(x_{t+1})
@@ -282,53 +310,52 @@ class EagleTrainer(FrozenTargetTrainer):
         t = inp.shape[1]
         pos = torch.arange(t, device=ids.device)[None].expand(ids.shape[0], t)
         pred = model(embeds, inp, pos, key_padding=inputs["attention_mask"][:, 1:])  # [B, T-1, H]
-        return pred, features, logits
+        return pred, features
 
-    def _terms(self, model, inputs, noise: float):
-        pred, features, logits = self._head_outputs(model, inputs, noise)
+    def _terms(self, model, inputs, noise: float, agreement: bool = False):
+        """``(L_reg, L_cls, top-1 agreements or None, supervised positions)`` summed over the batch."""
+        pred, features = self._head_outputs(model, inputs, noise)
         keep = supervised_positions(inputs["labels"])  # [B, T-2]
-        lm_head = self.teacher_module.get_output_embeddings()
+        lm_head = LinearHead(self.teacher_module.get_output_embeddings(), called=self._sharded())
         pred_rows = pred[:, :-1][keep]  # [N, H]: f^_{t+1} for t = 0 .. T-3
-        pred_logits = lm_head(pred_rows)  # [N, V]
-        if logits is None:  # cached features: the target's LM head on the supervised rows only
-            with torch.no_grad():
-                target_logits = lm_head(features[:, 1:-1][keep])  # [N, V]: p_{t+2} = softmax(LMHead(f_{t+1}))
-        else:
-            target_logits = logits[:, 1:-1][keep]  # [N, V]
-        reg, cls = eagle_losses(pred_rows, features[:, 1:-1][keep], pred_logits, target_logits)
-        agree = (pred_logits.argmax(-1) == target_logits.argmax(-1)).sum().float()
+        target_rows = features[:, 1:-1][keep]  # [N, H]: f_{t+1}, whose LM head gives p_{t+2}
+        reg, cls = eagle_losses(pred_rows, target_rows, lm_head)
+        agree = top1_agreement(pred_rows.detach(), target_rows, lm_head) if agreement else None
         return reg, cls, agree, keep.sum().float()
 
-    def _ttt(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _ttt(self, model, inputs: dict[str, torch.Tensor],
+             top1: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """EAGLE-3's unrolled steps: ``(weighted loss sum, [K] per-step CE sums, [K, 2] top-1 hits and labelled
-        anchors)``; the loss over the anchors whose target token the draft vocabulary holds (module docstring)."""
+        anchors when top1)``; the loss over the anchors whose target token the draft vocabulary holds (module
+        docstring)."""
         cfg = self.method_config
         unrolled = self.accelerator.unwrap_model(model)
+        if not isinstance(unrolled, Eagle3Training):
+            raise ConfigError(f"EAGLE-3 trains an Eagle3Training module (build_eagle_head builds it), not a "
+                              f"{type(unrolled).__name__}")
         ids, labels = inputs["input_ids"], inputs["labels"]
         t = ids.shape[1]
         steps = max(1, min(int(cfg.ttt_steps), t - 2))  # unrolled steps with a label (anchors 0 .. T-2)
-        feats, target_logits = self._target_outputs(inputs, tuple(unrolled.hidden_layers))
+        layers = tuple(unrolled.hidden_layers)
+        feats = self._target_outputs(inputs, layers + (-1,))
+        target_head = self.teacher_module.get_output_embeddings()
         with torch.no_grad():
-            features = torch.cat([feats[i][:, :-1] for i in unrolled.hidden_layers], dim=-1)  # [B, A, 3Ht]
+            features = torch.cat([feats[i][:, :-1] for i in layers], dim=-1)  # [B, A, 3Ht]
             embed = self.teacher_module.get_input_embeddings()
             step_embeds = torch.stack([embed(shifted(ids[:, 1:], j)) for j in range(steps)])  # [K, B, A, H]
-            following = target_logits[:, 1:]  # [B, A, V]: p_{t+2} at anchor t, from the logits at t+1
-            label_probs = following[..., unrolled.t2d].float().softmax(-1)  # [B, A, Vd]: p|Vd
-            label_top1 = following.argmax(-1)  # [B, A]: the target's next token (any vocabulary)
-            draftable = unrolled.t2d[label_top1]  # [B, A]: ... inside the draft vocabulary
+            following = feats[-1][:, 1:]  # [B, A, Ht]: the target's state at t+1, whose LM head gives p_{t+2}
+            label_top1 = head_rows_map(following.reshape(-1, following.shape[-1]), LinearHead(target_head),
+                                       lambda z, _, __: z.argmax(-1)).view(following.shape[:2])  # [B, A], any token
+            draftable = unrolled.t2d[label_top1]  # [B, A]: the target's next token inside the draft vocabulary
             labelled = torch.stack([ttt_anchors(labels, j) for j in range(steps)])  # [K, B, A]
             keep = torch.stack([ttt_anchors(labels, j, draftable) for j in range(steps)])  # [K, B, A] position_mask
-        logits = model(features, step_embeds, keep)  # [sum_j N_j, Vd]
-        total = logits.new_zeros((), dtype=torch.float32)
-        ce_sums, hits = [], []
-        for j, part in enumerate(logits.split(keep.sum((1, 2)).tolist())):
-            logq = F.log_softmax(part.float(), dim=-1)  # [N, Vd]
-            ce = -(shifted(label_probs, j)[keep[j]] * logq).sum()  # p_{t+2+j}|Vd, from the logits at t+1+j
-            total = total + cfg.step_decay ** j * ce
-            agree = unrolled.to_target(logq.argmax(-1)) == shifted(label_top1, j)[keep[j]]
-            ce_sums.append(ce.detach())  # out-of-vocabulary anchors: never trained, counted as misses
-            hits.append(torch.stack([agree.sum().float(), labelled[j].sum().float()]).detach())
-        return total, torch.stack(ce_sums), torch.stack(hits)
+        total, ce_sums, tops = model(features, step_embeds, keep, following, target_head, cfg.step_decay,
+                                     self._sharded(), top1)
+        if not top1:
+            return total, ce_sums, None
+        hits = [torch.stack([(top == shifted(label_top1, j)[keep[j]]).sum().float(), labelled[j].sum().float()])
+                for j, top in enumerate(tops)]  # out-of-vocabulary anchors: never trained, counted as misses
+        return total, ce_sums, torch.stack(hits)
 
     def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
         """EAGLE-1: ``reg_weight * L_reg + cls_weight * L_cls`` summed over the supervised positions; EAGLE-3: the
@@ -347,7 +374,7 @@ class EagleTrainer(FrozenTargetTrainer):
         cfg = self.method_config
         if cfg.variant == "eagle3":
             with torch.no_grad():
-                total, ce, hits = self._ttt(model, inputs)
+                total, ce, hits = self._ttt(model, inputs, top1=True)
                 steps = int(cfg.ttt_steps)
                 row = torch.zeros(3, steps, device=total.device)  # per step: CE sum, top-1 hits, labelled anchors
                 row[0, : ce.numel()], row[1, : ce.numel()], row[2, : ce.numel()] = ce, hits[:, 0], hits[:, 1]
@@ -357,7 +384,7 @@ class EagleTrainer(FrozenTargetTrainer):
                 self.add_eval_sums(torch.cat([row.flatten(), inside.to(row.device)]))
                 return (total / self.count_loss_tokens(inputs).clamp(min=1).to(total.device)).detach(), None, None
         with torch.no_grad():
-            reg, cls, agree, n = self._terms(model, inputs, 0.0)
+            reg, cls, agree, n = self._terms(model, inputs, 0.0, agreement=True)
             loss = (cfg.reg_weight * reg + cfg.cls_weight * cls) / n.clamp(min=1)
             self.add_eval_sums(torch.stack([reg, cls, agree, n]))
         return loss.detach(), None, None
@@ -394,4 +421,5 @@ class EagleTrainer(FrozenTargetTrainer):
 
 
 __all__ = ["EagleConfig", "EagleTrainer", "build_eagle_head", "coverage_warning", "draft_vocab_counts",
-           "eagle_losses", "feature_layers", "supervised_positions", "uniform_noise"]
+           "eagle_losses", "feature_layers", "supervised_positions", "target_features", "top1_agreement",
+           "uniform_noise"]

@@ -32,6 +32,10 @@ exits only.
 by one layer each step (``C = 1`` when ``(l - t) mod R == 0``); ``gradual`` enables exits from the last layer
 towards the first: ``C = 1`` once ``t / T >= f * (L - l) / L`` (all enabled from ``t = f T``; ``f`` =
 ``gradual_fraction``); ``all`` enables every exit in every step.
+
+Each exit's cross-entropy runs chunk by chunk over the vocabulary through the copy's LM head
+(:func:`~draftsmith.trainers.losses.head_cross_entropy`), as do the held-out figures: no ``[tokens, vocabulary]``
+table exists beyond one chunk.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from torch import nn
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.trainers.base import FrozenTargetTrainer
+from draftsmith.trainers.losses import LinearHead, head_cross_entropy, head_rows_map, last_hidden
 from draftsmith.trainers.mixins import TargetAnswers, TunableCopy, check_choice, merged_model, tunable_copy
 from draftsmith.trainers.mixins import help_text as _help
 
@@ -157,9 +162,10 @@ class LayerSkipTraining(nn.Module):
         return base_model(self.model)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor | None, exits: torch.Tensor,
-                scales: torch.Tensor) -> torch.Tensor:
-        """``sum_l scales[l] * CE_l`` (summed over the labelled positions) with layer dropout ``keep`` [B, L]."""
-        losses = exit_losses(self.causal_lm, input_ids, labels, keep, exits)
+                scales: torch.Tensor, called: bool = False) -> torch.Tensor:
+        """``sum_l scales[l] * CE_l`` (summed over the labelled positions) with layer dropout ``keep`` [B, L]
+        (``called``: the LM head is sharded, called chunk by chunk)."""
+        losses = exit_losses(self.causal_lm, input_ids, labels, keep, exits, called)
         return sum(scales[layer] * ce for layer, ce in losses.items())
 
     def artefact_model(self) -> nn.Module:
@@ -197,15 +203,22 @@ def layer_forward(model: nn.Module, input_ids: torch.Tensor, keep: torch.Tensor 
 
 
 def exit_losses(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor | None,
-                exits: torch.Tensor) -> dict[int, torch.Tensor]:
-    """``{l: summed next-token CE of exit l}`` over the labelled positions (the model's own norm and LM head)."""
+                exits: torch.Tensor, called: bool = False) -> dict[int, torch.Tensor]:
+    """``{l: summed next-token CE of exit l}`` over the labelled positions (the model's own norm and LM head, chunked
+    over the vocabulary; ``called``: the head is sharded and called chunk by chunk)."""
     adapter = ModelAdapter(model)
     states = layer_forward(model, input_ids, keep, exits)
     targets = labels[:, 1:]
     mask = targets != -100
-    return {layer: F.cross_entropy(adapter.logits(adapter.norm(hidden[:, :-1][mask])).float(), targets[mask],
-                                   reduction="sum")
+    head = LinearHead(adapter.lm_head, called=called)
+    return {layer: head_cross_entropy(adapter.norm(hidden[:, :-1][mask]), head, targets[mask])
             for layer, hidden in states.items()}
+
+
+def exit_rows(logits: torch.Tensor, labels: torch.Tensor, final_top: torch.Tensor) -> torch.Tensor:  # [C, 2]
+    """Per held-out token of one exit: its next-token CE and whether its argmax is the full depth's."""
+    ce = F.cross_entropy(logits.float(), labels, reduction="none")
+    return torch.stack([ce, (logits.argmax(-1) == final_top).float()], -1)
 
 
 class LayerSkipTrainer(FrozenTargetTrainer):
@@ -229,11 +242,18 @@ class LayerSkipTrainer(FrozenTargetTrainer):
             rates = dropout_rates(layers, step, total, cfg.dropout_max, cfg.dropout_shape, cfg.dropout_time)
             keep = torch.rand(inputs["input_ids"].shape[0], layers) >= rates[None]  # [B, L], per sample
             keep = keep.to(inputs["input_ids"].device)
-        return model(inputs["input_ids"], inputs["labels"], keep, exits, scales.to(inputs["input_ids"].device)), None
+        return model(inputs["input_ids"], inputs["labels"], keep, exits, scales.to(inputs["input_ids"].device),
+                     self._sharded()), None
+
+    def _original_hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:  # [B, T, H], final-normed
+        """The original target's last hidden state (its forward computes one position's logits only)."""
+        with torch.no_grad():
+            return last_hidden(self.teacher, inputs["input_ids"], inputs["attention_mask"])
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Held-out: the training loss (no dropout, this step's exits), and per exit the CE and the top-1 agreement
-        with the full depth, plus the full-depth CE of the trained copy and of the original target."""
+        with the full depth, plus the full-depth CE of the trained copy and of the original target (every one chunked
+        over the vocabulary)."""
         inputs = self._prepare_inputs(inputs)
         inputs = self.answers_batch(inputs)
         net = self.accelerator.unwrap_model(model).causal_lm
@@ -245,15 +265,17 @@ class LayerSkipTrainer(FrozenTargetTrainer):
             states = layer_forward(net, inputs["input_ids"], None, torch.ones(layers, dtype=torch.bool))
             labels = inputs["labels"][:, 1:]
             mask = labels != -100
-            final = adapter.logits(adapter.norm(states[layers - 1][:, :-1][mask])).float()
-            top = final.argmax(-1)
-            rows = []
-            for layer in range(layers):
-                logits = adapter.logits(adapter.norm(states[layer][:, :-1][mask])).float()
-                rows.append(torch.stack([F.cross_entropy(logits, labels[mask], reduction="sum"),
-                                         (logits.argmax(-1) == top).sum().float()]))
-            original = self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
-            orig_ce = F.cross_entropy(original[:, :-1][mask].float(), labels[mask], reduction="sum")
+            y = labels[mask]  # [N]
+            head = LinearHead(adapter.lm_head)
+            final_top = head_rows_map(adapter.norm(states[layers - 1][:, :-1][mask]), head,
+                                      lambda z, _, __: z.argmax(-1))  # [N]
+            targets = torch.stack([y, final_top], -1)  # [N, 2]: each exit's label and the full depth's argmax
+            rows = [head_rows_map(adapter.norm(states[layer][:, :-1][mask]), head,
+                                  lambda z, t, _: exit_rows(z, t[:, 0], t[:, 1]), labels=targets).sum(0)
+                    for layer in range(layers)]  # [2] each: CE sum, agreements
+            original = self._original_hidden(inputs)[:, :-1][mask]  # [N, H]
+            orig_ce = head_cross_entropy(original, LinearHead(self.teacher_module.get_output_embeddings(),
+                                                              called=self._sharded()), y)
             sums = torch.cat([torch.stack(rows).reshape(-1), orig_ce[None].to(total.device),
                               mask.sum().float()[None].to(total.device)])
             self.add_eval_sums(sums)  # [2L + 2]
@@ -274,4 +296,4 @@ class LayerSkipTrainer(FrozenTargetTrainer):
 
 
 __all__ = ["LayerSkipConfig", "LayerSkipTrainer", "build_layerskip_model", "dropout_rates", "enabled_exits",
-           "LayerSkipTraining", "base_model", "exit_losses", "exit_scales", "layer_forward"]
+           "LayerSkipTraining", "base_model", "exit_losses", "exit_rows", "exit_scales", "layer_forward"]

@@ -25,6 +25,10 @@ the adapter, which starts as the identity), as the paper warms the heads up befo
 then trains at its own, lower ``lora_learning_rate`` (the paper's differential learning rates). The artefact
 carries the adapter (``adapter/``) next to the heads, and the evaluator verifies against the adapted target.
 
+Every vocabulary-sized term runs chunk by chunk through the LM heads (:mod:`draftsmith.trainers.losses`): the heads'
+cross-entropies, and Medusa-2's CE and KL from the adapted and the original target's last hidden states (their
+forwards compute one position's logits only), so no ``[tokens, vocabulary]`` table exists beyond one chunk.
+
 Evaluation measures, per head, how often the true token is the head's rank-r candidate (r < 10): top-1 and top-5
 accuracy go to TensorBoard, and the whole table goes into the artefact's manifest (``training.head_accuracy``),
 from which the evaluator grows the default token tree (:func:`draftsmith.inference.core.trees.greedy_choices`).
@@ -38,13 +42,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import lm_head_rows
 from draftsmith.inference.drafters.medusa import MedusaHeads
 from draftsmith.trainers.base import FrozenTargetTrainer
+from draftsmith.trainers.losses import (
+    LinearHead,
+    check_plain_logits,
+    cross_entropy_rows,
+    divergence_per_token,
+    head_cross_entropy,
+    head_divergence,
+    head_loss,
+    head_rows_map,
+    last_hidden,
+    plain_linear,
+)
 from draftsmith.trainers.mixins import TargetAnswers
 from draftsmith.trainers.mixins import help_text as _help
 
@@ -118,29 +133,67 @@ class MedusaConfig(TargetAnswers):
         return {"tree": self.tree, "tree_nodes": self.tree_nodes}
 
 
-def heads_loss(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module,
-               decay: float) -> torch.Tensor:
-    """``sum_k decay**k * sum_t CE(head_k(h_t), x_{t+k+2})`` (Medusa eq. 2) over ``hidden`` ``[B, T, H]``."""
+def head_module(heads: MedusaHeads, k: int, lm_head: nn.Module | None) -> nn.Module:
+    """Head ``k``'s LM head: the target's, shared (``lm_head``), or the head's own copy."""
+    if heads.lm_heads is not None:
+        return heads.lm_heads[k]
+    if lm_head is None:
+        raise ValueError("these Medusa heads share the target's LM head: pass lm_head=")
+    return lm_head
+
+
+def heads_loss(heads: MedusaHeads, hidden: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module, decay: float,
+               called: bool = False) -> torch.Tensor:
+    """``sum_k decay**k * sum_t CE(softmax(LMHead(ResBlocks_k(h_t))), x_{t+k+2})`` (Medusa eq. 2) over ``hidden``
+    ``[B, T, H]``, each head's CE chunked over the vocabulary (``called``: its LM head sharded, called per chunk)."""
     total = hidden.new_zeros((), dtype=torch.float32)
     for k in range(heads.num_heads):
         positions, tokens = head_targets(labels, k)
         if not bool(positions.any()):
             continue
-        logits = heads.head_logits(hidden[:, : positions.shape[1]][positions], k, lm_head).float()  # [N, V]
-        total = total + decay ** k * F.cross_entropy(logits, tokens[positions], reduction="sum")
+        features = heads.features(hidden[:, : positions.shape[1]][positions], k)  # [N, H]
+        head = LinearHead(head_module(heads, k, lm_head), called=called)
+        total = total + decay ** k * head_cross_entropy(features, head, tokens[positions])
     return total
 
 
-def target_terms(labels: torch.Tensor, logits: torch.Tensor, original: torch.Tensor) -> tuple[torch.Tensor,
-                                                                                            torch.Tensor, torch.Tensor]:
-    """Medusa-2's target terms over the response positions: summed CE of ``logits`` ``[B, T, V]`` to ``x_{t+1}``,
-    summed ``KL(original || adapted)`` and how often the two argmaxes agree."""
-    mask = labels[:, 1:] != -100  # [B, T-1]: position t predicts a labelled x_{t+1}
-    adapted = logits[:, :-1][mask].float()  # [N, V]
-    reference = original[:, :-1][mask].float()  # [N, V]
-    ce = F.cross_entropy(adapted, labels[:, 1:][mask], reduction="sum")
-    agree = (adapted.argmax(-1) == reference.argmax(-1)).sum().float()
-    return ce, kl_rows(reference, adapted).sum(), agree
+def _next_token_rows(labels: torch.Tensor, hidden: torch.Tensor,
+                     original: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The response positions ``t`` (``x_{t+1}`` labelled): ``(h'_t [N, H], x_{t+1} [N], h_t [N, H] or None)``."""
+    mask = labels[:, 1:] != -100  # [B, T-1]
+    return (hidden[:, :-1][mask], labels[:, 1:][mask],
+            None if original is None else original[:, :-1][mask].to(hidden.device))
+
+
+def target_loss(labels: torch.Tensor, hidden: torch.Tensor, head: LinearHead, original_hidden: torch.Tensor,
+                original: LinearHead, lm_weight: float, kl_weight: float) -> torch.Tensor:
+    """Medusa-2's target terms over the response positions, ``w_lm * sum_t CE(p'_t, x_{t+1}) + w_kl * sum_t
+    KL(p_t || p'_t)``, with ``p' = softmax(head(h'))`` the adapted target's (``hidden`` ``[B, T, H]``) and ``p =
+    softmax(original(h))`` the frozen original's (``original_hidden``), chunked in one pass over the vocabulary."""
+    h, y, t = _next_token_rows(labels, hidden, original_hidden)
+    if lm_weight == 0:
+        return kl_weight * head_divergence(h, head, t, original, kind="forward_kl")
+    if kl_weight == 0:
+        return lm_weight * head_cross_entropy(h, head, y)
+
+    def rows(z, y_c, t_c):  # [C]
+        return lm_weight * cross_entropy_rows(z, y_c) + kl_weight * divergence_per_token(z, t_c, "forward_kl")
+
+    return head_loss(h, head, rows, labels=y, teacher_hidden=t, teacher=original)
+
+
+def target_agreement(labels: torch.Tensor, hidden: torch.Tensor, head: LinearHead, original_hidden: torch.Tensor,
+                     original: LinearHead) -> tuple[torch.Tensor, torch.Tensor]:
+    """Held-out: summed ``KL(p_t || p'_t)`` and how often the adapted and the original target's argmaxes agree, over
+    the response positions (without gradient, chunk by chunk)."""
+    h, _, t = _next_token_rows(labels, hidden, original_hidden)
+
+    def rows(z, _, t_c):  # [C, 2]
+        agree = (z.argmax(-1) == t_c.argmax(-1)).float()
+        return torch.stack([divergence_per_token(z, t_c, "forward_kl").float(), agree], -1)
+
+    sums = head_rows_map(h, head, rows, teacher_hidden=t, teacher=original).sum(0)  # [2]
+    return sums[0], sums[1]
 
 
 def _all_trainable_zero(module: nn.Module) -> torch.Tensor:
@@ -160,11 +213,9 @@ class HeadsTraining(nn.Module):
     def num_heads(self) -> int:
         return self.heads.num_heads
 
-    def head_logits(self, hidden: torch.Tensor, k: int, lm_head: nn.Module | None = None) -> torch.Tensor:
-        return self.heads.head_logits(hidden, k, lm_head)
-
-    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module, decay: float) -> torch.Tensor:
-        total = heads_loss(self.heads, hidden, labels, lm_head, decay)
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module, decay: float,
+                called: bool = False) -> torch.Tensor:
+        total = heads_loss(self.heads, hidden, labels, lm_head, decay, called)
         return total if total.grad_fn is not None else total + _all_trainable_zero(self)
 
     def artefact_config(self) -> dict:
@@ -189,25 +240,28 @@ class AdaptedTargetHeads(HeadsTraining):
     def target_adapter(self) -> nn.Module:
         return self.target
 
-    def adapted(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, grad: bool):
-        """The adapted target's ``(hidden [B, T, H] final-normed, logits [B, T, V])``."""
+    def adapted(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, grad: bool) -> torch.Tensor:
+        """The adapted target's final-normed last hidden state ``[B, T, H]`` (its forward computes one position's
+        logits only)."""
         with contextlib.nullcontext() if grad else torch.no_grad():
-            out = self.target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-        return out.hidden_states[-1], out.logits
+            return last_hidden(self.target, input_ids, attention_mask)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module,
-                decay: float, original_logits: torch.Tensor | None = None, weights: tuple[float, float, float] = (0, 1, 0.2),
-                joint: bool = True) -> torch.Tensor:
+                decay: float, original_hidden: torch.Tensor | None = None,
+                weights: tuple[float, float, float] = (0, 1, 0.2), joint: bool = True,
+                called: bool = False) -> torch.Tensor:
         """``joint``: ``w_lm CE + w_kl KL(original || adapted) + w_heads heads loss`` (``weights``, with
-        ``original_logits`` ``[B, T, V]`` from the frozen original); warm-up (not ``joint``): the heads' loss over
-        the adapted target's hidden states, the adapter untouched."""
-        hidden, logits = self.adapted(input_ids, attention_mask, grad=joint)
-        heads = heads_loss(self.heads, hidden, labels, lm_head, decay)
+        ``original_hidden`` ``[B, T, H]`` the frozen original's last hidden state and ``lm_head`` its LM head);
+        warm-up (not ``joint``): the heads' loss over the adapted target's hidden states, the adapter untouched."""
+        hidden = self.adapted(input_ids, attention_mask, grad=joint)
+        heads = heads_loss(self.heads, hidden, labels, lm_head, decay, called)
         if not joint:
             return heads + _all_trainable_zero(self)
-        ce, kl, _ = target_terms(labels, logits, original_logits)
         lm_weight, kl_weight, heads_weight = weights
-        return lm_weight * ce + kl_weight * kl + heads_weight * heads
+        own = LinearHead(self.target.get_output_embeddings(), called=called)
+        terms = target_loss(labels, hidden, own, original_hidden, LinearHead(lm_head, called=called), lm_weight,
+                            kl_weight)
+        return terms + heads_weight * heads
 
 
 def lora_adapted(target: nn.Module, config: MedusaConfig) -> nn.Module:
@@ -220,10 +274,12 @@ def lora_adapted(target: nn.Module, config: MedusaConfig) -> nn.Module:
     lora = LoraConfig(r=int(config.lora_r), lora_alpha=float(config.lora_alpha), lora_dropout=float(config.lora_dropout),
                       target_modules=modules, bias="none", task_type="CAUSAL_LM")
     try:
-        return get_peft_model(copy.deepcopy(target).requires_grad_(False), lora)
+        adapted = get_peft_model(copy.deepcopy(target).requires_grad_(False), lora)
     except ValueError as err:
         raise ConfigError(f"the LoRA adapter could not be built ({str(err).splitlines()[0]}): set "
                           "lora_target_modules to module names of this target, e.g. q_proj,v_proj") from None
+    plain_linear(adapted.get_output_embeddings(), "the adapted target's LM head")
+    return adapted
 
 
 def build_heads(models: dict, config: MedusaConfig) -> nn.Module:
@@ -233,6 +289,8 @@ def build_heads(models: dict, config: MedusaConfig) -> nn.Module:
     heads = MedusaHeads(hidden=target.config.hidden_size, vocab=lm_head_rows(target), heads=config.heads,
                         layers=config.head_layers, shared_lm_head=config.shared_lm_head)
     heads.init_lm_heads(target.get_output_embeddings())
+    if config.joint:
+        check_plain_logits(target.config, "Medusa-2")
     return AdaptedTargetHeads(lora_adapted(target, config), heads) if config.joint else HeadsTraining(heads)
 
 
@@ -243,17 +301,15 @@ def head_targets(labels: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     return ahead != -100, ahead
 
 
-def kl_rows(reference_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:  # [N]
-    """``KL(p || q)`` per row for ``p = softmax(reference_logits)`` and ``q = softmax(logits)`` (both ``[N, V]``)."""
-    ref = F.log_softmax(reference_logits.float(), dim=-1)
-    return (ref.exp() * (ref - F.log_softmax(logits.float(), dim=-1))).sum(-1)
+def rank_hits(logits: torch.Tensor, tokens: torch.Tensor, ranks: int = RANKS) -> torch.Tensor:  # [N, ranks]
+    """Per row, whether the true token is the logits' rank-r candidate (``logits`` [N, V], ``tokens`` [N])."""
+    top = logits.topk(ranks, dim=-1).indices  # [N, ranks]
+    return (top == tokens[:, None]).float()  # at most one 1 per row
 
 
 def rank_of_true(logits: torch.Tensor, tokens: torch.Tensor, ranks: int = RANKS) -> torch.Tensor:
     """``[ranks]`` counts: how often the true token is the logits' rank-r candidate (``logits`` [N, V], ``tokens`` [N])."""
-    top = logits.topk(ranks, dim=-1).indices  # [N, ranks]
-    hit = top == tokens[:, None]  # [N, ranks], at most one True per row
-    return hit.sum(0).float()
+    return rank_hits(logits, tokens, ranks).sum(0)
 
 
 class MedusaTrainer(FrozenTargetTrainer):
@@ -271,29 +327,24 @@ class MedusaTrainer(FrozenTargetTrainer):
 
     def _target_hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:  # [B, T, H], final-normed
         with torch.no_grad():
-            out = self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                               output_hidden_states=True, logits_to_keep=1)
-        return out.hidden_states[-1]
+            return last_hidden(self.teacher, inputs["input_ids"], inputs["attention_mask"])
 
     def warming_up(self) -> bool:
         """Medusa-2: whether this step trains the heads alone (the first ``heads_warmup_ratio`` of the steps)."""
         return self.state.global_step < int(self.method_config.heads_warmup_ratio * max(1, self.state.max_steps))
-
-    def _original_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:  # [B, T, V], the frozen original
-        with torch.no_grad():
-            return self.teacher(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
 
     def loss_sum(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
         """Medusa-1: sum over heads of lambda_k * the summed cross-entropy of head k; Medusa-2: the heads' loss in the
         warm-up, then the combined loss (module docstring). Always one forward of the trained module."""
         cfg = self.method_config
         lm_head = self.teacher_module.get_output_embeddings()
+        called = self._sharded()
         if not cfg.joint:
-            return model(self._target_hidden(inputs), inputs["labels"], lm_head, cfg.loss_decay), None
+            return model(self._target_hidden(inputs), inputs["labels"], lm_head, cfg.loss_decay, called), None
         joint = not self.warming_up() or not model.training  # held-out: always the whole combined loss
-        original = self._original_logits(inputs) if joint else None
+        original = self._target_hidden(inputs) if joint else None
         total = model(inputs["input_ids"], inputs["attention_mask"], inputs["labels"], lm_head, cfg.loss_decay,
-                      original, cfg.loss_weights, joint)
+                      original, cfg.loss_weights, joint, called)
         return total, None
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
@@ -304,23 +355,25 @@ class MedusaTrainer(FrozenTargetTrainer):
         with torch.no_grad():
             total, _ = self.loss_sum(model, inputs)
             loss = total / self.count_loss_tokens(inputs).clamp(min=1).to(total.device)
-            logits = None
             module = self.accelerator.unwrap_model(model)
             lm_head = self.teacher_module.get_output_embeddings()
-            if self.method_config.joint:
-                hidden, logits = module.adapted(inputs["input_ids"], inputs["attention_mask"], grad=False)
-            else:
-                hidden = self._target_hidden(inputs)
+            joint = self.method_config.joint
+            hidden = module.adapted(inputs["input_ids"], inputs["attention_mask"], grad=False) if joint \
+                else self._target_hidden(inputs)
             rows = []
             for k in range(module.num_heads):
                 positions, tokens = head_targets(inputs["labels"], k)
                 counts = torch.zeros(RANKS, device=hidden.device)
                 if bool(positions.any()):
-                    picked = hidden[:, : positions.shape[1]][positions]
-                    counts = rank_of_true(module.head_logits(picked, k, lm_head).float(), tokens[positions])
+                    features = module.heads.features(hidden[:, : positions.shape[1]][positions], k)  # [N, H]
+                    head = LinearHead(head_module(module.heads, k, lm_head))
+                    counts = head_rows_map(features, head, lambda z, y, _: rank_hits(z, y), labels=tokens[positions])
+                    counts = counts.sum(0)
                 rows.append(torch.cat([counts, positions.sum().float()[None].to(counts.device)]))
-            if logits is not None:  # one more row: the adapted target against the original
-                _, kl, agree = target_terms(inputs["labels"], logits, self._original_logits(inputs))
+            if joint:  # one more row: the adapted target against the original
+                own = LinearHead(module.target.get_output_embeddings())
+                kl, agree = target_agreement(inputs["labels"], hidden, own, self._target_hidden(inputs),
+                                             LinearHead(lm_head))
                 n = (inputs["labels"][:, 1:] != -100).sum().float().to(hidden.device)
                 rows.append(torch.cat([torch.stack([kl.to(hidden.device), agree.to(hidden.device)]),
                                        hidden.new_zeros(RANKS - 2, dtype=torch.float32), n[None]]))
@@ -362,5 +415,6 @@ class MedusaTrainer(FrozenTargetTrainer):
         return self.optimizer
 
 
-__all__ = ["AdaptedTargetHeads", "HeadsTraining", "MedusaConfig", "MedusaTrainer", "build_heads", "head_targets",
-           "heads_loss", "kl_rows", "lora_adapted", "rank_of_true", "target_terms"]
+__all__ = ["AdaptedTargetHeads", "HeadsTraining", "MedusaConfig", "MedusaTrainer", "build_heads", "head_module",
+           "head_targets", "heads_loss", "lora_adapted", "rank_hits", "rank_of_true", "target_agreement",
+           "target_loss"]

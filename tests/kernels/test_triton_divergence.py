@@ -83,6 +83,16 @@ def test_fused_triton_backend_matches_reference(interpreted_results, kind, beta,
     assert r["grad_dtypes_ok"]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_soft_cross_entropy_on_the_triton_backend_matches_reference(interpreted_results, dtype):
+    """EAGLE's soft cross-entropy as the kernel's forward KL plus the teacher's entropy, end to end."""
+    r = interpreted_results[f"soft-{dtype}"]
+    assert r["loss_value"] > 0.1
+    assert_close(r["loss"], LOSS_RTOL if dtype == "float32" else GRAD_RTOL[dtype])
+    for grad in r["grads"]:  # hidden, weight
+        assert_close(grad, GRAD_RTOL[dtype])
+
+
 def test_triton_backend_on_cpu_needs_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     h, w, t = torch.randn(3, 4), torch.randn(6, 4), torch.randn(3, 6)

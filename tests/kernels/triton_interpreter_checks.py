@@ -21,7 +21,7 @@ import warnings  # noqa: E402
 import torch  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from draftsmith.kernels import fused_linear_divergence, triton_divergence  # noqa: E402
+from draftsmith.kernels import fused_linear_divergence, fused_linear_soft_cross_entropy, triton_divergence  # noqa: E402
 from draftsmith.kernels.reference import reference_divergence_rows  # noqa: E402
 from draftsmith.kernels.triton_divergence import triton_divergence_rows  # noqa: E402
 
@@ -82,6 +82,28 @@ def fused_case(kind: str, beta: float, dtype) -> dict:
     }
 
 
+def soft_case(dtype) -> dict:
+    """The soft cross-entropy through the Triton backend (the kernel's forward KL plus the teacher's entropy) against
+    the reference's autograd rows: N = 37 tokens (some masked), H = 24, V = 1000, chunks of 16, temperature 1.3."""
+    n, vocab, hidden, teacher_hidden = 37, 1000, 24, 20
+    gen = torch.Generator().manual_seed(2)
+    rnd = lambda *shape, scale=1.0: (torch.randn(*shape, generator=gen) * scale).to(dtype)  # noqa: E731
+    h = rnd(n, hidden).requires_grad_()
+    w = rnd(vocab, hidden, scale=0.4).requires_grad_()
+    th, tw = rnd(n, teacher_hidden), rnd(vocab, teacher_hidden, scale=0.45)
+    mask = torch.rand(n, generator=gen) > 0.25
+    args = dict(teacher_hidden=th, teacher_weight=tw, temperature=1.3, mask=mask, chunk_size=16)
+    want = fused_linear_soft_cross_entropy(h, w, backend="reference", **args)
+    got = fused_linear_soft_cross_entropy(h, w, backend="triton", **args)
+    grads = torch.autograd.grad(got, (h, w))
+    ref_grads = torch.autograd.grad(want, (h, w))
+    return {
+        "loss": _errors(got, want),
+        "loss_value": want.item(),
+        "grads": [_errors(g, r) for g, r in zip(grads, ref_grads)],
+    }
+
+
 def main(cases: dict) -> int:
     """``cases``: {"rows": [[kind, beta], ...], "fused": [[kind, beta], ...], "dtypes": [name, ...]}, the test's."""
     warnings.simplefilter("ignore", RuntimeWarning)  # numpy evaluates both branches of tl.where
@@ -93,6 +115,7 @@ def main(cases: dict) -> int:
             results[f"rows-{kind}-{beta}-{name}"] = rows_case(kind, beta, dtype)
         for kind, beta in cases["fused"]:
             results[f"fused-{kind}-{beta}-{name}"] = fused_case(kind, beta, dtype)
+        results[f"soft-{name}"] = soft_case(dtype)
     print(json.dumps(results))
     return 0
 

@@ -2,6 +2,7 @@
 insertion points, and the loss."""
 
 import torch
+import torch.nn.functional as F
 
 from draftsmith.data.tiny_models import random_model
 from draftsmith.inference.core.adapter import ModelAdapter
@@ -23,7 +24,8 @@ def test_training_masks_see_what_decoding_masks_see(family):
     points = torch.tensor([[3, 6]])
     with torch.no_grad():
         keys, values = sequence_kv(adapter, seq)
-        logits, targets = module.mask_logits(adapter, points, labels, keys, values)  # [1, 4, V]
+        hidden, targets = module.mask_hidden(adapter, points, labels, keys, values)  # [1, 4, H]
+        logits = adapter.logits(hidden)  # [1, 4, V]
         assert targets.tolist() == [[seq[0, 5].item(), seq[0, 6].item(), seq[0, 8].item(), -100]]
         for g, t in enumerate((3, 6)):
             cache = adapter.new_cache(16)
@@ -45,3 +47,28 @@ def test_insertion_points_lie_in_the_answer():
 
 def test_chain_tau():
     assert chain_tau([1.0, 1.0]) == 3.0 and chain_tau([0.5, 0.5]) == 1.75 and chain_tau([]) == 1.0
+
+
+def test_loss_is_the_full_logits_cross_entropy_in_value_and_gradients():
+    """The masks' CE chunked over the vocabulary against ``cross_entropy`` of their full [G*M, V] logits: the same
+    value and the same gradients for the prompt and mask embeddings (the only trained tensors)."""
+    model = random_model("llama", seed=0, layers=2, hidden=32)
+    adapter = ModelAdapter(model)
+    emb = BitaEmbeddings.for_target(model, prompt_tokens=3, mask_tokens=2)
+    emb.init_from_target(adapter, seed=1)
+    module = BitaTraining(emb)
+    seq = torch.randint(3, 100, (2, 10), generator=torch.Generator().manual_seed(2))
+    labels = seq.clone()
+    labels[:, :3] = -100
+    points = insertion_points(labels, groups=3, generator=torch.Generator().manual_seed(3))
+    keys, values = sequence_kv(adapter, seq)
+    got = module(adapter, points, labels, keys, values)
+    hidden, targets = module.mask_hidden(adapter, points, labels, keys, values)
+    logits = adapter.logits(hidden)
+    want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
+                           reduction="sum")
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    params = [p for p in module.parameters() if p.requires_grad]
+    assert params
+    for g, w in zip(torch.autograd.grad(got, params), torch.autograd.grad(want, params)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)

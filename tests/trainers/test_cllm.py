@@ -16,6 +16,7 @@ from draftsmith.trainers.cllm import (
     block_kl,
     row_prompt,
 )
+from draftsmith.trainers.losses import LinearHead
 
 
 def test_row_prompt():
@@ -44,17 +45,63 @@ def test_dataset_draws_intermediate_states_only():
     assert single["state"] == [3, 4] and single["next"] == [3, 4]
 
 
+def identity_head(width: int) -> LinearHead:
+    """An LM head whose logits are its input: the losses below are then written on logits directly."""
+    head = torch.nn.Linear(width, width, bias=False).requires_grad_(False)
+    torch.nn.init.eye_(head.weight)
+    return LinearHead(head)
+
+
 def test_losses():
     torch.manual_seed(0)
     logits = torch.randn(1, 4, 6)
+    head = identity_head(6)
     mask = torch.tensor([[0, 1, 1, 0]])
-    assert block_kl(logits, logits, mask).abs() < 1e-6
+    assert block_kl(logits, logits, head, mask).abs() < 1e-6
     other = torch.randn(1, 4, 6)
     p, q = logits[0, :2].log_softmax(-1), other[0, :2].log_softmax(-1)  # rows 0 and 1 predict positions 1 and 2
-    assert torch.allclose(block_kl(logits, other, mask), (p.exp() * (p - q)).sum(), atol=1e-5)
+    assert torch.allclose(block_kl(logits, other, head, mask), (p.exp() * (p - q)).sum(), atol=1e-5)
     labels = torch.tensor([[-100, 3, 4, -100]])
     want = torch.nn.functional.cross_entropy(logits[0, :2], torch.tensor([3, 4]), reduction="sum")
-    assert torch.allclose(ar_loss(logits, labels), want)
+    assert torch.allclose(ar_loss(logits, head, labels), want)
+
+
+@pytest.mark.parametrize("consistency", ["global", "local"])
+def test_module_loss_is_the_full_logits_loss_in_value_and_gradients(consistency):
+    """The chunked consistency KL and AR loss against the same terms over the full [B, T, V] logits; the teacher
+    side is stop-gradient."""
+    model = random_model("llama", seed=0, layers=1, hidden=32).train()
+    module = ConsistencyTraining(model)
+    batch = TrajectoryCollator(0)([{"prefix": [1, 2], "state": [9, 4, 9, 6], "next": [3, 7, 9, 6],
+                                    "fixed": [3, 4, 5, 6]},
+                                   {"prefix": [1], "state": [8, 8, 8, 8], "next": [3, 8, 8, 8],
+                                    "fixed": [3, 9, 10, 2]}])
+    got = module(batch["input_ids"], batch["input_state"], batch["input_next"], batch["attention_mask"],
+                 batch["labels"], batch["consistency_mask"], consistency, 3.0, 0.1)
+    logits = lambda ids: model(input_ids=ids, attention_mask=batch["attention_mask"]).logits  # noqa: E731
+    fixed = logits(batch["input_ids"])
+    with torch.no_grad():
+        teacher = fixed.detach() if consistency == "global" else logits(batch["input_next"])
+    student = logits(batch["input_state"])
+    rows = batch["consistency_mask"][:, 1:].bool()
+    p, q = teacher[:, :-1][rows].log_softmax(-1), student[:, :-1][rows].log_softmax(-1)
+    lab = batch["labels"][:, 1:] != -100
+    want = (p.exp() * (p - q)).sum() + 3.0 * torch.nn.functional.cross_entropy(
+        fixed[:, :-1][lab], batch["labels"][:, 1:][lab], reduction="sum", label_smoothing=0.1)
+    assert rows.sum() > 0
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for g, w in zip(torch.autograd.grad(got, params), torch.autograd.grad(want, params)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_a_model_that_post_processes_its_logits_is_refused():
+    from draftsmith.trainers.cllm import build_cllm_model
+
+    target = random_model("llama", seed=0, layers=1, hidden=32)
+    target.config.final_logit_softcapping = 30.0
+    with pytest.raises(ConfigError, match="final_logit_softcapping=30.0"):
+        build_cllm_model({"target": target}, CllmConfig())
 
 
 def test_ar_loss_is_label_smoothed_by_0_1_by_default_as_in_the_reference():
@@ -65,14 +112,15 @@ def test_ar_loss_is_label_smoothed_by_0_1_by_default_as_in_the_reference():
     logits = torch.stack([probs.log(), torch.zeros(3)])[None]  # [1, 2, 3]: position 0 predicts position 1
     labels = torch.tensor([[-100, 0]])
     # -log p_0 = ln 2, mean_v(-log p_v) = (ln 2 + ln 4 + ln 4) / 3 = 5 ln 2 / 3: 0.9 ln 2 + 0.1 * 5 ln 2 / 3 = 16/15 ln 2
-    assert float(ar_loss(logits, labels, 0.1)) == pytest.approx(16 / 15 * math.log(2), rel=1e-6)
-    assert float(ar_loss(logits, labels)) == pytest.approx(math.log(2), rel=1e-6)  # eps 0: the paper's eq. 6
+    head = identity_head(3)
+    assert float(ar_loss(logits, head, labels, 0.1)) == pytest.approx(16 / 15 * math.log(2), rel=1e-6)
+    assert float(ar_loss(logits, head, labels)) == pytest.approx(math.log(2), rel=1e-6)  # eps 0: the paper's eq. 6
     from transformers.trainer_pt_utils import LabelSmoother  # the reference's own call, a mean over the labels
 
     wide = torch.randn(2, 5, 7, generator=torch.Generator().manual_seed(0))  # [B, T, V]
     marks = torch.tensor([[-100, 1, 2, 3, -100], [-100, -100, 4, 5, 6]])  # 6 labelled positions
     reference = LabelSmoother(epsilon=0.1, ignore_index=-100)({"logits": wide}, marks, shift_labels=True)
-    assert float(ar_loss(wide, marks, 0.1)) == pytest.approx(6 * float(reference), rel=1e-5)
+    assert float(ar_loss(wide, identity_head(7), marks, 0.1)) == pytest.approx(6 * float(reference), rel=1e-5)
     # the module's AR term (ar_weight 1, no consistency positions) uses the smoothing it is given, 0.1 by default
     model = random_model("llama", seed=0, layers=1, hidden=32)
     module = ConsistencyTraining(model)
@@ -80,9 +128,10 @@ def test_ar_loss_is_label_smoothed_by_0_1_by_default_as_in_the_reference():
     args = (batch["input_ids"], batch["input_state"], batch["input_next"], batch["attention_mask"], batch["labels"],
             batch["consistency_mask"], "global", 1.0)
     with torch.no_grad():
-        logits = module.logits(batch["input_ids"], batch["attention_mask"])
-        assert torch.allclose(module(*args), ar_loss(logits, batch["labels"], 0.1), atol=1e-5)
-        assert torch.allclose(module(*args, 0.0), ar_loss(logits, batch["labels"]), atol=1e-5)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        vocab = identity_head(logits.shape[-1])
+        assert torch.allclose(module(*args), ar_loss(logits, vocab, batch["labels"], 0.1), atol=1e-5)
+        assert torch.allclose(module(*args, 0.0), ar_loss(logits, vocab, batch["labels"]), atol=1e-5)
     with pytest.raises(ConfigError, match="ar_label_smoothing"):
         CllmConfig(ar_label_smoothing=1.0)
 

@@ -538,3 +538,45 @@ def test_a_draft_with_another_vocabulary_is_refused(tokenizer, tmp_path):
     draft = random_model("llama", seed=1, layers=1, vocab_size=160)
     with pytest.raises(TokenizerMismatchError, match="vocabulary of 160 tokens but the target has 128"):
         make_trainer((target, draft), tokenizer, tmp_path)
+
+
+@pytest.mark.parametrize("config", [dict(divergence="jsd"), dict(divergence="tvd", logits_vocab="draft"),
+                                    dict(target_signal="tokens")])
+def test_sharded_heads_are_called_chunk_by_chunk_with_the_same_loss_and_gradients(pair, tokenizer, tmp_path,
+                                                                                     monkeypatch, config):
+    """Under ZeRO-3 / FSDP (the LM heads readable only inside their own calls) the divergence and the sequence-level
+    KD run through checkpointed calls of the heads: the unsharded chunked loss, value and gradients."""
+    target, draft = pair
+    draft = copy.deepcopy(draft)
+    draft.config.draft_vocab = list(range(3, 100))
+    batch = PadCollator(0)([{"input_ids": [1, 5, 6, 7, 8, 9], "labels": [-100, -100, 6, 7, 8, 9]},
+                            {"input_ids": [1, 10, 11, 12], "labels": [-100, -100, -100, 12]}])
+    results = []
+    for sharded in (False, True):
+        trainer = make_trainer((target, draft), tokenizer, tmp_path, DistillSpecConfig(**config))
+        monkeypatch.setattr(trainer, "_sharded", lambda sharded=sharded: sharded)
+        draft.zero_grad()
+        loss = trainer.compute_loss(draft, batch)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in draft.parameters()]))
+    (loss, grads), (sharded_loss, sharded_grads) = results
+    torch.testing.assert_close(sharded_loss, loss, rtol=1e-5, atol=1e-6)
+    for a, b in zip(sharded_grads, grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_chunked_evaluation_equals_the_full_logits_one(pair, tokenizer, tmp_path):
+    """The held-out loss, TVD and greedy agreement read chunk by chunk from the hidden states and LM heads equal the
+    full-logits evaluation (the one a model with post-processed logits still runs)."""
+    target, draft = pair
+    draft = copy.deepcopy(draft)
+    draft.config.draft_vocab = [2, 3, 5, 6, 7, 9, 40, 97]
+    rows = chat_rows(tokenizer, 5)
+    cfg = DistillSpecConfig(divergence="jsd", beta=0.3, temperature=1.5)
+    chunked = make_trainer((target, draft), tokenizer, tmp_path, cfg, eval_rows=rows)
+    full = make_trainer((target, draft), tokenizer, tmp_path, cfg, eval_rows=rows)
+    full.heads_are_logits = False
+    assert chunked.heads_are_logits
+    a, b = chunked.evaluate(), full.evaluate()
+    for key in ("eval_loss", "eval_tvd", "eval_greedy_acceptance", "eval_tokens"):
+        assert a[key] == pytest.approx(b[key], rel=1e-5), key

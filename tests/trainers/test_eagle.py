@@ -21,8 +21,11 @@ from draftsmith.trainers.eagle import (
     coverage_warning,
     eagle_losses,
     supervised_positions,
+    target_features,
+    top1_agreement,
     uniform_noise,
 )
+from draftsmith.trainers.losses import LinearHead
 
 
 def test_head_is_the_targets_layer_class_and_its_cache_matches_a_full_forward():
@@ -50,14 +53,50 @@ def test_gpt2_targets_are_refused():
 def test_supervised_positions_and_losses():
     labels = torch.tensor([[-100, -100, 5, 6, 7, -100]])  # response 5 6 7, then padding
     assert supervised_positions(labels).tolist() == [[True, True, True, False]]  # t -> x_{t+2}
+    lm_head = torch.nn.Linear(8, 11, bias=False)
+    head = LinearHead(lm_head)
     f = torch.randn(4, 8)
-    logits = torch.randn(4, 11)
-    reg, cls = eagle_losses(f, f, logits, logits)
+    logits = lm_head(f).detach()
+    reg, cls = eagle_losses(f, f, head)
     assert reg == 0 and torch.isclose(cls, -(logits.softmax(-1) * logits.log_softmax(-1)).sum())  # = the entropy
-    reg, _ = eagle_losses(f + 3.0, f, logits, logits)
+    reg, _ = eagle_losses(f + 3.0, f, head)
     assert torch.isclose(reg, torch.tensor(4 * 2.5))  # smooth-L1 of 3 = 3 - 0.5 per element, mean over H, sum over N
     noise = uniform_noise(torch.zeros(1000), 0.1)
     assert noise.abs().max() <= 0.1 and noise.std() > 0.04
+
+
+@pytest.mark.parametrize("called", [False, True])
+def test_token_loss_is_the_full_logits_cross_entropy_in_value_and_gradient(called):
+    """L_cls through the target's LM head chunk by chunk (its weight, or checkpointed calls of a sharded head) equals
+    ``- sum p log softmax(LMHead(f^))`` over the full [N, V] logits; only f^ trains."""
+    target = random_model("llama", seed=0, layers=2)
+    lm_head = target.get_output_embeddings()
+    pred = torch.randn(9, 32, requires_grad=True)
+    feats = torch.randn(9, 32)
+    _, cls = eagle_losses(pred, feats, LinearHead(lm_head, called=called))
+    p = lm_head(feats).detach().softmax(-1)
+    want = -(p * lm_head(pred).log_softmax(-1)).sum()
+    torch.testing.assert_close(cls, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.autograd.grad(cls, pred)[0], torch.autograd.grad(want, pred)[0], rtol=1e-5,
+                               atol=1e-6)
+    agree = top1_agreement(pred.detach(), feats, LinearHead(lm_head))
+    assert agree == (lm_head(pred).argmax(-1) == lm_head(feats).argmax(-1)).sum()
+
+
+def test_target_features_are_the_full_forwards_hidden_states_of_the_real_positions():
+    """Only the layers asked for, no logits: the values of the masked transformers forward wherever a token is real
+    (right padding)."""
+    target = random_model("llama", seed=0, layers=4)
+    ids = torch.randint(3, 100, (2, 11), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    with torch.no_grad():
+        out = target(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    feats = target_features(target, ids, (1, 3, -1))
+    assert set(feats) == {1, 3, -1}
+    real = mask.bool()
+    for i in (1, 3, -1):
+        assert torch.equal(feats[i][real], out.hidden_states[i][real]), i
 
 
 def test_config_is_validated():
@@ -379,11 +418,11 @@ def _eagle3_trainer(target, head, tokenizer, tmp_path, **config):
     import transformers
 
     from draftsmith.trainers.eagle import EagleTrainer
-    from draftsmith.trainers.eagle3 import Eagle3TTT
+    from draftsmith.trainers.eagle3_loss import Eagle3Training
 
     args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no",
                                           disable_tqdm=True)
-    return EagleTrainer(model=Eagle3TTT(head), teacher_model=target, args=args, processing_class=tokenizer,
+    return EagleTrainer(model=Eagle3Training(head), teacher_model=target, args=args, processing_class=tokenizer,
                         method_config=EagleConfig(variant="eagle3", data_mode="fixed", **config))
 
 
@@ -392,7 +431,7 @@ def test_eagle3_loss_leaves_out_anchors_whose_target_token_is_outside_the_draft_
     target's next token is one of those two) add nothing to any unrolled step's loss, the normaliser still counts
     them, and top-1 counts them as misses."""
     from draftsmith.inference.drafters.eagle import Eagle3Head
-    from draftsmith.trainers.eagle3 import shifted
+    from draftsmith.trainers.eagle3 import Eagle3TTT, shifted
 
     target = random_model("llama", seed=0, layers=4)
     ids = torch.randint(3, 100, (1, 12), generator=torch.Generator().manual_seed(2))
@@ -412,10 +451,10 @@ def test_eagle3_loss_leaves_out_anchors_whose_target_token_is_outside_the_draft_
     trainer = _eagle3_trainer(target, head, tokenizer, tmp_path, ttt_steps=steps, step_decay=decay)
     batch = {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
     with torch.no_grad():
-        total, ce, hits = trainer._ttt(trainer.model, batch)
+        total, ce, hits = trainer._ttt(trainer.model, batch, top1=True)
         feats = torch.cat([out.hidden_states[i][:, :-1] for i in head.hidden_layers], -1)
         embeds = torch.stack([target.get_input_embeddings()(shifted(ids[:, 1:], j)) for j in range(steps)])
-        full = trainer.model(feats, embeds)  # [K, 1, A, Vd]: every anchor, every step
+        full = Eagle3TTT.forward(trainer.model, feats, embeds)  # [K, 1, A, Vd]: every anchor, every step, unchunked
     want, with_outside, skipped = 0.0, 0.0, 0
     for j in range(steps):
         for t in range(ids.shape[1] - 1):
@@ -432,6 +471,42 @@ def test_eagle3_loss_leaves_out_anchors_whose_target_token_is_outside_the_draft_
     labelled = [sum(1 for t in range(11) if t + 2 + j < 12 and labels[0, t + 2 + j] != -100) for j in range(steps)]
     assert hits[:, 1].tolist() == labelled  # top-1 over every labelled anchor: the skipped ones are misses
     assert int(trainer.count_loss_tokens(batch)) == labelled[0]  # the normaliser keeps them too
+
+
+@pytest.mark.parametrize("called", [False, True])
+def test_eagle3_chunked_loss_has_the_unchunked_gradients(tokenizer, tmp_path, called, monkeypatch):
+    """The unrolled token loss chunked over the draft vocabulary (through the heads' weights, or checkpointed calls
+    of sharded heads) gives the value and the head's gradients of the loss over full [N_j, Vd] logits."""
+    from draftsmith.trainers.eagle3 import Eagle3TTT, shifted, ttt_anchors
+
+    target = random_model("llama", seed=0, layers=4)
+    head = _eagle3(target)
+    torch.manual_seed(5)
+    for p in head.midlayer.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    trainer = _eagle3_trainer(target, head, tokenizer, tmp_path, ttt_steps=3)
+    monkeypatch.setattr(trainer, "_sharded", lambda: called)
+    ids = torch.randint(3, 100, (2, 10), generator=torch.Generator().manual_seed(6))
+    labels = ids.clone()
+    labels[:, :3] = -100
+    batch = {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
+    total, _, _ = trainer._ttt(trainer.model, batch)
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i][:, :-1] for i in head.hidden_layers], -1)
+        embeds = torch.stack([target.get_input_embeddings()(shifted(ids[:, 1:], j)) for j in range(3)])
+        following = out.logits[:, 1:]  # [B, A, V]
+        probs = following[..., head.t2d].softmax(-1)  # p|Vd
+        draftable = head.t2d[following.argmax(-1)]
+        keep = torch.stack([ttt_anchors(labels, j, draftable) for j in range(3)])
+    logits = Eagle3TTT.forward(trainer.model, feats, embeds, keep)  # [sum_j N_j, Vd], unchunked
+    want = 0.0
+    for j, part in enumerate(logits.split(keep.sum((1, 2)).tolist())):
+        want = want + 0.8 ** j * -(shifted(probs, j)[keep[j]] * part.log_softmax(-1)).sum()
+    torch.testing.assert_close(total, want, rtol=1e-5, atol=1e-6)
+    params = [p for p in head.parameters() if p.requires_grad]
+    for g, w in zip(torch.autograd.grad(total, params), torch.autograd.grad(want, params)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
 
 
 def test_draft_vocabulary_is_counted_on_the_targets_answers_with_data_mode_target(tokenizer):

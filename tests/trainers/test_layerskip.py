@@ -8,10 +8,18 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.data.tiny_models import random_model
-from draftsmith.trainers.layerskip import LayerSkipConfig, dropout_rates, enabled_exits, exit_scales, layer_forward
+from draftsmith.trainers.layerskip import (
+    LayerSkipConfig,
+    dropout_rates,
+    enabled_exits,
+    exit_losses,
+    exit_scales,
+    layer_forward,
+)
 
 
 def test_dropout_time_is_constant_by_default_as_the_paper_sets_it_for_fine_tuning():
@@ -88,3 +96,68 @@ def test_config_is_validated():
     with pytest.raises(ConfigError, match="dropout_max"):
         LayerSkipConfig(dropout_max=1.0)
     assert LayerSkipConfig(exit_layer=0).proposer_settings()["exit_layer"] is None
+
+
+@pytest.mark.parametrize("called", [False, True])
+def test_exit_losses_are_the_full_logits_cross_entropies_in_value_and_gradients(called):
+    """Each exit's CE chunked over the vocabulary (through the LM head's weight, or checkpointed calls of a sharded
+    head) equals ``cross_entropy(LMHead(norm(h_l)))`` over the full [N, V] logits, gradients included."""
+    model = random_model("llama", seed=0, layers=3).train()
+    ids = torch.randint(3, 100, (2, 8), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[:, :3] = -100
+    exits = torch.tensor([False, True, True])
+    got = exit_losses(model, ids, labels, None, exits, called=called)
+    states = layer_forward(model, ids, None, exits)
+    mask = labels[:, 1:] != -100
+    want = {layer: F.cross_entropy(model.lm_head(model.model.norm(h[:, :-1][mask])), labels[:, 1:][mask],
+                                   reduction="sum") for layer, h in states.items()}
+    assert set(got) == {1, 2}
+    params = [p for p in model.parameters() if p.requires_grad]
+    total_got, total_want = got[1] + 0.5 * got[2], want[1] + 0.5 * want[2]
+    torch.testing.assert_close(total_got, total_want, rtol=1e-5, atol=1e-6)
+    for g, w in zip(torch.autograd.grad(total_got, params, allow_unused=True),
+                    torch.autograd.grad(total_want, params, allow_unused=True)):
+        if w is None:
+            assert g is None or not g.any()
+            continue
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_held_out_figures_are_the_full_logits_ones(tokenizer, tmp_path):
+    """The evaluation's per-exit CE and agreement and the original target's CE, chunked, against the full logits."""
+    import transformers
+
+    from draftsmith.trainers.layerskip import LayerSkipTrainer, build_layerskip_model
+
+    target = random_model("llama", seed=0, layers=3)
+    cfg = LayerSkipConfig(dropout_max=0.0, curriculum="all")
+    module = build_layerskip_model({"target": target}, cfg)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in module.model.model.layers[0].parameters():
+            p.add_(torch.randn_like(p) * 0.1)  # the copy drifts from the original
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no",
+                                          disable_tqdm=True)
+    trainer = LayerSkipTrainer(model=module, teacher_model=target, args=args, processing_class=tokenizer,
+                               method_config=cfg)
+    ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(3))
+    labels = ids.clone()
+    labels[:, :4] = -100
+    batch = {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
+    trainer.prediction_step(trainer.model, batch, prediction_loss_only=False)
+    sums = trainer._eval_sums
+    with torch.no_grad():
+        out = module.model(input_ids=ids, output_hidden_states=True)
+        mask = labels[:, 1:] != -100
+        y = labels[:, 1:][mask]
+        final = out.logits[:, :-1][mask]
+        want = []
+        for layer in range(3):
+            h = out.hidden_states[layer + 1] if layer < 2 else out.hidden_states[3]
+            logits = module.model.lm_head(h[:, :-1][mask] if layer == 2 else module.model.model.norm(h[:, :-1][mask]))
+            want += [F.cross_entropy(logits, y, reduction="sum"), (logits.argmax(-1) == final.argmax(-1)).sum()]
+        original = F.cross_entropy(target(input_ids=ids).logits[:, :-1][mask], y, reduction="sum")
+    torch.testing.assert_close(sums[:-2], torch.stack(want).float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sums[-2], original, rtol=1e-5, atol=1e-5)
+    assert sums[-1] == mask.sum()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.data.tiny_models import random_model
@@ -13,14 +14,15 @@ from draftsmith.inference.core.generate import GenerationConfig, generate
 from draftsmith.inference.core.trees import chain_choices, tree_from_choices
 from draftsmith.inference.drafters.medusa import MedusaHeads
 from draftsmith.inference.proposers.medusa import MedusaProposer
+from draftsmith.trainers.losses import LinearHead
 from draftsmith.trainers.medusa import (
     MedusaConfig,
     build_heads,
     head_targets,
     heads_loss,
-    kl_rows,
     rank_of_true,
-    target_terms,
+    target_agreement,
+    target_loss,
 )
 
 
@@ -51,6 +53,39 @@ def test_rank_of_true_counts_each_rank():
     assert rank_of_true(logits, torch.tensor([2, 2]), ranks=3).tolist() == [0.0, 1.0, 1.0]  # ranks 1 and 2
 
 
+def _full_heads_loss(heads, hidden, labels, lm_head, decay):
+    """Medusa eq. 2 over the full [N, V] logits of every head (the unchunked definition)."""
+    total = torch.zeros(())
+    for k in range(heads.num_heads):
+        positions, tokens = head_targets(labels, k)
+        logits = heads.head_logits(hidden[:, : positions.shape[1]][positions], k, lm_head).float()
+        total = total + decay ** k * F.cross_entropy(logits, tokens[positions], reduction="sum")
+    return total
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("called", [False, True])
+def test_heads_loss_is_the_full_logits_cross_entropy_in_value_and_gradients(shared, called):
+    """Chunked through the LM head's weight, or (``called``: a sharded head) through checkpointed calls of it."""
+    target = random_model("llama", seed=0, layers=2)
+    lm_head = target.get_output_embeddings()
+    heads = MedusaHeads(hidden=32, vocab=128, heads=3, shared_lm_head=shared)
+    heads.init_lm_heads(lm_head)
+    torch.manual_seed(1)
+    for block in heads.blocks:
+        torch.nn.init.normal_(block[0].linear.weight, std=0.3)
+    hidden = torch.randn(2, 9, 32, requires_grad=True)
+    labels = torch.randint(3, 128, (2, 9))
+    labels[:, :3] = -100
+    labels[1, 7:] = -100
+    got = heads_loss(heads, hidden, labels, lm_head, 0.8, called=called)
+    want = _full_heads_loss(heads, hidden, labels, lm_head, 0.8)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    trained = [hidden] + [p for p in heads.parameters()]
+    for g, w in zip(torch.autograd.grad(got, trained), torch.autograd.grad(want, trained)):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
 def test_config_is_validated():
     with pytest.raises(ConfigError, match="data_mode"):
         MedusaConfig(data_mode="onpolicy")
@@ -58,17 +93,23 @@ def test_config_is_validated():
         MedusaConfig(loss_decay=0.0)
 
 
-def test_medusa2_config_and_kl():
+def test_medusa2_config():
     with pytest.raises(ConfigError, match="variant"):
         MedusaConfig(variant="medusa3")
     with pytest.raises(ConfigError, match="heads_weight"):
         MedusaConfig(variant="medusa2", heads_weight=0.0)
     with pytest.raises(ConfigError, match="heads_warmup_ratio"):
         MedusaConfig(variant="medusa2", heads_warmup_ratio=1.0)
-    p, q = torch.randn(4, 7), torch.randn(4, 7)
-    assert torch.allclose(kl_rows(p, p), torch.zeros(4), atol=1e-6) and bool((kl_rows(p, q) > 0).all())
-    want = (p.softmax(-1) * (p.log_softmax(-1) - q.log_softmax(-1))).sum(-1)
-    assert torch.allclose(kl_rows(p, q), want, atol=1e-6)
+
+
+def test_medusa2_refuses_a_lora_wrapped_lm_head_and_logit_post_processing():
+    target = random_model("llama", seed=0, layers=2).requires_grad_(False)
+    with pytest.raises(ConfigError, match="lora_target_modules"):
+        build_heads({"target": target}, MedusaConfig(variant="medusa2", heads=2, lora_r=4,
+                                                     lora_target_modules="q_proj,lm_head"))
+    target.config.final_logit_softcapping = 30.0
+    with pytest.raises(ConfigError, match="final_logit_softcapping=30.0"):
+        build_heads({"target": target}, MedusaConfig(variant="medusa2", heads=2, lora_r=4))
 
 
 def test_medusa2_module_adapts_a_copy_and_starts_as_the_target():
@@ -98,18 +139,49 @@ def test_medusa2_default_loss_is_self_distillation_the_kl_replacing_the_lm_loss(
     labels = ids.clone()
     labels[:, :4] = -100  # a 4-token prompt
     lm_head = target.get_output_embeddings()
-    original = target(input_ids=ids, attention_mask=mask).logits
     with torch.no_grad():
-        total = module(ids, mask, labels, lm_head, cfg.loss_decay, original, cfg.loss_weights, joint=True)
-        hidden, logits = module.adapted(ids, mask, grad=False)
-        ce, kl, _ = target_terms(labels, logits, original)
+        original_out = target(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        original_hidden = original_out.hidden_states[-1]
+        adapted_logits = module.target(input_ids=ids, attention_mask=mask).logits
+        hidden = module.adapted(ids, mask, grad=False)
+        rows = labels[:, 1:] != -100
+        adapted, reference = adapted_logits[:, :-1][rows].float(), original_out.logits[:, :-1][rows].float()
+        ce = F.cross_entropy(adapted, labels[:, 1:][rows], reduction="sum")  # the full [N, V] definitions
+        kl = (reference.softmax(-1) * (reference.log_softmax(-1) - adapted.log_softmax(-1))).sum()
+        agree = (adapted.argmax(-1) == reference.argmax(-1)).sum().float()
         heads = heads_loss(module.heads, hidden, labels, lm_head, cfg.loss_decay)
-        old = module(ids, mask, labels, lm_head, cfg.loss_decay, original, (1.0, 1.0, 0.2), joint=True)
+        total = module(ids, mask, labels, lm_head, cfg.loss_decay, original_hidden, cfg.loss_weights, joint=True)
+        old = module(ids, mask, labels, lm_head, cfg.loss_decay, original_hidden, (1.0, 1.0, 0.2), joint=True)
+        own, original = LinearHead(module.target.get_output_embeddings()), LinearHead(lm_head)
+        got_kl, got_agree = target_agreement(labels, hidden, own, original_hidden, original)
+        lm_only = target_loss(labels, hidden, own, original_hidden, original, 1.0, 0.0)
     assert float(kl) > 1e-4 and float(ce) > 1.0
     assert torch.allclose(total, kl + 0.2 * heads, rtol=1e-5)
     assert torch.allclose(old, ce + kl + 0.2 * heads, rtol=1e-5)
+    assert torch.allclose(lm_only, ce, rtol=1e-5) and torch.allclose(got_kl, kl, rtol=1e-5)
+    assert got_agree == agree
     with pytest.raises(ConfigError, match="kl_weight=1"):
         MedusaConfig(variant="medusa2", kl_weight=0.0)
+
+
+def test_medusa2_target_terms_have_the_full_logits_gradients():
+    """One chunked pass of ``w_lm CE + w_kl KL`` gives the gradients of the two full-logit terms (the adapted
+    target's last hidden state is what trains)."""
+    target = random_model("llama", seed=0, layers=2)
+    lm_head = target.get_output_embeddings()
+    hidden = torch.randn(2, 8, 32, requires_grad=True)
+    original_hidden = torch.randn(2, 8, 32)
+    labels = torch.randint(3, 128, (2, 8))
+    labels[:, :3] = -100
+    got = target_loss(labels, hidden, LinearHead(lm_head), original_hidden, LinearHead(lm_head), 0.7, 1.3)
+    rows = labels[:, 1:] != -100
+    adapted, reference = lm_head(hidden[:, :-1][rows]), lm_head(original_hidden[:, :-1][rows]).detach()
+    want = 0.7 * F.cross_entropy(adapted, labels[:, 1:][rows], reduction="sum") + 1.3 * (
+        reference.softmax(-1) * (reference.log_softmax(-1) - adapted.log_softmax(-1))).sum()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    params = [hidden, lm_head.weight]
+    for g, w in zip(torch.autograd.grad(got, params), torch.autograd.grad(want, params)):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
 def test_proposer_refuses_a_tree_deeper_than_its_heads():
