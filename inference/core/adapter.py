@@ -28,7 +28,7 @@ public submodules, for the layouts listed in :data:`SUBLAYER_LAYOUTS`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -39,6 +39,7 @@ from draftsmith.common.errors import ConfigError, UnsupportedModelError
 from draftsmith.common.models import cache_keyword
 from draftsmith.inference.core.attention import FLASH, SDPA, causal_attention_kind, causal_mask, decode_attention
 from draftsmith.inference.core.kv_cache import KVCache, KVPrefix, PrefixedCache
+from draftsmith.inference.core.masks import additive_mask, visibility
 from draftsmith.kernels.tree_attention import TREE_KWARG, tree_attention_backend
 
 LLAMA_LIKE = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "gemma", "phi3", "olmo", "olmo2")
@@ -61,54 +62,6 @@ class AdapterOutput:
     logits: torch.Tensor | None  # [B, T, V] (float32 unless keep_dtype)
     last_hidden: torch.Tensor  # [B, T, H], after the final norm
     hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)  # index -> [B, T, H]
-
-
-def causal_tree_mask(parents: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    """Ancestor-or-self relation of a token tree, ``[n, n]`` bool: ``m[i, j]`` is True when node
-    ``j`` is node ``i`` or one of its ancestors. ``parents[i]`` is the index of node ``i``'s parent
-    (``-1`` for a child of the root); parents come before children."""
-    parents = torch.as_tensor(parents, dtype=torch.long).tolist()
-    n = len(parents)
-    m = torch.zeros(n, n, dtype=torch.bool)
-    for i, p in enumerate(parents):
-        if p >= i:
-            raise ValueError(f"tree node {i} has parent {p}: parents must come before children")
-        if p >= 0:
-            m[i] = m[p]
-        m[i, i] = True
-    return m
-
-
-def tree_depths(parents: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    """Depth of every node (children of the root have depth 1), ``[n]`` long."""
-    parents = torch.as_tensor(parents, dtype=torch.long).tolist()
-    depth: list[int] = []
-    for p in parents:
-        depth.append(1 if p < 0 else depth[p] + 1)
-    return torch.tensor(depth, dtype=torch.long)
-
-
-def additive_mask(
-    visible: torch.Tensor,  # [T, L] or [B, T, L] bool: query t may attend to key l
-    dtype: torch.dtype,
-) -> torch.Tensor:  # [1, 1, T, L] or [B, 1, T, L]
-    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-    mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[None, None] if visible.dim() == 2 else mask[:, None]
-
-
-def visibility(
-    past: int,
-    new_visible: torch.Tensor,  # [T, T] bool among the new tokens (causal or tree)
-    query_pos: torch.Tensor,  # [T] absolute positions of the new tokens
-    window: int | None = None,
-) -> torch.Tensor:  # [T, past + T] bool
-    t = new_visible.shape[0]
-    vis = torch.cat([new_visible.new_ones(t, past), new_visible], dim=1)
-    if window is not None:
-        key_pos = torch.cat([torch.arange(past, device=query_pos.device), query_pos])
-        vis = vis & ((query_pos[:, None] - key_pos[None, :]) < window)
-    return vis
 
 
 class ModelAdapter:

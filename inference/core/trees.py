@@ -21,8 +21,9 @@ from functools import cached_property
 import torch
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.inference.core.adapter import additive_mask
-from draftsmith.inference.core.verify import Draft, TreeShape
+from draftsmith.inference.core.masks import additive_mask
+from draftsmith.inference.core.tree_shape import TreeShape
+from draftsmith.inference.core.verify import Draft
 
 Path = tuple[int, ...]
 

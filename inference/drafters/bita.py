@@ -82,7 +82,7 @@ def decode_extras_layout(parents: list[int], masks: int, mask_attention: str = "
     node ``i`` (group ``i + 1``), so that whichever node ends the accepted path, the group after it drafts the next
     step. Returns ``visible [m, 1 + n + m]`` (group ``i + 1`` sees the pending token, node ``i`` and its ancestors,
     and its own group) and ``depths [m]`` (position offsets from the pending token: ``depth(node) + k``)."""
-    from draftsmith.inference.core.adapter import causal_tree_mask, tree_depths
+    from draftsmith.inference.core.masks import causal_tree_mask, tree_depths
 
     n = len(parents)
     groups = n + 1

@@ -42,8 +42,9 @@ from torch import nn
 from draftsmith.common.errors import ConfigError, UnsupportedModelError
 from draftsmith.common.models import cache_keyword
 from draftsmith.data.draft_vocab import draft_vocabulary
-from draftsmith.inference.core.adapter import ModelAdapter, additive_mask, visibility
+from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.inference.core.kv_cache import KVCache
+from draftsmith.inference.core.masks import additive_mask, visibility
 
 
 def aux_layers(num_layers: int) -> tuple[int, int, int]:

@@ -24,7 +24,8 @@ import torch
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.core.proposer import StepFeedback, TargetView
 from draftsmith.inference.core.sampling import SamplingParams
-from draftsmith.inference.core.verify import Draft, ExtraInputs, TreeShape
+from draftsmith.inference.core.tree_shape import TreeShape
+from draftsmith.inference.core.verify import Draft, ExtraInputs
 from draftsmith.inference.drafters.bita import BitaEmbeddings, decode_extras_layout
 
 TREES = ("chain", "triangle")

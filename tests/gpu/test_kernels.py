@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from gpu_suite import DEVICE, GPU_MARKS, median_ms, peak_mib, sized
 
-from draftsmith.inference.core.adapter import causal_tree_mask
+from draftsmith.inference.core.masks import causal_tree_mask
 from draftsmith.kernels.dispatch import fused_linear_divergence
 from draftsmith.kernels.reference import default_chunk_size, naive_linear_divergence
 from draftsmith.kernels.tree_attention_reference import tree_attention_reference, tree_visibility

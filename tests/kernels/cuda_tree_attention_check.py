@@ -31,7 +31,8 @@ from types import SimpleNamespace
 
 import torch
 
-from draftsmith.inference.core.adapter import ModelAdapter, additive_mask, visibility
+from draftsmith.inference.core.adapter import ModelAdapter
+from draftsmith.inference.core.masks import additive_mask, visibility
 from draftsmith.kernels import tree_attention as ta
 from draftsmith.kernels.triton_tree_attention import _tree_attention_kernel, triton_tree_attention
 

@@ -11,7 +11,8 @@ import torch
 
 from draftsmith.common.models import load_model
 from draftsmith.data.tiny_models import random_model
-from draftsmith.inference.core.adapter import ModelAdapter, causal_tree_mask
+from draftsmith.inference.core.adapter import ModelAdapter
+from draftsmith.inference.core.masks import causal_tree_mask
 from draftsmith.kernels import tree_attention as module
 
 REFERENCE = "draftsmith_tree_reference_test"

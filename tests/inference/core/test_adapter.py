@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from draftsmith.data.tiny_models import random_model
-from draftsmith.inference.core.adapter import ModelAdapter, UnsupportedModelError, causal_tree_mask, tree_depths
+from draftsmith.inference.core.adapter import ModelAdapter, UnsupportedModelError
+from draftsmith.inference.core.masks import causal_tree_mask, tree_depths
 
 torch.manual_seed(0)
 

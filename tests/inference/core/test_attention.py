@@ -9,8 +9,8 @@ import torch
 from torch.nn.attention.bias import CausalBias
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from draftsmith.inference.core.adapter import additive_mask, visibility
 from draftsmith.inference.core.attention import FLASH, SDPA, causal_attention_kind, causal_mask
+from draftsmith.inference.core.masks import additive_mask, visibility
 
 
 @pytest.mark.parametrize(("name", "kind"), [("sdpa", SDPA), ("flash_attention_2", FLASH), ("flash_attention_3", FLASH),

@@ -2,10 +2,12 @@ import pytest
 import torch
 
 from draftsmith.data.tiny_models import random_model
-from draftsmith.inference.core.adapter import ModelAdapter, additive_mask
+from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.inference.core.draft_length import DraftLengthPolicy
-from draftsmith.inference.core.generate import GenerationConfig, find_stop, generate, stop_lookback, truncate
+from draftsmith.inference.core.generate import GenerationConfig, generate
+from draftsmith.inference.core.masks import additive_mask
 from draftsmith.inference.core.sampling import SamplingParams
+from draftsmith.inference.core.stops import find_stop, stop_lookback, truncate
 from draftsmith.inference.core.verify import Draft, ExtraInputs
 from draftsmith.inference.proposers.draft_model import DraftModelProposer
 from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer

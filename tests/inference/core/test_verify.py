@@ -134,7 +134,7 @@ def test_the_verdict_keeps_the_path_and_the_committed_tokens_for_the_device(rule
 
 
 def test_a_tree_shape_reaches_a_device_once_and_is_shared_by_the_drafts_made_with_it():
-    from draftsmith.inference.core.verify import TreeShape
+    from draftsmith.inference.core.tree_shape import TreeShape
 
     shape = TreeShape(torch.tensor([-1, -1, 0, 2]))
     a = Draft(tokens=torch.tensor([1, 2, 3, 4]), parents=shape.parents, shape=shape)

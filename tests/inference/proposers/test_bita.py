@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from draftsmith.data.tiny_models import random_model
-from draftsmith.inference.core.adapter import ModelAdapter, additive_mask
+from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.inference.core.generate import GenerationConfig, generate
 from draftsmith.inference.core.kv_cache import KVPrefix
+from draftsmith.inference.core.masks import additive_mask
 from draftsmith.inference.core.sampling import SamplingParams
 from draftsmith.inference.drafters.bita import BitaEmbeddings, decode_extras_layout, group_visibility, training_layout
 from draftsmith.inference.evaluation.distribution import check_distribution
