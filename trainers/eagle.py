@@ -87,6 +87,10 @@ class EagleConfig(TargetAnswers, FeatureCache):
     layers: str = field(default="auto", metadata=_help("EAGLE-3: the three target layers (hidden-state indices, "
                                                        "comma-separated), or auto: 2, n//2, n-3 as EAGLE-3."))
     ttt_steps: int = field(default=7, metadata=_help("EAGLE-3: unrolled steps of the training-time test."))
+    ttt_recompute: bool = field(default=True, metadata=_help("EAGLE-3: recompute each unrolled step's activations in "
+                                                             "the backward (activation checkpointing): one step's "
+                                                             "attention held at a time instead of all of them, the "
+                                                             "same gradients, about a third more head compute."))
     step_decay: float = field(default=0.8, metadata=_help("EAGLE-3: weight decay**j of unrolled step j's loss."))
     draft_vocab_size: int = field(default=8192, metadata=_help("EAGLE-3: the draft vocabulary, the most frequent "
                                                                "target tokens of the answers the head trains on "
@@ -213,7 +217,7 @@ def build_eagle_head(models: dict, config: EagleConfig, train_dataset=None,
         return EagleHead.for_target(target, fc_bias=config.fc_bias)
     d2t, t2d = draft_vocab(draft_vocab_counts(target, config, train_dataset, tokenizer), config.draft_vocab_size)
     layers = None if config.layers == "auto" else tuple(int(x) for x in str(config.layers).split(","))
-    return Eagle3Training(Eagle3Head.for_target(target, d2t, t2d, layers))
+    return Eagle3Training(Eagle3Head.for_target(target, d2t, t2d, layers), recompute=config.ttt_recompute)
 
 
 def supervised_positions(labels: torch.Tensor) -> torch.Tensor:  # [B, T-2] bool

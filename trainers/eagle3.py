@@ -3,19 +3,25 @@ which anchors each unrolled step sees and is trained on. The loss and the traine
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from functools import partial
+
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from draftsmith.inference.drafters.eagle import Eagle3Head, GrowingCache
 
 
 class Eagle3TTT(nn.Module):
     """EAGLE-3's trainable module: the head, whose ``forward`` runs the whole unrolled training-time test (one
-    forward per training step, as data-parallel wrappers require). The artefact keeps the head's own tensors."""
+    forward per training step, as data-parallel wrappers require). The artefact keeps the head's own tensors.
+    ``recompute``: each unrolled step's activations are recomputed in the backward (:func:`unrolled_states`)."""
 
-    def __init__(self, head: Eagle3Head) -> None:
+    def __init__(self, head: Eagle3Head, recompute: bool = True) -> None:
         super().__init__()
         self.head = head
+        self.recompute = bool(recompute)
 
     @property
     def hidden_layers(self) -> tuple[int, ...]:
@@ -34,13 +40,8 @@ class Eagle3TTT(nn.Module):
         ``[K, B, A, H]`` (``E(x_{t+1+j})`` for step ``j``) -> draft logits ``[K, B, A, Vd]``; with ``keep``
         ``[K, B, A]`` bool (the anchors each step is trained on), only those: ``[sum_j keep[j].sum(), Vd]``, step by
         step (the draft LM head skips the unlabelled anchors, most of a prompt)."""
-        steps, b, a = step_embeds.shape[:3]
-        hidden = self.head.fc(features)  # [B, A, H]: g
-        cache = GrowingCache()
         logits = []
-        for j in range(steps):
-            pos = (torch.arange(a, device=features.device) + j)[None].expand(b, a)
-            hidden = self.head(step_embeds[j], hidden, pos, cache, visible=ttt_visibility(a, j, features.device))
+        for j, hidden in enumerate(unrolled_states(self.head, features, step_embeds, self.recompute)):
             logits.append(self.head.draft_logits(hidden if keep is None else hidden[keep[j]]))
         return torch.stack(logits) if keep is None else torch.cat(logits)
 
@@ -50,6 +51,37 @@ class Eagle3TTT(nn.Module):
     @staticmethod
     def artefact_tensors(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k.removeprefix("head."): v for k, v in state_dict.items() if k.startswith("head.")}
+
+
+def unrolled_states(head: Eagle3Head, features: torch.Tensor, step_embeds: torch.Tensor,
+                    recompute: bool = False) -> Iterator[torch.Tensor]:  # yields [B, A, H] per step
+    """The training-time test's head outputs ``h^j`` (pre-norm), step by step: ``features`` ``[B, A, 3Ht]`` fused
+    by ``fc`` into ``g``, then step ``j`` reads ``step_embeds[j]`` ``[B, A, H]`` and its step ``j-1`` output at
+    positions ``t + j``, seeing what decoding shows draft depth ``j + 1`` (:func:`ttt_visibility`).
+
+    ``recompute`` (with gradients on): each step runs under activation checkpointing, so the forward keeps only a
+    step's output and its new keys and values, and the backward recomputes one step's attention at a time — the
+    attention over keys that grow to ``K x A`` is otherwise held for every step at once (``K(K+1)/2 x A^2`` scores).
+    The gradients are the same."""
+    steps, b, a = step_embeds.shape[:3]
+    hidden = head.fc(features)  # [B, A, H]: g
+    past: list[torch.Tensor] = []  # keys, values of steps 0 .. j-1, [B, KV, A, D] each
+    run = partial(checkpoint, partial(_unrolled_step, head), use_reentrant=False) \
+        if recompute and torch.is_grad_enabled() else partial(_unrolled_step, head)
+    for j in range(steps):
+        pos = (torch.arange(a, device=features.device) + j)[None].expand(b, a)  # [B, A]
+        hidden, key, value = run(step_embeds[j], hidden, pos, ttt_visibility(a, j, features.device), *past)
+        past += [key, value]
+        yield hidden
+
+
+def _unrolled_step(head: Eagle3Head, embeds: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
+                   visible: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One unrolled step as a function of its inputs (so it can be recomputed): ``past`` the earlier steps' keys and
+    values, alternating -> ``(h^j [B, A, H], keys [B, KV, A, D], values [B, KV, A, D])`` of this step."""
+    cache = GrowingCache(torch.cat(past[0::2], dim=2), torch.cat(past[1::2], dim=2)) if past else GrowingCache()
+    out = head(embeds, hidden, pos, cache, visible=visible)
+    return (out, *cache.new)
 
 
 def ttt_visibility(anchors: int, step: int, device=None) -> torch.Tensor:  # [A, (step + 1) * A] bool
@@ -79,4 +111,4 @@ def shifted(x: torch.Tensor, by: int, fill: float = 0) -> torch.Tensor:  # [B, A
     return torch.cat([x[:, by:], x.new_full((x.shape[0], by, *x.shape[2:]), fill)], dim=1)
 
 
-__all__ = ["Eagle3TTT", "shifted", "ttt_anchors", "ttt_visibility"]
+__all__ = ["Eagle3TTT", "shifted", "ttt_anchors", "ttt_visibility", "unrolled_states"]

@@ -1,35 +1,16 @@
 """EAGLE-3's token loss over the training-time test (Li et al. 2025, sec. 3): the trainable module whose forward
-unrolls the head (:func:`unrolled_states`, the unroll of :class:`~draftsmith.trainers.eagle3.Eagle3TTT`) and sums
+unrolls the head (:func:`~draftsmith.trainers.eagle3.unrolled_states`) and sums
 every step's cross-entropy to the target's distribution over the draft vocabulary, chunk by chunk over that
 vocabulary (:mod:`draftsmith.trainers.losses`). The loss's definition and the trainer:
 :mod:`draftsmith.trainers.eagle`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 from torch import nn
 
-from draftsmith.inference.drafters.eagle import Eagle3Head, GrowingCache
-from draftsmith.trainers.eagle3 import Eagle3TTT, shifted, ttt_visibility
+from draftsmith.trainers.eagle3 import Eagle3TTT, shifted, unrolled_states
 from draftsmith.trainers.losses import LinearHead, head_rows_map, head_soft_cross_entropy
-
-
-def unrolled_states(head: Eagle3Head, features: torch.Tensor,
-                    step_embeds: torch.Tensor) -> Iterator[torch.Tensor]:  # yields [B, A, H] per step
-    """The training-time test's head outputs ``h^j`` (pre-norm), step by step: ``features`` ``[B, A, 3Ht]`` fused
-    by ``fc`` into ``g``, then step ``j`` reads ``step_embeds[j]`` ``[B, A, H]`` and its step ``j-1`` output at
-    positions ``t + j``, seeing what decoding shows draft depth ``j + 1``
-    (:func:`~draftsmith.trainers.eagle3.ttt_visibility`; the unroll of
-    :class:`~draftsmith.trainers.eagle3.Eagle3TTT`)."""
-    steps, b, a = step_embeds.shape[:3]
-    hidden = head.fc(features)  # [B, A, H]: g
-    cache = GrowingCache()
-    for j in range(steps):
-        pos = (torch.arange(a, device=features.device) + j)[None].expand(b, a)
-        hidden = head(step_embeds[j], hidden, pos, cache, visible=ttt_visibility(a, j, features.device))
-        yield hidden
 
 
 class Eagle3Training(Eagle3TTT):
@@ -50,7 +31,7 @@ class Eagle3Training(Eagle3TTT):
         label_head = LinearHead(target_head, rows=self.t2d.nonzero().squeeze(1), called=called)  # [Vd] draft order
         total = features.new_zeros((), dtype=torch.float32)
         ce_sums, tops = [], []
-        for j, hidden in enumerate(unrolled_states(self.head, features, step_embeds)):
+        for j, hidden in enumerate(unrolled_states(self.head, features, step_embeds, self.recompute)):
             rows = self.head.norm(hidden[keep[j]])  # [N_j, H]
             labels = shifted(label_hidden, j)[keep[j]]  # [N_j, Ht]: p_{t+2+j}, from the target's state at t+1+j
             ce = head_soft_cross_entropy(rows, draft, labels, label_head)
@@ -61,4 +42,4 @@ class Eagle3Training(Eagle3TTT):
         return total, torch.stack(ce_sums), tops
 
 
-__all__ = ["Eagle3Training", "unrolled_states"]
+__all__ = ["Eagle3Training"]

@@ -70,13 +70,15 @@ def draft_vocab(counts: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Te
 
 class GrowingCache:
     """A one-layer key/value cache that concatenates (so gradients flow through every cached key): the unrolled
-    training-time test of EAGLE-3 keeps each step's keys for the next steps."""
+    training-time test of EAGLE-3 keeps each step's keys for the next steps. It may start from earlier steps' keys
+    and values ``[B, KV, S, D]``; ``new`` holds the keys and values of the latest ``update``."""
 
-    def __init__(self) -> None:
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
+    def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None) -> None:
+        self.keys, self.values = keys, values
+        self.new: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def update(self, key_states, value_states, layer_idx: int = 0, *_, **__):  # extras as KVCache.update's
+        self.new = (key_states, value_states)
         if self.keys is None:
             self.keys, self.values = key_states, value_states
         else:

@@ -120,7 +120,7 @@ def build(args, method: str):
             cfg = EagleConfig(variant="eagle3", data_mode="fixed")
             counts = torch.randint(0, 1000, (args.vocab,), generator=gen)
             d2t, t2d = draft_vocab(counts, min(cfg.draft_vocab_size, args.vocab))
-            module = Eagle3Training(Eagle3Head.for_target(target, d2t, t2d)).train()
+            module = Eagle3Training(Eagle3Head.for_target(target, d2t, t2d), recompute=cfg.ttt_recompute).train()
         return EagleTrainer(model=module, method_config=cfg, **common), module, batch
     if method == "layerskip":
         from draftsmith.trainers.layerskip import LayerSkipConfig, LayerSkipTrainer, build_layerskip_model

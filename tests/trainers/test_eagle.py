@@ -402,6 +402,42 @@ def test_a_cost_sized_dynamic_tree_follows_the_verification_cost_and_stays_ident
 # ------------------------------------------------------------------------ EAGLE-3: loss mask and draft vocabulary
 
 
+def test_the_recomputed_unroll_gives_the_same_loss_and_gradients_and_keeps_fewer_tensors():
+    """ttt_recompute (activation checkpointing of each unrolled step): the loss and every gradient as without it,
+    while the forward keeps far fewer bytes for the backward (one step's outputs, not every step's attention)."""
+    from draftsmith.inference.drafters.eagle import Eagle3Head, draft_vocab
+    from draftsmith.trainers.eagle3_loss import Eagle3Training
+
+    target = random_model("llama", seed=0, layers=4)
+    d2t, t2d = draft_vocab(torch.arange(128), 64)
+    gen = torch.Generator().manual_seed(4)
+    feats = torch.randn(2, 24, 3 * target.config.hidden_size, generator=gen)  # [B, A, 3Ht]
+    embeds = torch.randn(4, 2, 24, target.config.hidden_size, generator=gen)  # [K, B, A, H]
+    keep = torch.rand(4, 2, 24, generator=gen) > 0.3  # [K, B, A]
+    following = torch.randn(2, 24, target.config.hidden_size, generator=gen)  # [B, A, Ht]
+    results = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        module = Eagle3Training(Eagle3Head.for_target(target, d2t, t2d), recompute=recompute).train()
+        saved: list[int] = []
+
+        def keep_size(t, saved=saved):
+            saved.append(t.numel() * t.element_size())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep_size, lambda t: t):
+            total, ce, _ = module(feats, embeds, keep, following, target.get_output_embeddings(), 0.8)
+        total.backward()
+        grads = {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+        results.append((total.detach(), ce, grads, sum(saved)))
+    (plain, plain_ce, plain_grads, plain_bytes), (again, again_ce, again_grads, again_bytes) = results
+    assert torch.allclose(plain, again, rtol=1e-6) and torch.allclose(plain_ce, again_ce, rtol=1e-6)
+    assert plain_grads.keys() == again_grads.keys() and len(plain_grads) > 5
+    for name, grad in plain_grads.items():
+        assert torch.allclose(grad, again_grads[name], rtol=1e-5, atol=1e-7), name
+    assert again_bytes < 0.5 * plain_bytes
+
+
 def test_ttt_anchors_keep_only_labels_the_draft_vocabulary_holds():
     """EAGLE-3's position_mask = t2d[target_argmax] * loss_mask, shifted with the labels at every unrolled step."""
     from draftsmith.trainers.eagle3 import ttt_anchors
