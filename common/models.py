@@ -19,6 +19,7 @@ from draftsmith.common.errors import ConfigError, DraftsmithError
 from draftsmith.common.io import sha256_json
 from draftsmith.common.outputs import write_failures
 from draftsmith.common.precision import resolve_dtype
+from draftsmith.common.sharding import full_shape
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -369,8 +370,7 @@ def tokenizer_sha256(tokenizer, chat_template: bool = True) -> str:
 def lm_head_rows(model) -> int:
     """Rows of the LM head: the logits' vocabulary (the full shape even when ZeRO-3 has partitioned the weight,
     whose local shape is then empty)."""
-    weight = model.get_output_embeddings().weight
-    return int(weight.ds_shape[0]) if hasattr(weight, "ds_shape") else int(weight.shape[0])
+    return int(full_shape(model.get_output_embeddings().weight)[0])
 
 
 def target_identity(model, tokenizer, name_or_path: str | None = None) -> dict:

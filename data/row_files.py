@@ -21,6 +21,7 @@ from pathlib import Path
 from draftsmith.common.errors import ConfigError, DataError
 from draftsmith.common.io import read_json, recover_jsonl, sha256_json
 from draftsmith.common.models import target_identity
+from draftsmith.common.sharding import full_tensor
 
 META_SUFFIX = ".meta.json"
 SETTINGS = ("temperature", "top_p", "seed", "max_new_tokens")  # what must match to resume a sampled file
@@ -97,9 +98,10 @@ def same_target(recorded: Mapping, identity: Mapping) -> bool:
 
 def weights_sample_sha256(model, values: int = 4096) -> str:
     """sha256 of the first ``values`` weights of the model's first and last parameter tensors (float32): tells two
-    checkpoints of one architecture apart without reading every weight."""
+    checkpoints of one architecture apart without reading every weight. The same under ZeRO-3 or FSDP as on one
+    process (those two tensors are gathered: every process calls it then)."""
     params = list(model.parameters())
-    blob = [p.detach().flatten()[:values].float().cpu().numpy().tobytes() for p in (params[0], params[-1])]
+    blob = [full_tensor(p).flatten()[:values].float().cpu().numpy().tobytes() for p in (params[0], params[-1])]
     return hashlib.sha256(b"".join(blob)).hexdigest()
 
 

@@ -9,8 +9,9 @@ A recipe (``recipes/<method>.py``) is one call::
 target plus a draft; the built-in zoo when no ``--target`` is given), loads the data, builds the method's trainer
 around the module it trains, trains (resuming with ``--resume_from_checkpoint``, which refuses changed settings:
 :mod:`draftsmith.launch.run_settings`), writes the artefact of the method's kind to ``<output_dir>/artefact`` with
-its manifest, and with ``--evaluate`` runs the evaluator on it exactly as ``draftsmith eval --artefact`` would. It
-runs unchanged under ``python``, ``accelerate launch`` and ``deepspeed``.
+its manifest, and with ``--evaluate`` runs the evaluator on it exactly as ``draftsmith eval --artefact`` would
+(:mod:`draftsmith.launch.after_training`). It runs unchanged under ``python``, ``accelerate launch``, ``torchrun``
+and ``deepspeed``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from draftsmith.common.models import load_model, load_tokenizer, target_identity
 from draftsmith.common.outputs import claim, weights_bytes, write_failures
 from draftsmith.common.precision import trained_dtype
 from draftsmith.common.registry import MethodSpec, get_method, resolve
+from draftsmith.launch.after_training import after_training
 from draftsmith.launch.recipe_args import RecipeArguments, parse_recipe_args
 from draftsmith.launch.run_settings import (
     RUN_SETTINGS,
@@ -278,42 +280,6 @@ def save_artefact(trainer, spec: MethodSpec, out: Path, *, method_config, target
     return manifest
 
 
-# ------------------------------------------------------------------------------------------------ evaluation
-
-
-def evaluate_artefact(artefact: Path, target_model, tokenizer, args: RecipeArguments, out_dir: Path,
-                      target_name: str, baseline_draft=None) -> dict[str, dict]:
-    """Evaluate the artefact (loaded exactly as ``draftsmith eval --artefact`` loads it) and, when given, the
-    method before training (the same proposer settings with the draft as it was); print the summary and the tau
-    ratio. Returns the reports by name."""
-    from draftsmith.inference.artefacts.manifest import adapted_target, read_manifest
-    from draftsmith.inference.evaluation.evaluator import evaluate
-    from draftsmith.inference.evaluation.questions import read_questions
-    from draftsmith.inference.evaluation.report import summary_table, write_report
-    from draftsmith.inference.methods import load_artefact
-
-    questions = read_questions(None, limit=args.eval_limit)
-    manifest = read_manifest(artefact)  # every file hashed, once
-    verified = adapted_target(artefact, manifest, target_model)  # the target, or target + LoRA
-    runs = {"trained": load_artefact(artefact, verified, tokenizer, manifest=manifest)}
-    if baseline_draft is not None:
-        runs["baseline"] = load_artefact(artefact, verified, tokenizer, draft_model=baseline_draft, manifest=manifest)
-    reports = {}
-    for name, (proposer, manifest) in runs.items():
-        label = str(artefact) if name == "trained" else f"{manifest['method']} before training"
-        reports[name] = evaluate(verified.eval(), tokenizer, manifest["method"], lambda p=proposer: p, questions,
-                                 max_new_tokens=args.eval_max_new_tokens, target_name=target_name, draft_name=label,
-                                 command=" ".join(sys.argv),
-                                 original_model=target_model.eval() if verified is not target_model else None)
-        write_report(reports[name], out_dir / name)
-    print(summary_table(reports["trained"]))
-    if "baseline" in reports:
-        before, after = reports["baseline"]["summary"]["tau"], reports["trained"]["summary"]["tau"]
-        print(f"tau: before training {before:.3f} -> after {after:.3f} ({after / before:.3f}x)")
-    print(f"reports: {out_dir.resolve()}")
-    return reports
-
-
 # ---------------------------------------------------------------------------------------------------- the run
 
 
@@ -385,27 +351,9 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
     if trainer.is_world_process_zero():
         print(f"artefact: {artefact}  (load it with: draftsmith eval --artefact {artefact})")
         print("metrics: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float))))
-        if recipe.tune and spec.artefact_kind == "draft_model":
-            from draftsmith.launch.tune_cli import calibration_questions, summary_lines, tune_artefact
-
-            record = tune_artefact(artefact, models["target"], tokenizer, calibration_questions(recipe.tune_prompts,
-                                   targs.seed), max_new_tokens=recipe.eval_max_new_tokens)
-            print("\n".join(summary_lines(record)))
-        from draftsmith.launch.tune_cli import TREE_METHODS
-
-        if recipe.calibrate_tree and spec.name in TREE_METHODS:
-            from draftsmith.launch.tune_cli import calibrate_tree_artefact, calibration_questions, summary_lines
-
-            record = calibrate_tree_artefact(artefact, models["target"], tokenizer,
-                                             calibration_questions(recipe.tune_prompts, targs.seed),
-                                             max_new_tokens=recipe.eval_max_new_tokens)
-            print("\n".join(summary_lines(record)))
-        if recipe.evaluate:
-            baseline = None
-            if recipe.eval_baseline and "draft" in paths:
-                baseline = load_model(paths["draft"], recipe.dtype, what="draft")
-            reports = evaluate_artefact(artefact, models["target"], tokenizer, recipe,
-                                        Path(targs.output_dir) / "eval", paths["target"], baseline)
+        reports = after_training(artefact, spec, recipe, targs, models["target"], tokenizer, paths,
+                                 sharded=trainer.sharded(),
+                                 load_target=lambda: load_models({"target": paths["target"]}, recipe, method_config)["target"])
     if output is not None:
         output.release()
     return RecipeResult(method, artefact, manifest, reports)

@@ -93,7 +93,7 @@ class FrozenTargetTrainer(transformers.Trainer):
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None) if self.is_deepspeed_enabled else None
         return int(plugin.zero_stage) if plugin is not None else 0
 
-    def _sharded(self) -> bool:
+    def sharded(self) -> bool:
         """Whether the trained module's parameters are sharded across processes (ZeRO-3 or FSDP)."""
         return self._zero_stage() == 3 or self.is_fsdp_enabled
 
@@ -133,7 +133,7 @@ class FrozenTargetTrainer(transformers.Trainer):
         completions = sample_completions(self.teacher_module if own else generator, prompts,
                                          max_new_tokens=max_new_tokens, pad_token_id=self.pad_token_id,
                                          eos_ids=self.eos_token_ids, temperature=temperature, top_p=top_p,
-                                         synced_gpus=self._zero_stage() == 3 if own else self._sharded())
+                                         synced_gpus=self._zero_stage() == 3 if own else self.sharded())
         batch = self.data_collator(sequences_from_generations(prompts, completions))
         return {k: v.to(inputs["input_ids"].device) for k, v in batch.items()}
 
@@ -234,7 +234,7 @@ class FrozenTargetTrainer(transformers.Trainer):
     # ---------------------------------------------------------------------------------------- the replicas
 
     def train(self, resume_from_checkpoint: str | None = None, **kwargs):
-        if finished_checkpoint(resume_from_checkpoint, self.args.max_steps) and not self._sharded():
+        if finished_checkpoint(resume_from_checkpoint, self.args.max_steps) and not self.sharded():
             return self._restore_finished(resume_from_checkpoint)
         result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         self.check_replicas()
@@ -254,7 +254,7 @@ class FrozenTargetTrainer(transformers.Trainer):
         """Data-parallel processes must end with the same trained parameters; a loss computed outside the wrapped
         module's forward would silently skip the gradient all-reduce (each process training its own copy). Raises
         ``RuntimeError`` when the replicas differ (not checked when parameters are sharded)."""
-        if self.args.world_size <= 1 or self._sharded():
+        if self.args.world_size <= 1 or self.sharded():
             return
         module = self.accelerator.unwrap_model(self.model_wrapped)
         total = torch.zeros(2, dtype=torch.float64, device=self.args.device)

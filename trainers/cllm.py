@@ -270,7 +270,7 @@ class CllmTrainer(FrozenTargetTrainer):
         cfg = self.method_config
         return model(inputs["input_ids"], inputs["input_state"], inputs["input_next"], inputs["attention_mask"],
                      inputs["labels"], inputs["consistency_mask"], cfg.consistency, cfg.ar_weight,
-                     cfg.ar_label_smoothing, self._sharded()), None
+                     cfg.ar_label_smoothing, self.sharded()), None
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Held-out loss and how often the model, from an intermediate state, already predicts the fixed point's
@@ -280,7 +280,7 @@ class CllmTrainer(FrozenTargetTrainer):
             total, _ = self.loss_sum(model, inputs)
             loss = total / self.count_loss_tokens(inputs).clamp(min=1).to(total.device)
             module = self.accelerator.unwrap_model(model)
-            head = module.head(self._sharded())
+            head = module.head(self.sharded())
             rows = inputs["consistency_mask"][:, 1:].bool()  # [B, T-1]
             state = module.hidden(inputs["input_state"], inputs["attention_mask"])[:, :-1][rows]  # [N, H]
             top = head_rows_map(state, head, lambda z, _, __: z.argmax(-1))  # [N]
@@ -288,7 +288,7 @@ class CllmTrainer(FrozenTargetTrainer):
             tuned = ar_loss(module.hidden(inputs["input_ids"], inputs["attention_mask"]), head, inputs["labels"])
             original_hidden = last_hidden(self.teacher, inputs["input_ids"], inputs["attention_mask"])
             original = ar_loss(original_hidden, LinearHead(self.teacher_module.get_output_embeddings(),
-                                                           called=self._sharded()), inputs["labels"])
+                                                           called=self.sharded()), inputs["labels"])
             n = (inputs["labels"][:, 1:] != IGNORE_INDEX).sum().float()
             self.add_eval_sums(torch.stack([hit.sum().float(), rows.sum().float(), tuned.float(), original.float(),
                                             n.to(tuned.device)]))

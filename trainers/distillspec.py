@@ -254,7 +254,7 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         self.use_fused_kernel = self._resolve_fused_kernel(blocker)
         self.heads_are_logits = blocker is None  # each model's logits are hidden @ LM head: evaluation chunks too
         if self.method_config.features == "offline":
-            check_offline_logits(teacher_model, self._sharded())
+            check_offline_logits(teacher_model, self.sharded())
         self._micro_step = (-1, 0)  # (global step, micro batch within it) for the mixed-mode coin
 
     @classmethod
@@ -393,7 +393,7 @@ class DistillSpecTrainer(FrozenTargetTrainer):
     def _heads(self, model, rows: torch.Tensor | None) -> tuple[LinearHead, LinearHead]:
         """The draft's and the target's LM heads over ``rows`` (None: the first ``vocab_size``); called if sharded."""
         models = (self.accelerator.unwrap_model(model), self.teacher_module)
-        return tuple(LinearHead(m.get_output_embeddings(), rows, self.vocab_size, self._sharded()) for m in models)
+        return tuple(LinearHead(m.get_output_embeddings(), rows, self.vocab_size, self.sharded()) for m in models)
 
     def _token_loss(self, model, inputs: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
         """Sequence-level KD (:func:`~draftsmith.trainers.losses.sequence_kd_nll`), the draft's K rows; no target."""

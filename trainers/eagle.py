@@ -62,6 +62,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.common.errors import ConfigError
+from draftsmith.common.models import lm_head_rows
 from draftsmith.data.draft_vocab import answer_token_counts, ranked_counts
 from draftsmith.data.feature_cache import features_of
 from draftsmith.inference.core.adapter import ModelAdapter
@@ -175,7 +176,7 @@ def draft_vocab_counts(target, config: EagleConfig, train_dataset, tokenizer=Non
     (:func:`~draftsmith.data.feature_cache.answer_rows`, the answers training regenerates); the dataset's responses
     only order the tokens those answers count alike (:func:`~draftsmith.data.draft_vocab.ranked_counts`). The
     answers are greedy, so a resumed run counts the same; its checkpoint restores ``d2t``/``t2d`` in any case."""
-    vocab = int(target.get_output_embeddings().weight.shape[0])
+    vocab = lm_head_rows(target)  # the full vocabulary, also where ZeRO-3 has partitioned the LM head
     given = answer_token_counts(train_dataset, vocab)  # [V] the rows' own answers
     if config.data_mode != "target" or config.features == "offline" or not train_dataset:
         return given
@@ -320,7 +321,7 @@ class EagleTrainer(FrozenTargetTrainer):
         """``(L_reg, L_cls, top-1 agreements or None, supervised positions)`` summed over the batch."""
         pred, features = self._head_outputs(model, inputs, noise)
         keep = supervised_positions(inputs["labels"])  # [B, T-2]
-        lm_head = LinearHead(self.teacher_module.get_output_embeddings(), called=self._sharded())
+        lm_head = LinearHead(self.teacher_module.get_output_embeddings(), called=self.sharded())
         pred_rows = pred[:, :-1][keep]  # [N, H]: f^_{t+1} for t = 0 .. T-3
         target_rows = features[:, 1:-1][keep]  # [N, H]: f_{t+1}, whose LM head gives p_{t+2}
         reg, cls = eagle_losses(pred_rows, target_rows, lm_head)
@@ -354,7 +355,7 @@ class EagleTrainer(FrozenTargetTrainer):
             labelled = torch.stack([ttt_anchors(labels, j) for j in range(steps)])  # [K, B, A]
             keep = torch.stack([ttt_anchors(labels, j, draftable) for j in range(steps)])  # [K, B, A] position_mask
         total, ce_sums, tops = model(features, step_embeds, keep, following, target_head, cfg.step_decay,
-                                     self._sharded(), top1)
+                                     self.sharded(), top1)
         if not top1:
             return total, ce_sums, None
         hits = [torch.stack([(top == shifted(label_top1, j)[keep[j]]).sum().float(), labelled[j].sum().float()])

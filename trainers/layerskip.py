@@ -243,7 +243,7 @@ class LayerSkipTrainer(FrozenTargetTrainer):
             keep = torch.rand(inputs["input_ids"].shape[0], layers) >= rates[None]  # [B, L], per sample
             keep = keep.to(inputs["input_ids"].device)
         return model(inputs["input_ids"], inputs["labels"], keep, exits, scales.to(inputs["input_ids"].device),
-                     self._sharded()), None
+                     self.sharded()), None
 
     def _original_hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:  # [B, T, H], final-normed
         """The original target's last hidden state (its forward computes one position's logits only)."""
@@ -275,7 +275,7 @@ class LayerSkipTrainer(FrozenTargetTrainer):
                     for layer in range(layers)]  # [2] each: CE sum, agreements
             original = self._original_hidden(inputs)[:, :-1][mask]  # [N, H]
             orig_ce = head_cross_entropy(original, LinearHead(self.teacher_module.get_output_embeddings(),
-                                                              called=self._sharded()), y)
+                                                              called=self.sharded()), y)
             sums = torch.cat([torch.stack(rows).reshape(-1), orig_ce[None].to(total.device),
                               mask.sum().float()[None].to(total.device)])
             self.add_eval_sums(sums)  # [2L + 2]

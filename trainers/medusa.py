@@ -338,7 +338,7 @@ class MedusaTrainer(FrozenTargetTrainer):
         warm-up, then the combined loss (module docstring). Always one forward of the trained module."""
         cfg = self.method_config
         lm_head = self.teacher_module.get_output_embeddings()
-        called = self._sharded()
+        called = self.sharded()
         if not cfg.joint:
             return model(self._target_hidden(inputs), inputs["labels"], lm_head, cfg.loss_decay, called), None
         joint = not self.warming_up() or not model.training  # held-out: always the whole combined loss

@@ -37,6 +37,7 @@ from torch import nn
 
 from draftsmith.common.errors import ConfigError, UnsupportedModelError
 from draftsmith.common.models import cache_keyword
+from draftsmith.common.sharding import full_shape
 from draftsmith.inference.core.attention import FLASH, SDPA, causal_attention_kind, causal_mask, decode_attention
 from draftsmith.inference.core.kv_cache import KVCache, KVPrefix, PrefixedCache
 from draftsmith.inference.core.masks import additive_mask, visibility
@@ -99,8 +100,7 @@ class ModelAdapter:
             )
         self._head = model.get_output_embeddings()
         self.num_layers = len(self._layers)
-        self.vocab_size = int(self._head.weight.shape[0])
-        self.hidden_size = int(self._head.weight.shape[1])
+        self.vocab_size, self.hidden_size = map(int, full_shape(self._head.weight))  # also where ZeRO-3 partitions it
         window = getattr(self.config, "sliding_window", None)
         layer_types = getattr(self.config, "layer_types", None)
         self._windows: list[int | None] = [

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from draftsmith.common.errors import ArtefactError, ConfigError
+from draftsmith.common.sharding import whole
 from draftsmith.inference.core.adapter import ModelAdapter
 
 PROMPT_MODES = ("deep", "embeddings")
@@ -140,7 +141,12 @@ class BitaEmbeddings(nn.Module):
     @torch.no_grad()
     def init_from_target(self, adapter: ModelAdapter, seed: int = 0) -> None:
         """Start from the target's own vocabulary: each mask the embedding of a random token; the prompt the
-        embeddings (plain) or the per-layer keys/values (deep) the target computes for random tokens."""
+        embeddings (plain) or the per-layer keys/values (deep) the target computes for random tokens (a target
+        ZeRO-3 has partitioned is gathered meanwhile)."""
+        with whole(list(adapter.model.parameters())):
+            self._init_from_target(adapter, seed)
+
+    def _init_from_target(self, adapter: ModelAdapter, seed: int) -> None:
         gen = torch.Generator().manual_seed(seed)
         vocab = adapter.embed_tokens.num_embeddings
         ids = torch.randint(0, vocab, (self.prompt_tokens + self.mask_tokens,), generator=gen).to(adapter.device)

@@ -41,6 +41,7 @@ from torch import nn
 
 from draftsmith.common.errors import ConfigError, UnsupportedModelError
 from draftsmith.common.models import cache_keyword
+from draftsmith.common.sharding import whole
 from draftsmith.data.draft_vocab import draft_vocabulary
 from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.inference.core.kv_cache import KVCache
@@ -223,7 +224,7 @@ class Eagle3Head(nn.Module):
             raise ConfigError(f"t2d covers {t2d.numel()} target tokens; the target has {adapter.vocab_size}")
         head = cls(head_config(target.config), type(adapter.layers[0]), type(adapter.rotary),
                    type(adapter.final_norm), layers, d2t, t2d)
-        with torch.no_grad():
+        with torch.no_grad(), whole([adapter.lm_head.weight, adapter.final_norm.weight]):  # ZeRO-3: gathered
             ids = torch.arange(d2t.numel()) + d2t
             head.lm_head.weight.copy_(adapter.lm_head.weight[ids.to(adapter.device)].cpu())
             head.norm.weight.copy_(adapter.final_norm.weight.cpu())

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from draftsmith.common.sharding import whole
+
 
 class ResBlock(nn.Module):
     """``h + SiLU(W h + b)`` with ``W`` and ``b`` zero-initialised (the block starts as the identity)."""
@@ -50,8 +52,9 @@ class MedusaHeads(nn.Module):
     def init_lm_heads(self, target_head: nn.Module) -> None:
         """Copy the target's LM head into every per-head LM head (no-op when shared)."""
         if self.lm_heads is not None:
-            for head in self.lm_heads:
-                head.weight.copy_(target_head.weight[: self.vocab])
+            with whole([target_head.weight]):  # ZeRO-3: gathered
+                for head in self.lm_heads:
+                    head.weight.copy_(target_head.weight[: self.vocab])
 
     def features(self, hidden: torch.Tensor, k: int) -> torch.Tensor:  # [..., H] -> [..., H]
         return self.blocks[k](hidden)

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "launch" / "configs"
 ACCELERATE = sorted((CONFIGS / "accelerate").glob("*.yaml"))
 DEEPSPEED = sorted((CONFIGS / "deepspeed").glob("*.json"))
+FSDP = sorted((CONFIGS / "fsdp").glob("*.json"))
 EXPECTED_TYPES = {
     "single_device.yaml": "NO", "multi_gpu.yaml": "MULTI_GPU", "cpu_2proc.yaml": "MULTI_GPU", "fsdp.yaml": "FSDP",
     "deepspeed_zero2.yaml": "DEEPSPEED", "deepspeed_zero3.yaml": "DEEPSPEED", "deepspeed_zero3_offload.yaml": "DEEPSPEED",
@@ -26,6 +27,7 @@ EXPECTED_TYPES = {
 def test_the_expected_files_ship():
     assert {p.name for p in ACCELERATE} == set(EXPECTED_TYPES)
     assert {p.name for p in DEEPSPEED} == {"zero2.json", "zero3.json", "zero3_offload.json"}
+    assert {p.name for p in FSDP} == {"fsdp2.json"}
     assert (CONFIGS / "multinode" / "hostfile").is_file() and (CONFIGS / "multinode" / "slurm_distillspec.sh").is_file()
 
 
@@ -66,6 +68,13 @@ def test_deepspeed_json_autos_are_all_filled_by_the_trainer(path, tmp_path):
     assert filled["train_micro_batch_size_per_gpu"] == 4 and filled["gradient_accumulation_steps"] == 2
 
 
+def test_the_fsdp_json_is_fsdp2_as_the_trainer_reads_it(tmp_path):
+    """launch/configs/fsdp/fsdp2.json under `torchrun ... --fsdp "full_shard auto_wrap" --fsdp_config FILE`."""
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], fsdp="full_shard auto_wrap",
+                                          fsdp_config=str(FSDP[0]))
+    assert args.fsdp_config["version"] == 2 and args.fsdp_config["reshard_after_forward"] is True
+
+
 def test_hostfile_lines():
     lines = [ln for ln in (CONFIGS / "multinode" / "hostfile").read_text().splitlines() if ln and not ln.startswith("#")]
     assert lines and all(re.fullmatch(r"\S+ slots=\d+", ln) for ln in lines)
@@ -83,5 +92,5 @@ def test_slurm_script_is_valid_bash_and_points_at_shipped_files():
 
 def test_launching_doc_mentions_every_config():
     doc = (ROOT / "docs" / "LAUNCHING.md").read_text()
-    for path in [*ACCELERATE, *DEEPSPEED, CONFIGS / "multinode" / "hostfile", CONFIGS / "multinode" / "slurm_distillspec.sh"]:
+    for path in [*ACCELERATE, *DEEPSPEED, *FSDP, CONFIGS / "multinode" / "hostfile", CONFIGS / "multinode" / "slurm_distillspec.sh"]:
         assert str(path.relative_to(ROOT)) in doc, f"docs/LAUNCHING.md does not show {path.name}"

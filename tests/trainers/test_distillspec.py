@@ -554,7 +554,7 @@ def test_sharded_heads_are_called_chunk_by_chunk_with_the_same_loss_and_gradient
     results = []
     for sharded in (False, True):
         trainer = make_trainer((target, draft), tokenizer, tmp_path, DistillSpecConfig(**config))
-        monkeypatch.setattr(trainer, "_sharded", lambda sharded=sharded: sharded)
+        monkeypatch.setattr(trainer, "sharded", lambda sharded=sharded: sharded)
         draft.zero_grad()
         loss = trainer.compute_loss(draft, batch)
         loss.backward()

@@ -521,7 +521,7 @@ def test_eagle3_chunked_loss_has_the_unchunked_gradients(tokenizer, tmp_path, ca
     for p in head.midlayer.parameters():
         torch.nn.init.normal_(p, std=0.2)
     trainer = _eagle3_trainer(target, head, tokenizer, tmp_path, ttt_steps=3)
-    monkeypatch.setattr(trainer, "_sharded", lambda: called)
+    monkeypatch.setattr(trainer, "sharded", lambda: called)
     ids = torch.randint(3, 100, (2, 10), generator=torch.Generator().manual_seed(6))
     labels = ids.clone()
     labels[:, :3] = -100

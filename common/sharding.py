@@ -1,0 +1,52 @@
+"""Reading parameters whatever shards them: ZeRO-3 partitions each parameter across the processes (its local tensor
+is empty; ``deepspeed.zero.GatheredParameters`` makes it whole for a block, a collective every process enters) and
+FSDP2 makes each a ``DTensor`` (``full_tensor()``, also a collective). Code that reads a model's weights (a head
+started from the target's LM head, a fingerprint of the weights) reads them through :func:`whole` or
+:func:`full_tensor`, so it gives the same result under any sharding as on one process."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import torch
+
+
+def partitioned(param: torch.Tensor) -> bool:
+    """Whether ``param`` is a ZeRO-3 partitioned parameter (DeepSpeed tags each with ``ds_id``)."""
+    return hasattr(param, "ds_id")
+
+
+def full_shape(param: torch.Tensor) -> torch.Size:
+    """``param``'s whole shape: a ZeRO-3 partitioned parameter's local tensor is empty, its shape is ``ds_shape``;
+    a ``DTensor`` reports its whole shape already."""
+    return torch.Size(param.ds_shape) if partitioned(param) else param.shape
+
+
+@contextlib.contextmanager
+def whole(params: Iterable[torch.Tensor]) -> Iterator[None]:
+    """Inside the block every ZeRO-3 partitioned parameter of ``params`` is whole on this process (gathered, then
+    partitioned again; read-only: changes made inside are dropped). Every process must enter the block when any
+    parameter is partitioned; with none it costs nothing."""
+    parts = [p for p in params if partitioned(p)]
+    if not parts:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(parts):
+        yield
+
+
+def full_tensor(param: torch.Tensor) -> torch.Tensor:
+    """``param``'s whole value as a plain tensor: a ``DTensor`` (FSDP2) gathered, a ZeRO-3 partitioned parameter
+    gathered (a collective in both cases: every process calls it), any other tensor as it is."""
+    if partitioned(param):
+        with whole([param]):
+            return param.detach().clone()
+    if hasattr(param, "full_tensor"):
+        return param.full_tensor().detach()
+    return param.detach()
+
+
+__all__ = ["full_shape", "full_tensor", "partitioned", "whole"]
