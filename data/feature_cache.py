@@ -5,8 +5,9 @@ without running the target in every step and every epoch.
 A cache directory holds ``manifest.json`` (what the cache is of: its key, the layers, the dtype, the shards and
 their rows) and shards ``shard-00000.safetensors`` ...: per shard, the rows' tokens concatenated (``input_ids``,
 ``labels`` int32 ``[N]``), the row boundaries (``offsets`` int64 ``[rows + 1]``) and one tensor per layer
-(``layer_<i>`` ``[N, H]``, half precision by default; ``-1`` is the final-normed last hidden state, the input of
-the LM head). Only the layers the method needs are kept.
+(``layer_<i>`` ``[N, H]``, bfloat16 by default — float16 keeps more mantissa but overflows past 65,504, which
+hidden states of large targets reach, so a float16 build refuses such values; ``-1`` is the final-normed last
+hidden state, the input of the LM head). Only the layers the method needs are kept.
 
 - **Keyed**: the directory name is a hash of the target's identity, the rows (their tokens, hence the data and
   the answers), the layers and the dtype, so a run reuses a cache exactly when all of them match; a run whose
@@ -16,7 +17,13 @@ the LM head). Only the layers the method needs are kept.
   build whose estimate exceeds the stated disk budget (or the free space) is refused with a one-line error.
 - **Resumable**: rows go to shards in a fixed order and each shard is written to a temporary file and renamed;
   a killed build rerun skips the shards that exist and writes the rest (no row lost or duplicated).
-- **Shardable**: ``shard_rows`` rows per shard; a reader loads one shard at a time.
+- **Shardable**: ``shard_rows`` rows per shard; a reader loads one shard at a time, and training samples the rows
+  in shard order (:class:`ShardOrderSampler`: the shards in a shuffled order, the rows of each shuffled), so each
+  shard is read once per epoch.
+- **Built by every process**: under several processes each builds its own share of the shards (shard ``k`` by
+  process ``k mod world``) and the main process marks the cache complete once all have finished; none waits on
+  another while it computes, so a sharded target (ZeRO-3, gathered whole on every process for the build) cannot
+  deadlock it.
 
 :func:`answer_rows` turns dataset rows into the target's own answers first (greedy), when the method trains on
 those, so the cache holds exactly the sequences the head trains on.
@@ -55,7 +62,7 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 @dataclass(frozen=True)
 class CacheSpec:
     layers: tuple[int, ...]  # transformers hidden-state indices; -1 = final-normed last hidden state
-    dtype: str = "float16"
+    dtype: str = "bfloat16"
     shard_rows: int = 256
     budget_gb: float = 50.0
     batch_size: int = 8
@@ -139,7 +146,17 @@ def _features(target, rows: Sequence[dict], layers: Sequence[int], dtype: torch.
     mask = torch.tensor([[1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"])) for r in rows], device=device)
     out = target(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1)
     keep = mask.bool()
-    return {f"layer_{i}": out.hidden_states[i][keep].to(dtype).cpu() for i in layers}  # right padding: row order
+    return {f"layer_{i}": stored(out.hidden_states[i][keep], dtype, i) for i in layers}  # right padding: row order
+
+
+def stored(hidden: torch.Tensor, dtype: torch.dtype, layer: int) -> torch.Tensor:  # [N, H] -> [N, H] in dtype, CPU
+    """Hidden states in the cache's dtype; float16 refuses values past its range (they would be stored as inf)."""
+    if dtype == torch.float16:
+        peak = float(hidden.abs().max()) if hidden.numel() else 0.0
+        if peak > torch.finfo(torch.float16).max:
+            raise ConfigError(f"layer {layer}'s hidden states reach {peak:.3g}, past float16's 65,504: build the "
+                              "feature cache in bfloat16 (feature_cache_dtype=bfloat16, the default)")
+    return hidden.to(dtype).cpu()
 
 
 def _shard_features(target, rows: Sequence[dict], spec: CacheSpec, bar) -> dict[str, torch.Tensor]:
@@ -171,8 +188,10 @@ def _save_shard(tensors: dict, path: Path) -> None:
 
 
 def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, spec: CacheSpec, identity: dict,
-                        progress: bool = True) -> Path:
-    """The cache of ``rows`` under ``root`` (built, or finished, or reused as it is); see the module docstring."""
+                        progress: bool = True, rank: int = 0, world: int = 1) -> Path:
+    """The cache of ``rows`` under ``root`` (built, or finished, or reused as it is); see the module docstring. With
+    ``world`` > 1 this process writes the shards ``k`` with ``k % world == rank`` and leaves the cache incomplete:
+    :func:`finish_feature_cache` marks it complete once every process has written its share."""
     from tqdm.auto import tqdm
 
     key, shared = cache_key(identity, rows, spec), data_key(identity, rows, spec)
@@ -188,8 +207,9 @@ def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, s
     tokens = sum(len(r["input_ids"]) for r in rows)
     per_token = bytes_per_token(hidden, spec)
     need = tokens * per_token
-    print(f"feature cache: {per_token * 1e6 / 1e9:.2f} GB per million tokens ({len(spec.layers)} layers x {hidden} "
-          f"x {spec.dtype}); {tokens:,} tokens -> {need / 1e9:.3f} GB in {directory}")
+    if rank == 0:
+        print(f"feature cache: {per_token * 1e6 / 1e9:.2f} GB per million tokens ({len(spec.layers)} layers x "
+              f"{hidden} x {spec.dtype}); {tokens:,} tokens -> {need / 1e9:.3f} GB in {directory}")
     if need > spec.budget_gb * 1e9:
         raise ConfigError(f"the feature cache needs {need / 1e9:.2f} GB, over its budget of {spec.budget_gb:g} GB: "
                           "raise feature_cache_budget_gb, keep fewer rows (max_train_examples) or train online")
@@ -199,12 +219,13 @@ def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, s
         raise ConfigError(f"the feature cache needs {need / 1e9:.2f} GB and {directory} has {free / 1e9:.2f} GB free: "
                           "free space, or point feature_cache_dir elsewhere")
     shards = _shards(len(rows), spec.shard_rows)
-    atomic_write_json(directory / "manifest.json", {
+    atomic_write_json(directory / "manifest.json", {  # the same content from every process
         "format": FORMAT, "key": key, "data_key": shared, "target": identity, "layers": list(spec.layers), "dtype": spec.dtype,
         "rows": len(rows), "tokens": tokens, "shards": [{"file": _shard_name(k), "rows": [a, b]}
                                                        for k, (a, b) in enumerate(shards)], "complete": False})
-    with tqdm(total=len(rows), desc="feature cache", disable=not progress, unit="row") as bar:  # closed on errors too
-        for k, (a, b) in enumerate(shards):
+    mine = [(k, a, b) for k, (a, b) in enumerate(shards) if k % world == rank]
+    with tqdm(total=sum(b - a for _, a, b in mine), desc="feature cache", disable=not progress, unit="row") as bar:
+        for k, a, b in mine:  # closed on errors too
             path = directory / _shard_name(k)
             if path.is_file():  # written (atomically) by an earlier, interrupted build
                 bar.update(b - a)
@@ -216,27 +237,83 @@ def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, s
             tensors["labels"] = torch.tensor([t for r in chunk for t in r["labels"]], dtype=torch.int32)
             tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
             _save_shard(tensors, path)
-    manifest = read_json(directory / "manifest.json")
-    atomic_write_json(directory / "manifest.json", manifest | {"complete": True})
+    if world == 1:
+        finish_feature_cache(directory)
     return directory
 
 
+def finish_feature_cache(directory: str | os.PathLike) -> None:
+    """Mark a cache complete once every one of its shards is on disk (a ConfigError naming the missing ones else)."""
+    directory = Path(directory)
+    manifest = read_json(directory / "manifest.json")
+    missing = [shard["file"] for shard in manifest["shards"] if not (directory / shard["file"]).is_file()]
+    if missing:
+        raise ConfigError(f"{directory} lacks {len(missing)} shard(s) ({missing[0]}, ...): rerun the build (it resumes)")
+    atomic_write_json(directory / "manifest.json", manifest | {"complete": True})
+
+
 def feature_datasets(target, tokenizer, datasets: Sequence, root: str | os.PathLike, spec: CacheSpec,
-                     answer: dict | None = None) -> list[FeatureDataset]:
+                     answer: dict | None = None, group=None) -> list[FeatureDataset]:
     """Each of ``datasets`` (rows with ``input_ids`` and ``labels``) as a :class:`FeatureDataset` over its cache under
     ``root`` (built, finished or reused). ``answer`` (``max_new_tokens``, ``prompt_tokens``) first replaces the rows'
-    answers by the target's own greedy ones (:func:`answer_rows`)."""
+    answers by the target's own greedy ones (:func:`answer_rows`). ``group``: a ``torch.distributed`` process group
+    whose processes all call this; each answers and builds its share (module docstring), and every process returns
+    the same datasets."""
+    import torch.distributed as dist
+
+    rank, world = (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
     identity = target_identity(target, tokenizer)
     out = []
     for dataset in datasets:
         rows = [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in dataset]
         if answer is not None:
-            rows = answer_rows(target, rows, max_new_tokens=int(answer["max_new_tokens"]),
+            mine = answer_rows(target, rows[rank::world], max_new_tokens=int(answer["max_new_tokens"]),
                                prompt_tokens=int(answer["prompt_tokens"]),
                                pad_token_id=pad_token_id(tokenizer, target.config),
                                eos_ids=eos_token_ids(tokenizer, target.config))
-        out.append(FeatureDataset(build_feature_cache(target, rows, root, spec, identity), spec.layers))
+            rows = _interleaved(mine, group, world)
+        directory = build_feature_cache(target, rows, root, spec, identity, rank=rank, world=world)
+        if world > 1:
+            dist.barrier(group)  # every share written
+            if rank == 0 and not read_json(directory / "manifest.json").get("complete"):
+                finish_feature_cache(directory)
+            dist.barrier(group)
+        out.append(FeatureDataset(directory, spec.layers))
     return out
+
+
+def _interleaved(mine: list[dict], group, world: int) -> list[dict]:
+    """Every process's rows ``rows[rank::world]`` put back in their order (an all-gather; ``world`` 1: as given)."""
+    if world == 1:
+        return mine
+    import torch.distributed as dist
+
+    parts: list[list[dict]] = [[] for _ in range(world)]
+    dist.all_gather_object(parts, mine, group=group)
+    return [parts[i % world][i // world] for i in range(sum(len(p) for p in parts))]
+
+
+class ShardOrderSampler(torch.utils.data.Sampler[int]):
+    """The rows of a :class:`FeatureDataset` in shard order, for training: each epoch the shards in a shuffled
+    order and the rows of each shard shuffled, so a reader that keeps one shard loaded reads each shard once per
+    epoch (a uniform sampler over millions of rows reloads a shard for almost every row). Seeded by ``seed`` and
+    the epoch (``set_epoch``): a resumed run sees the same order."""
+
+    def __init__(self, dataset: FeatureDataset, seed: int = 0) -> None:
+        self.spans = dataset.shard_spans()  # [(first index, rows)] per shard
+        self.seed, self.epoch = int(seed), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return sum(n for _, n in self.spans)
+
+    def __iter__(self):
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        for k in torch.randperm(len(self.spans), generator=gen).tolist():
+            first, n = self.spans[k]
+            yield from (first + torch.randperm(n, generator=gen)).tolist()
 
 
 class FeatureDataset(torch.utils.data.Dataset):
@@ -257,14 +334,22 @@ class FeatureDataset(torch.utils.data.Dataset):
         self._index = [(k, j) for k, shard in enumerate(manifest["shards"])
                        for j in range(shard["rows"][1] - shard["rows"][0])]
         self._files = [shard["file"] for shard in manifest["shards"]]
+        self._rows = [shard["rows"][1] - shard["rows"][0] for shard in manifest["shards"]]
+        self.loads = 0  # shard files read so far
         self._loaded: tuple[int, dict] | None = None
 
     def __len__(self) -> int:
         return len(self._index)
 
+    def shard_spans(self) -> list[tuple[int, int]]:
+        """``(index of its first row, rows)`` of each shard, in file order."""
+        starts = torch.tensor([0, *self._rows]).cumsum(0).tolist()
+        return [(starts[k], n) for k, n in enumerate(self._rows)]
+
     def _shard(self, k: int) -> dict[str, torch.Tensor]:
         if self._loaded is None or self._loaded[0] != k:
             self._loaded = (k, load_file(str(self.directory / self._files[k])))
+            self.loads += 1
         return self._loaded[1]
 
     def __getitem__(self, i: int) -> dict:
@@ -305,5 +390,6 @@ def features_of(batch: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
     return {int(k.removeprefix("feat_")): v for k, v in batch.items() if k.startswith("feat_")}
 
 
-__all__ = ["CacheSpec", "FeatureCollator", "FeatureDataset", "answer_rows", "build_feature_cache", "bytes_per_token",
-           "cache_key", "covering_cache", "data_key", "feature_datasets", "features_of"]
+__all__ = ["CacheSpec", "FeatureCollator", "FeatureDataset", "ShardOrderSampler", "answer_rows", "build_feature_cache",
+           "bytes_per_token", "cache_key", "covering_cache", "data_key", "feature_datasets", "features_of",
+           "finish_feature_cache", "stored"]

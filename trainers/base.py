@@ -87,6 +87,17 @@ class FrozenTargetTrainer(transformers.Trainer):
         self._tokens_total: int | None = None
         self._eval_sums: torch.Tensor | None = None
 
+    def _get_train_sampler(self, train_dataset=None):
+        """Cached features are read in shard order (each shard once per epoch: ``ShardOrderSampler``) unless the
+        method config's ``feature_order`` is ``random``; any other dataset as the Trainer samples it."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if hasattr(dataset, "shard_spans") and getattr(self.method_config, "feature_order", "shard") == "shard":
+            from draftsmith.data.feature_cache import ShardOrderSampler
+
+            return ShardOrderSampler(dataset, seed=self.args.data_seed if self.args.data_seed is not None
+                                     else self.args.seed)
+        return super()._get_train_sampler(train_dataset)
+
     # ------------------------------------------------------------------------------------------ placement
 
     def _zero_stage(self) -> int:

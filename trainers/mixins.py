@@ -83,11 +83,19 @@ class FeatureCache:
                                                                   "$DRAFTSMITH_HOME/features)."))
     feature_cache_budget_gb: float = field(default=50.0, metadata=help_text("Offline features: refuse to build a "
                                                                             "cache larger than this."))
-    feature_cache_dtype: str = field(default="float16", metadata=help_text("Offline features: float16, bfloat16 or "
-                                                                           "float32."))
+    feature_cache_dtype: str = field(default="bfloat16", metadata=help_text("Offline features: bfloat16, float16 "
+                                                                            "(refused where a hidden state passes "
+                                                                            "65,504) or float32."))
+
+    feature_order: str = field(default="shard", metadata=help_text("Offline features: the training order. shard = "
+                                                                   "the shards shuffled and the rows of each "
+                                                                   "shuffled, each shard read once per epoch; "
+                                                                   "random = the Trainer's uniform order (the online "
+                                                                   "run's; reads a shard for almost every row)."))
 
     def check_features(self) -> None:
         check_choice("features", self.features, FEATURE_MODES)
+        check_choice("feature_order", self.feature_order, ("shard", "random"))
 
 
 def is_placed(model) -> bool:
@@ -105,18 +113,24 @@ def offline_feature_datasets(config: FeatureCache, target, tokenizer, datasets, 
                              answer: dict | None = None) -> list:
     """``datasets`` as :class:`~draftsmith.data.feature_cache.FeatureDataset` of the target's ``layers`` under the
     configured cache root (default :func:`draftsmith.common.paths.features_dir`), computed by the target on the
-    training device (:func:`on_training_device`); the main process builds, the others wait and read."""
+    training device (:func:`on_training_device`). Under several processes every one answers and builds its share
+    of the shards, with a target that ZeRO-3 partitions gathered whole on each meanwhile; none waits on another while
+    it computes (:func:`~draftsmith.data.feature_cache.feature_datasets`)."""
     from pathlib import Path
 
+    import torch.distributed as dist
+
     from draftsmith.common.paths import features_dir
+    from draftsmith.common.sharding import whole
     from draftsmith.data.feature_cache import CacheSpec, feature_datasets
 
     root = Path(config.feature_cache_dir) if config.feature_cache_dir else features_dir()
     spec = CacheSpec(layers=tuple(layers), dtype=config.feature_cache_dtype,
                      budget_gb=float(config.feature_cache_budget_gb))
-    with training_args.main_process_first(desc="building the feature cache"):
-        return feature_datasets(on_training_device(target, training_args.device), tokenizer, datasets, root, spec,
-                                answer)
+    group = dist.group.WORLD if training_args.world_size > 1 and dist.is_initialized() else None
+    target = on_training_device(target, training_args.device)
+    with whole(list(target.parameters())):
+        return feature_datasets(target, tokenizer, datasets, root, spec, answer, group=group)
 
 
 # ----------------------------------------------------------------------------------------- a tuned target

@@ -12,9 +12,11 @@ from draftsmith.data.feature_cache import (
     CacheSpec,
     FeatureCollator,
     FeatureDataset,
+    ShardOrderSampler,
     build_feature_cache,
     bytes_per_token,
     cache_key,
+    finish_feature_cache,
 )
 from draftsmith.data.tiny_models import random_model
 
@@ -117,3 +119,69 @@ def test_a_killed_build_resumes_without_losing_or_repeating_rows(tmp_path, monke
     data = FeatureDataset(build_feature_cache(target, ROWS, tmp_path, spec, IDENTITY, progress=False))
     assert all((directory / name).stat().st_mtime_ns == t for name, t in kept.items())  # finished shards kept
     assert [data[i]["input_ids"] for i in range(len(data))] == [r["input_ids"] for r in ROWS]
+
+
+def test_training_reads_each_shard_once_per_epoch_in_a_seeded_shuffled_order(tmp_path):
+    """ShardOrderSampler: every row once per epoch, the shards in a shuffled order, the rows of each shuffled; the
+    reader loads each shard file once per epoch (a uniform sampler reloads one for most rows); the same seed and
+    epoch give the same order, another epoch another."""
+    target = random_model("llama", seed=0, layers=3)
+    rows = [{"input_ids": list(range(3, 3 + n)), "labels": [-100] + list(range(4, 3 + n))} for n in range(4, 44)]
+    data = FeatureDataset(build_feature_cache(target, rows, tmp_path, CacheSpec(layers=(-1,), shard_rows=4), IDENTITY,
+                                              progress=False))
+    sampler = ShardOrderSampler(data, seed=3)
+    orders = []
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        assert sorted(order) == list(range(40)) and len(sampler) == 40
+        shards = [i // 4 for i in order]
+        assert all(shards[i] == shards[i - (i % 4)] for i in range(40))  # a shard's rows come together
+        assert shards[::4] != list(range(10))  # the shards shuffled
+        assert any(order[j:j + 4] != sorted(order[j:j + 4]) for j in range(0, 40, 4))  # and the rows of each
+        before = data.loads
+        for i in order:
+            data[i]
+        assert data.loads - before == 10  # 10 shards, each read once
+        orders.append(order)
+    assert orders[0] != orders[1]
+    sampler.set_epoch(0)
+    assert list(sampler) == orders[0]  # a resumed run sees the same order
+    uniform = torch.randperm(40, generator=torch.Generator().manual_seed(0)).tolist()
+    before = data.loads
+    for i in uniform:
+        data[i]
+    assert data.loads - before > 25  # for scale: a uniform order reloads a shard for most rows
+
+
+def test_the_cache_stores_bfloat16_by_default_and_float16_refuses_values_past_its_range(tmp_path):
+    target = random_model("llama", seed=0, layers=3)
+    spec = CacheSpec(layers=(-1,), shard_rows=2)
+    assert spec.dtype == "bfloat16"
+    assert FeatureDataset(build_feature_cache(target, ROWS, tmp_path, spec, IDENTITY, progress=False))[0][
+        "feat_-1"].dtype == torch.bfloat16
+    with torch.no_grad():
+        target.model.norm.weight.fill_(1e6)  # final-normed hidden states far past 65,504
+    with pytest.raises(ConfigError, match="past float16's 65,504.*bfloat16"):
+        build_feature_cache(target, ROWS, tmp_path / "fp16", CacheSpec(layers=(-1,), dtype="float16"), IDENTITY,
+                            progress=False)
+
+
+def test_processes_build_disjoint_shares_and_the_cache_is_complete_only_when_all_are_written(tmp_path):
+    """Each of 2 processes writes the shards k with k % 2 == its rank (no process waits on another while it
+    computes); finish_feature_cache marks the cache complete once every shard exists, and the rows equal a
+    one-process build's."""
+    target = random_model("llama", seed=0, layers=3)
+    spec = CacheSpec(layers=(1, -1), dtype="float32", shard_rows=2, batch_size=2)
+    first = build_feature_cache(target, ROWS, tmp_path / "two", spec, IDENTITY, progress=False, rank=1, world=2)
+    assert sorted(p.name for p in first.glob("shard-*")) == ["shard-00001.safetensors"]
+    with pytest.raises(ConfigError, match="lacks 2 shard"):
+        finish_feature_cache(first)
+    with pytest.raises(ConfigError, match="not a complete feature cache"):
+        FeatureDataset(first)
+    assert build_feature_cache(target, ROWS, tmp_path / "two", spec, IDENTITY, progress=False, rank=0, world=2) == first
+    finish_feature_cache(first)
+    two = FeatureDataset(first)
+    one = FeatureDataset(build_feature_cache(target, ROWS, tmp_path / "one", spec, IDENTITY, progress=False))
+    for i in range(len(ROWS)):
+        assert two[i]["input_ids"] == one[i]["input_ids"] and torch.equal(two[i]["feat_1"], one[i]["feat_1"])

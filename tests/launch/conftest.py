@@ -85,8 +85,8 @@ def zoo_identity(tmp_path) -> ZooIdentity:
 @pytest.fixture
 def offline_matches_online(tmp_path):
     """``offline_matches_online(method, args)``: trains ``method`` 4 steps three times, ``args(out)`` plus the target's
-    features online, from a float32 cache and from a float16 cache (under ``tmp_path / "cache"``, returned), and
-    checks the loss curves: float32 features give the online losses, float16 ones stay within half-precision
+    features online, from a float32 cache and from a float16 cache (under ``tmp_path / "cache"``, returned), the
+    cached rows in the online run's order (``feature_order=random``), and checks the loss curves: float32 features give the online losses, float16 ones stay within half-precision
     rounding and differ (they were the ones trained on)."""
 
     from draftsmith.launch.recipe import run_recipe
@@ -95,7 +95,7 @@ def offline_matches_online(tmp_path):
         cache, curves = tmp_path / "cache", {}
         for mode, dtype in (("online", "float32"), ("offline", "float32"), ("offline", "float16")):
             out = tmp_path / f"{mode}-{dtype}"
-            run_recipe(method, [*args(out), f"features={mode}", f"feature_cache_dtype={dtype}",
+            run_recipe(method, [*args(out), f"features={mode}", f"feature_cache_dtype={dtype}", "feature_order=random",
                                 f"feature_cache_dir={cache}", "max_steps=4", "eval_steps=4", "save_steps=4"], None)
             state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
             curves[(mode, dtype)] = [h["loss"] for h in state["log_history"] if "loss" in h]

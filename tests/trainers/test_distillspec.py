@@ -580,3 +580,17 @@ def test_chunked_evaluation_equals_the_full_logits_one(pair, tokenizer, tmp_path
     a, b = chunked.evaluate(), full.evaluate()
     for key in ("eval_loss", "eval_tvd", "eval_greedy_acceptance", "eval_tokens"):
         assert a[key] == pytest.approx(b[key], rel=1e-5), key
+
+
+@pytest.mark.parametrize("order", ["shard", "random"])
+def test_cached_features_train_in_shard_order_unless_asked_for_the_uniform_one(pair, tokenizer, tmp_path, order):
+    from draftsmith.data.feature_cache import ShardOrderSampler
+
+    rows = [{"input_ids": [1, 5, 6, 7, 8, 9], "labels": [-100, -100, 6, 7, 8, 9]}] * 6
+    cfg = DistillSpecConfig(features="offline", feature_cache_dir=str(tmp_path / "cache"), feature_order=order)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    train, _, _ = DistillSpecTrainer.prepare_datasets({"target": pair[0]}, cfg, datasets.Dataset.from_list(rows), None,
+                                                      tokenizer, args)
+    trainer = make_trainer(pair, tokenizer, tmp_path, cfg)
+    sampler = trainer._get_train_sampler(train)
+    assert isinstance(sampler, ShardOrderSampler) == (order == "shard")
