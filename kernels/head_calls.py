@@ -53,12 +53,15 @@ def checkpointed_head_loss(
     mask: torch.Tensor | None = None,  # [...] bool
     reduction: str = "mean",
     chunk_size: int | None = None,
+    reentrant: bool = False,
 ) -> torch.Tensor:  # scalar float32
     """:func:`~draftsmith.kernels.reference.chunked_linear_loss` for a head that can only be called (its parameters
     sharded by ZeRO-3 or FSDP and gathered inside its own forward): each chunk runs ``row_loss(head(h_c), labels_c,
     teacher_head(t_c))`` under activation checkpointing, so its ``[C, V]`` logits are freed at once and recomputed,
     one chunk at a time, in the backward; gradients reach the head's parameters and ``hidden`` through autograd and
-    the head's own hooks. ``vocab`` (the head's output width) only sizes the default chunk."""
+    the head's own hooks. ``vocab`` (the head's output width) only sizes the default chunk. ``reentrant``: recompute
+    with the reentrant checkpoint, which reruns the heads' forwards with their hooks inside the backward (a head whose
+    ZeRO-3 shards were released after its forward needs that; FSDP's do not)."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     if (teacher_hidden is None) != (teacher_head is None):
@@ -71,7 +74,7 @@ def checkpointed_head_loss(
         y_c = None if labels is None else labels.index_select(0, idx)
         t_c = None if teacher_hidden is None else teacher_hidden.index_select(0, idx)
         total = total + checkpoint(_chunk_loss_sum, flat.index_select(0, idx), y_c, t_c, head, teacher_head,
-                                   row_loss, use_reentrant=False)
+                                   row_loss, use_reentrant=reentrant)
     if rows.numel() == 0 and flat.requires_grad:  # nothing counted: a zero that still reaches the graph
         total = total + flat.sum() * 0.0
     return total / max(rows.numel(), 1) if reduction == "mean" else total

@@ -283,6 +283,14 @@ def save_artefact(trainer, spec: MethodSpec, out: Path, *, method_config, target
 # ---------------------------------------------------------------------------------------------------- the run
 
 
+def warn_unmet_sharding(training_args, parallelism: str) -> None:
+    """Say so when FSDP was asked for and the run is not sharded: accelerate runs CPU processes as DDP whatever
+    ``--fsdp`` says (its FSDP needs GPUs), and the manifest records what ran (``parallelism``)."""
+    if training_args.fsdp and not parallelism.startswith("fsdp") and training_args.process_index == 0:
+        print(f"warning: --fsdp was given, but this run is {parallelism} (accelerate applies FSDP on GPUs only); "
+              f"the artefact's manifest records parallelism={parallelism}", file=sys.stderr)
+
+
 def build_trainer(spec: MethodSpec, models: dict, method_config, training_args, train, heldout, tokenizer,
                   checkpoint_records: dict | None = None):
     trainer_cls = resolve(spec.trainer)
@@ -327,6 +335,7 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
     with write_failures(targs.output_dir, lambda: checkpoint_kept(targs.output_dir)):  # full disk, read-only
         trainer = build_trainer(spec, models, method_config, targs, train, heldout, tokenizer,
                                 checkpoint_records={RUN_SETTINGS: settings_record(settings, changes)})
+        warn_unmet_sharding(targs, trainer.parallelism())
         result = trainer.train(resume_from_checkpoint=resume)
     train_loss = whole_run_loss(trainer.state.log_history, trainer.state.global_step, result.training_loss,
                                 run_start=checkpoint_step(resume) if resume else 0)
@@ -338,6 +347,7 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
         "steps": trainer.state.global_step,
         "tokens": trainer.trained_tokens,
         "world_size": targs.world_size,
+        "parallelism": trainer.parallelism(),  # zero3, fsdp2, ddp, none
         **trainer.manifest_training(),
         "data": data_info,
         "models": paths,

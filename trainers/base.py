@@ -108,6 +108,15 @@ class FrozenTargetTrainer(transformers.Trainer):
         """Whether the trained module's parameters are sharded across processes (ZeRO-3 or FSDP)."""
         return self._zero_stage() == 3 or self.is_fsdp_enabled
 
+    def parallelism(self) -> str:
+        """How the training is spread over processes, for the manifest: ``zero<stage>``, ``fsdp<version>``, ``ddp``
+        or ``none`` (one process)."""
+        if self.is_deepspeed_enabled:
+            return f"zero{self._zero_stage()}"
+        if self.is_fsdp_enabled:
+            return f"fsdp{getattr(self.accelerator.state.fsdp_plugin, 'fsdp_version', 1)}"
+        return "ddp" if self.args.world_size > 1 else "none"
+
     def _place_teacher(self, teacher):
         if self._zero_stage() == 3:  # shard the frozen target too; its engine gathers each layer in forward
             return deepspeed_frozen_engine(teacher, self.accelerator.state.deepspeed_plugin.deepspeed_config)

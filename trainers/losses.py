@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from draftsmith.common.errors import ConfigError
+from draftsmith.common.sharding import full_shape, partitioned
 from draftsmith.data.chat import IGNORE_INDEX
 from draftsmith.kernels import (
     checkpointed_head_loss,
@@ -96,8 +97,7 @@ class LinearHead:
         """The number of logits per token."""
         if self.rows is not None:
             return int(self.rows.numel())
-        weight = self.module.weight
-        full = int(weight.ds_shape[0]) if hasattr(weight, "ds_shape") else int(weight.shape[0])
+        full = int(full_shape(self.module.weight)[0])
         return full if self.vocab is None else min(int(self.vocab), full)
 
     def _columns(self, logits: torch.Tensor) -> torch.Tensor:  # [C, V'] -> [C, K]
@@ -108,6 +108,10 @@ class LinearHead:
     def weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:  # [K, H], [K]
         """The weight rows and bias entries of the scored vocabulary (differentiable: gradients reach the module)."""
         return head_rows(self.module, self.vocab, self.rows)
+
+    def partitioned(self) -> bool:
+        """Whether ZeRO-3 partitions the module's parameters (gathered only inside its forward)."""
+        return any(partitioned(p) for p in self.module.parameters())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [C, H] -> [C, K]
         """One chunk's logits through a call of the module (its hooks gather sharded parameters)."""
@@ -162,7 +166,8 @@ def head_loss(
     if _called(head, teacher):
         return checkpointed_head_loss(hidden, head.logits, row_loss, vocab=head.width, labels=labels,
                                       teacher_hidden=teacher_hidden, teacher_head=None if teacher is None else
-                                      teacher.logits, mask=mask, reduction="sum", chunk_size=chunk_size)
+                                      teacher.logits, mask=mask, reduction="sum", chunk_size=chunk_size,
+                                      reentrant=any(h.partitioned() for h in (head, teacher) if h is not None))
     weight, bias = head.weights()
     return fused_linear_loss(hidden, weight, row_loss, bias=bias, labels=labels, mask=mask, reduction="sum",
                              chunk_size=chunk_size, **_teacher_args(teacher_hidden, teacher))

@@ -173,6 +173,27 @@ def test_checkpointed_head_loss_matches_the_full_loss_and_trains_the_heads_param
     assert nothing.item() == 0.0 and nothing.requires_grad
 
 
+def test_the_reentrant_checkpoint_for_zero3_heads_gives_the_same_loss_and_gradients():
+    """reentrant=True (what a head whose ZeRO-3 shards are released after its forward needs): the value and the
+    gradients of the non-reentrant path, through .backward() (the reentrant checkpoint does not take .grad())."""
+    teacher_head = torch.nn.Linear(HT, V).requires_grad_(False)
+    x = make(seed=8)
+    keep = x["labels"] != -100
+    grads = []
+    for reentrant in (False, True):
+        torch.manual_seed(8)
+        head = torch.nn.Linear(H, V)
+        hidden = x["hidden"].detach().clone().requires_grad_(True)
+        loss = checkpointed_head_loss(hidden, head, lambda z, y, t: cross_entropy_rows(z, y, 0.1) +
+                                      divergence_per_token(z, t, "jsd", 0.3), vocab=V, labels=x["labels"],
+                                      teacher_hidden=x["teacher_hidden"], teacher_head=teacher_head, mask=keep,
+                                      chunk_size=5, reentrant=reentrant)
+        loss.backward()
+        grads.append((loss.detach(), hidden.grad, head.weight.grad, head.bias.grad))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_chunked_rows_map_equals_the_full_statistic():
     torch.manual_seed(7)
     head, teacher_head = torch.nn.Linear(H, V), torch.nn.Linear(HT, V)
