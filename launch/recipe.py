@@ -245,8 +245,10 @@ def manifest_metrics(final: dict[str, float], train_loss: float | None) -> dict[
 def artefact_weights(trainer, kind: str, tokenizer) -> dict[str, Any]:
     """What :func:`draftsmith.inference.artefacts.manifest.write_weights` needs for ``kind``, gathered from the trainer
     (collective under ZeRO-3: call on every process)."""
-    state_dict = trainer.accelerator.get_state_dict(trainer.model_wrapped)
+    state_dict = trainer.accelerator.get_state_dict(trainer.model_wrapped)  # ZeRO-3: gathered on the main process only
     module = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    if state_dict is None:  # another process under ZeRO-3: it writes nothing
+        return {}
     if kind in ("heads", "embeddings"):
         config = module.artefact_config() if hasattr(module, "artefact_config") else None
         extra = {}
@@ -258,7 +260,14 @@ def artefact_weights(trainer, kind: str, tokenizer) -> dict[str, Any]:
     if kind == "none":
         return {}
     if kind == "adapted_target" and hasattr(module, "artefact_model"):  # the model a training wrapper adapted
-        return {"model": module.artefact_model(), "tokenizer": tokenizer}
+        if trainer.parallelism() != "zero3":
+            return {"model": module.artefact_model(), "tokenizer": tokenizer}
+        if hasattr(module.model, "get_base_model"):
+            raise ConfigError("finetune=lora under ZeRO-3: the merged model cannot be built from partitioned weights; "
+                              f"train with ZeRO-2 or finetune=full (the checkpoints in {trainer.args.output_dir} "
+                              "are kept)")
+        model_weights = {k.removeprefix("model."): v for k, v in state_dict.items() if k.startswith("model.")}
+        return {"model": module.model, "state_dict": model_weights, "tokenizer": tokenizer}  # the gathered weights
     return {"model": module, "state_dict": state_dict, "tokenizer": tokenizer}
 
 

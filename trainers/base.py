@@ -67,6 +67,7 @@ class FrozenTargetTrainer(transformers.Trainer):
         if method_config is None:
             method_config = self.config_class() if self.config_class is not None else None
         self.method_config = method_config
+        fill_sharding_sizes(kwargs.get("args"), teacher_model.config)
         tokenizer = kwargs.get("processing_class")
         pad_id = pad_token_id(tokenizer, teacher_model.config)
         if kwargs.get("data_collator") is None:
@@ -331,6 +332,21 @@ class FrozenTargetTrainer(transformers.Trainer):
     def manifest_training(self) -> dict[str, Any]:
         """Method-specific facts for the artefact manifest's ``training`` record (default: none)."""
         return {}
+
+
+def fill_sharding_sizes(training_args, target_config) -> None:
+    """DeepSpeed's bucket and persistence sizes left ``"auto"``, sized by the target's hidden size ``H`` as transformers
+    would (``H^2``, ``0.9 H^2``, ``10 H``): transformers reads ``hidden_size`` from the trained module's config, which
+    heads, embeddings and the training wrappers do not have (ZeRO-3 refused them)."""
+    ds = getattr(training_args, "hf_deepspeed_config", None)
+    hidden = getattr(target_config, "hidden_size", None)
+    if ds is None or hidden is None:
+        return
+    h = int(hidden)
+    ds.fill_only("zero_optimization.reduce_bucket_size", h * h)
+    if ds.is_zero3():
+        ds.fill_only("zero_optimization.stage3_prefetch_bucket_size", int(0.9 * h * h))
+        ds.fill_only("zero_optimization.stage3_param_persistence_threshold", 10 * h)
 
 
 def finished_checkpoint(checkpoint: str | None, max_steps: int) -> bool:

@@ -63,6 +63,7 @@ import torch.nn.functional as F
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import lm_head_rows
+from draftsmith.common.sharding import whole
 from draftsmith.data.draft_vocab import answer_token_counts, ranked_counts
 from draftsmith.data.feature_cache import features_of
 from draftsmith.inference.core.adapter import ModelAdapter
@@ -192,9 +193,11 @@ def draft_vocab_counts(target, config: EagleConfig, train_dataset, tokenizer=Non
             for r in itertools.islice(train_dataset, limit)]
     if not (getattr(target, "hf_device_map", None) or getattr(target, "is_quantized", False)):
         target = target.to(PartialState().device)  # where the trainer puts it next
-    answers = answer_rows(target, rows, max_new_tokens=int(config.max_new_tokens),
-                          prompt_tokens=int(config.prompt_tokens), pad_token_id=pad_token_id(tokenizer, target.config),
-                          eos_ids=eos_token_ids(tokenizer, target.config), batch_size=16)
+    with whole(list(target.parameters())):  # a target ZeRO-3 partitions: gathered on every process meanwhile
+        answers = answer_rows(target, rows, max_new_tokens=int(config.max_new_tokens),
+                              prompt_tokens=int(config.prompt_tokens),
+                              pad_token_id=pad_token_id(tokenizer, target.config),
+                              eos_ids=eos_token_ids(tokenizer, target.config), batch_size=16)
     return ranked_counts(answer_token_counts(answers, vocab), given)
 
 
