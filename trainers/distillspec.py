@@ -250,7 +250,7 @@ class DistillSpecTrainer(FrozenTargetTrainer):
         if self.method_config.draft_vocab == "answers":
             self.draft_ids = self._refit_draft_vocab(model)
         self.loss_rows = self._resolve_loss_rows()  # [K] the rows the divergence runs over, or None: all
-        blocker = fused_kernel_blocker(model, teacher_model, sharded=False)  # sharded heads: called chunk by chunk
+        blocker = fused_kernel_blocker(model, teacher_model)
         self.use_fused_kernel = self._resolve_fused_kernel(blocker)
         self.heads_are_logits = blocker is None  # each model's logits are hidden @ LM head: evaluation chunks too
         if self.method_config.features == "offline":

@@ -73,11 +73,9 @@ def head_rows(head, vocab: int, rows: torch.Tensor | None = None,
     return weight, bias
 
 
-def fused_kernel_blocker(model, teacher_model, sharded: bool) -> str | None:
+def fused_kernel_blocker(model, teacher_model) -> str | None:
     """Why the fused kernel cannot compute the loss of ``model`` (the draft) against ``teacher_model`` exactly, or
-    None when it can; ``sharded``: the trained module's parameters are sharded (ZeRO-3, FSDP)."""
-    if sharded:
-        return "needs the draft's LM head unsharded, which ZeRO-3 and FSDP do not give: use ZeRO-2 / DDP"
+    None when it can (sharded LM heads are called chunk by chunk instead: :mod:`draftsmith.kernels.head_calls`)."""
     for who, m in (("draft", model), ("target", teacher_model)):
         transform = logit_transform(m.config)
         if transform:
