@@ -7,6 +7,7 @@ started from the target's LM head, a fingerprint of the weights) reads them thro
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -15,6 +16,13 @@ import torch
 def partitioned(param: torch.Tensor) -> bool:
     """Whether ``param`` is a ZeRO-3 partitioned parameter (DeepSpeed tags each with ``ds_id``)."""
     return hasattr(param, "ds_id")
+
+
+def _gathered_now(param: torch.Tensor) -> bool:
+    """Whether a ZeRO-3 parameter is whole on this process at the moment (inside an enclosing :func:`whole`)."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    return param.ds_status != ZeroParamStatus.NOT_AVAILABLE
 
 
 def full_shape(param: torch.Tensor) -> torch.Size:
@@ -27,8 +35,9 @@ def full_shape(param: torch.Tensor) -> torch.Size:
 def whole(params: Iterable[torch.Tensor]) -> Iterator[None]:
     """Inside the block every ZeRO-3 partitioned parameter of ``params`` is whole on this process (gathered, then
     partitioned again; read-only: changes made inside are dropped). Every process must enter the block when any
-    parameter is partitioned; with none it costs nothing."""
-    parts = [p for p in params if partitioned(p)]
+    parameter is partitioned; with none it costs nothing, and inside an enclosing block it neither gathers nor
+    releases what that block gathered."""
+    parts = [p for p in params if partitioned(p) and not _gathered_now(p)]
     if not parts:
         yield
         return
@@ -42,11 +51,25 @@ def full_tensor(param: torch.Tensor) -> torch.Tensor:
     """``param``'s whole value as a plain tensor: a ``DTensor`` (FSDP2) gathered, a ZeRO-3 partitioned parameter
     gathered (a collective in both cases: every process calls it), any other tensor as it is."""
     if partitioned(param):
-        with whole([param]):
+        with whole([param]):  # nothing to gather inside an enclosing block
             return param.detach().clone()
     if hasattr(param, "full_tensor"):
         return param.full_tensor().detach()
     return param.detach()
 
 
-__all__ = ["full_shape", "full_tensor", "partitioned", "whole"]
+def whole_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``model`` whose parameters are plain and whole: a model ZeRO-3 partitions (loaded under its
+    ``zero.Init``) cannot be deep-copied, so its weights are gathered (a collective: every process calls this) into a
+    fresh instance of its class built from its config; any other model is deep-copied."""
+    params = list(model.parameters())
+    if not any(partitioned(p) for p in params):
+        return copy.deepcopy(model)
+    with whole(params):
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    fresh = type(model)(copy.deepcopy(model.config))  # a plain construction: no zero.Init outside from_pretrained
+    fresh.load_state_dict(state)
+    return fresh.to(params[0].dtype).train(model.training)
+
+
+__all__ = ["full_shape", "full_tensor", "partitioned", "whole", "whole_copy"]

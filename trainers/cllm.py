@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from draftsmith.common.errors import ConfigError
+from draftsmith.common.sharding import whole
 from draftsmith.data.collate import IGNORE_INDEX
 from draftsmith.trainers.base import FrozenTargetTrainer
 from draftsmith.trainers.losses import (
@@ -237,7 +238,8 @@ class CllmTrainer(FrozenTargetTrainer):
     @classmethod
     def prepare_datasets(cls, models: dict, config: CllmConfig, train, heldout, tokenizer, training_args):
         """The Jacobi trajectories of the train and held-out prompts, collected once by the frozen target into
-        ``trajectory_dir`` (resumable; the main process collects, the others wait and read), as the datasets."""
+        ``trajectory_dir`` (resumable; the main process collects, the others wait and read), as the datasets. Under
+        ZeRO-3 every process gathers the target first, so the main process collects with whole weights."""
         from draftsmith.common.models import target_identity
         from draftsmith.data.generation import eos_token_ids, pad_token_id
         from draftsmith.data.jacobi import collect_trajectories, read_trajectories
@@ -247,7 +249,8 @@ class CllmTrainer(FrozenTargetTrainer):
         root = Path(config.trajectory_dir) if config.trajectory_dir else Path(training_args.output_dir) / "trajectories"
         identity = target_identity(target, tokenizer)
         out = []
-        with training_args.main_process_first(desc="collecting Jacobi trajectories"):
+        # a target ZeRO-3 partitions is gathered on every process first (a collective), then the main process collects
+        with whole(list(target.parameters())), training_args.main_process_first(desc="collecting Jacobi trajectories"):
             for name, dataset in (("train", train), ("heldout", heldout)):
                 prompts = [row_prompt(list(r["input_ids"]), list(r["labels"]), config.prompt_tokens) for r in dataset]
                 unique = {prompt_key(p): p for p in prompts}

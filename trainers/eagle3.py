@@ -10,7 +10,6 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from draftsmith.common.sharding import partitioned
 from draftsmith.inference.drafters.eagle import Eagle3Head, GrowingCache
 
 
@@ -67,10 +66,7 @@ def unrolled_states(head: Eagle3Head, features: torch.Tensor, step_embeds: torch
     steps, b, a = step_embeds.shape[:3]
     hidden = head.fc(features)  # [B, A, H]: g
     past: list[torch.Tensor] = []  # keys, values of steps 0 .. j-1, [B, KV, A, D] each
-    # ZeRO-3 gathers a parameter for its module's forward only: the non-reentrant checkpoint would recompute from the
-    # released (empty) shards, the reentrant one reruns the forward with its hooks (transformers' choice there too)
-    reentrant = any(partitioned(p) for p in head.parameters())
-    run = partial(checkpoint, partial(_unrolled_step, head), use_reentrant=reentrant) \
+    run = partial(checkpoint, partial(_unrolled_step, head), use_reentrant=False) \
         if recompute and torch.is_grad_enabled() else partial(_unrolled_step, head)
     for j in range(steps):
         pos = (torch.arange(a, device=features.device) + j)[None].expand(b, a)  # [B, A]

@@ -109,9 +109,12 @@ class LinearHead:
         """The weight rows and bias entries of the scored vocabulary (differentiable: gradients reach the module)."""
         return head_rows(self.module, self.vocab, self.rows)
 
-    def partitioned(self) -> bool:
-        """Whether ZeRO-3 partitions the module's parameters (gathered only inside its forward)."""
-        return any(partitioned(p) for p in self.module.parameters())
+    def frozen_partitioned(self) -> bool:
+        """Whether the module is frozen and ZeRO-3 partitions it (the target's LM head in its inference engine): its
+        shards are released after its forward, and only the reentrant checkpoint reruns that forward, hooks and all,
+        in the backward. A trained module's engine re-gathers for the non-reentrant recomputation itself."""
+        params = list(self.module.parameters())
+        return any(partitioned(p) for p in params) and not any(p.requires_grad for p in params)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [C, H] -> [C, K]
         """One chunk's logits through a call of the module (its hooks gather sharded parameters)."""
@@ -167,7 +170,7 @@ def head_loss(
         return checkpointed_head_loss(hidden, head.logits, row_loss, vocab=head.width, labels=labels,
                                       teacher_hidden=teacher_hidden, teacher_head=None if teacher is None else
                                       teacher.logits, mask=mask, reduction="sum", chunk_size=chunk_size,
-                                      reentrant=any(h.partitioned() for h in (head, teacher) if h is not None))
+                                      reentrant=head.frozen_partitioned())
     weight, bias = head.weights()
     return fused_linear_loss(hidden, weight, row_loss, bias=bias, labels=labels, mask=mask, reduction="sum",
                              chunk_size=chunk_size, **_teacher_args(teacher_hidden, teacher))
@@ -252,7 +255,8 @@ def head_rows_map(
     ranks, per-token losses), through calls of the heads: one ``[C, V]`` chunk alive at a time."""
     return chunked_head_rows(hidden, head.logits, row_fn, vocab=head.width, labels=labels,
                              teacher_hidden=None if teacher is None else teacher_hidden.to(teacher.module.weight.dtype),
-                             teacher_head=None if teacher is None else teacher.logits, chunk_size=chunk_size)
+                             teacher_head=None if teacher is None else teacher.logits, chunk_size=chunk_size,
+                             lockstep=_called(head, teacher))
 
 
 def sequence_kd_nll(hidden: torch.Tensor, head: LinearHead, labels: torch.Tensor) -> torch.Tensor:  # [N, H], [N]

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from draftsmith.common.errors import ConfigError
+from draftsmith.common.sharding import whole_copy
 
 ANSWER_MODES = ("target", "fixed")
 FEATURE_MODES = ("online", "offline")
@@ -160,7 +161,7 @@ def tunable_copy(target, finetune: str, lora_r: int, lora_alpha: float):
     master weights (``full``; a 16-bit target's copy is cast up, autocast runs it in 16 bits), or a peft LoRA model
     over all its linear layers (``lora``; peft keeps the adapter in float32 over the frozen 16-bit base)."""
     check_finetune(finetune, lora_r)
-    model = copy.deepcopy(target)
+    model = whole_copy(target)  # a target ZeRO-3 partitions: gathered into a plain copy
     if finetune == "full":
         return model.float().requires_grad_(True)
     from peft import LoraConfig, get_peft_model

@@ -52,6 +52,10 @@ def main(out: str) -> None:
     result["zero3_local_numel"] = int(partitioned.model.embed_tokens.weight.numel())  # 0: partitioned
     result["zero3"] = weights_sample_sha256(partitioned)
     result["zero3_built_equal"] = {k: bool(torch.equal(v.detach(), whole[k])) for k, v in built(partitioned).items()}
+    from draftsmith.common.sharding import whole_copy
+
+    copied = whole_copy(partitioned)  # the fine-tuning methods' copy of the target
+    result["zero3_copy_equal"] = all(torch.equal(v, target.state_dict()[k]) for k, v in copied.state_dict().items())
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(result, f)

@@ -1,6 +1,6 @@
 """Reading weights whatever shards them (draftsmith.common.sharding): unsharded tensors pass through untouched; on 2
-CPU processes the weights fingerprint and the heads started from the target are the same on a target ZeRO-3
-partitions or FSDP2 shards as on a whole one (slow)."""
+CPU processes the weights fingerprint, the heads started from the target and the fine-tuning methods' copy of it
+are the same on a target ZeRO-3 partitions (FSDP2 shards: the fingerprint) as on a whole one (slow)."""
 
 from __future__ import annotations
 
@@ -39,3 +39,4 @@ def test_fingerprints_and_heads_read_the_same_weights_under_zero3_and_fsdp2(tmp_
     assert result["fsdp2"] == result["whole"] and result["zero3"] == result["whole"]
     assert result["zero3_built_equal"] == {"eagle3_lm_head": True, "eagle3_norm": True, "medusa_lm_head": True,
                                            "bita_masks": True}
+    assert result["zero3_copy_equal"] is True  # whole_copy of a partitioned target: plain, whole, equal

@@ -240,3 +240,11 @@ def test_argument_errors_name_the_problem():
     with pytest.raises(ValueError, match="go together"):
         checkpointed_head_loss(h, torch.nn.Linear(8, 30), lambda z, y, t: z.sum(-1), vocab=30,
                                teacher_hidden=x["teacher_hidden"])
+
+
+def test_a_sharded_head_is_called_as_often_on_every_process_and_one_process_keeps_its_count():
+    """lockstep_calls: alone (no process group) the chunk count is what it is; the 2-process runs of
+    tests/launch/test_scale_out.py (slow) are where unequal counts would hang."""
+    from draftsmith.kernels.head_calls import lockstep_calls
+
+    assert lockstep_calls(3, "cpu") == 3 and lockstep_calls(0, "cpu") == 0

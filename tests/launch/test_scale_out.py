@@ -21,7 +21,11 @@ from tiny_pair import write_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-RECIPES = ("distillspec", "medusa", "eagle", "eagle3", "layerskip", "bita", "cllm")
+RECIPES = ("distillspec", "medusa", "eagle", "eagle3", "layerskip", "cllm")
+KNOWN_ZERO3_FAILURES = {  # open: docs/LAUNCHING.md's scale-out table
+    "eagle3": "DeepSpeed's ZeRO-3 gradient hook meets a head parameter without a gradient (with ttt_recompute "
+              "on or off)",
+}
 VARIANTS = {"eagle3": ("eagle", ["--variant", "eagle3", "ttt_steps=3", "draft_vocab_size=64"])}  # on a 4-layer target
 TIMEOUT = 1500  # seconds per launch: a rank left waiting on a collective ends here, not in CI's limit
 PORTS = iter(range(29700, 29800))
@@ -99,7 +103,8 @@ def single(pair, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("method", RECIPES)
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=KNOWN_ZERO3_FAILURES[m]))
+                                    if m in KNOWN_ZERO3_FAILURES else m for m in RECIPES])
 def test_a_recipe_trains_resumes_and_evaluates_under_zero3_on_two_processes(pair, single, tmp_path, method):
     mode, out = "zero3", tmp_path / "run"
     run(mode, method, pair, out, "max_steps=2")
@@ -118,6 +123,17 @@ def test_a_recipe_trains_resumes_and_evaluates_under_zero3_on_two_processes(pair
     report = json.loads((out / "eval" / "trained.json").read_text())
     assert report["summary"]["greedy_identical"] == 1.0, report["summary"]  # every answer token-identical to AR
     assert "loading the whole target on the main process" in proc.stdout
+
+
+def test_bita_refuses_zero3_in_one_line(pair, tmp_path):
+    """BiTA runs the frozen target layer by layer, which a ZeRO-3-sharded target does not allow: refused up front."""
+    script = [str(ROOT / "recipes" / "bita.py"), "--config", str(ROOT / "recipes" / "configs" / "bita_test.yaml"),
+              "--target", str(pair["target"]), "--dataset", str(pair["dataset"]), "--output_dir", str(tmp_path / "run")]
+    proc = subprocess.run(launch_command("zero3", script), cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "error: BiTA runs the frozen target layer by layer" in output
+    assert "Traceback" not in output
 
 
 def test_fsdp_asked_for_on_cpu_processes_runs_as_ddp_and_says_so(pair, tmp_path):
