@@ -22,10 +22,6 @@ from tiny_pair import write_pair
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 RECIPES = ("distillspec", "medusa", "eagle", "eagle3", "layerskip", "cllm")
-KNOWN_ZERO3_FAILURES = {  # open: docs/LAUNCHING.md's scale-out table
-    "eagle3": "DeepSpeed's ZeRO-3 gradient hook meets a head parameter without a gradient (with ttt_recompute "
-              "on or off)",
-}
 VARIANTS = {"eagle3": ("eagle", ["--variant", "eagle3", "ttt_steps=3", "draft_vocab_size=64"])}  # on a 4-layer target
 TIMEOUT = 1500  # seconds per launch: a rank left waiting on a collective ends here, not in CI's limit
 PORTS = iter(range(29700, 29800))
@@ -103,8 +99,7 @@ def single(pair, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=KNOWN_ZERO3_FAILURES[m]))
-                                    if m in KNOWN_ZERO3_FAILURES else m for m in RECIPES])
+@pytest.mark.parametrize("method", RECIPES)
 def test_a_recipe_trains_resumes_and_evaluates_under_zero3_on_two_processes(pair, single, tmp_path, method):
     mode, out = "zero3", tmp_path / "run"
     run(mode, method, pair, out, "max_steps=2")
