@@ -34,14 +34,13 @@ class _Target:
         self.moves.append(str(device))
         return self
 
+    def parameters(self):
+        return iter(())
+
 
 class _Args:
     device = torch.device("cpu")
-
-    def main_process_first(self, desc: str):
-        import contextlib
-
-        return contextlib.nullcontext()
+    world_size = 1
 
 
 def test_the_feature_cache_is_computed_on_the_training_device(monkeypatch, tmp_path):
@@ -51,7 +50,8 @@ def test_the_feature_cache_is_computed_on_the_training_device(monkeypatch, tmp_p
     from draftsmith.trainers.mixins import FeatureCache, offline_feature_datasets
 
     seen = []
-    monkeypatch.setattr(feature_cache, "feature_datasets", lambda target, *a: seen.append(list(target.moves)) or [])
+    monkeypatch.setattr(feature_cache, "feature_datasets",
+                        lambda target, *a, **kw: seen.append(list(target.moves)) or [])
     config = FeatureCache(features="offline", feature_cache_dir=str(tmp_path))
     for placed, moves in ((False, ["cpu"]), (True, [])):
         seen.clear()
