@@ -13,7 +13,6 @@ features) and how many shard files were loaded.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 
@@ -74,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {r['seconds']:.1f} | {r['rows_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | "
               f"{r['tokens_per_s'] * per_token_mb:,.0f} | {r['shard_loads']:,} |")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        from draftsmith.common.io import atomic_write_json
+
+        atomic_write_json(args.json, results)
     return 0
 
 

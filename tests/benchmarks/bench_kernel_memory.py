@@ -23,7 +23,6 @@ import os
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 
 VARIANTS = ("naive", "chunked", "naive-logits", "chunked-logits")
@@ -89,14 +88,6 @@ def child_command(args: argparse.Namespace, variant: str) -> list[str]:
     return cmd
 
 
-def write_json_atomic(path: str, payload: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=4096, help="N, tokens in the batch")
@@ -141,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"loss rel. diff {abs(a['loss'] - b['loss']) / abs(a['loss']):.1e}"
             )
     if args.json:
-        write_json_atomic(
+        from draftsmith.common.io import atomic_write_json
+
+        atomic_write_json(
             args.json, {"config": {k: v for k, v in vars(args).items() if k != "variant"}, "results": results}
         )
     return 0

@@ -176,14 +176,6 @@ def child_command(args, method: str) -> list[str]:
     return cmd
 
 
-def write_json_atomic(path: str, payload: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, path)
-
-
 def table(results: list[dict]) -> str:
     """The markdown table: method, step memory, ratio to DistillSpec's, peak RSS, time, loss tokens."""
     base = next((r["step_mb"] for r in results if r["method"] == "distillspec"), None)
@@ -233,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     if args.json:
         config = {k: v for k, v in vars(args).items() if k not in ("method", "output_dir")}
-        write_json_atomic(args.json, {"config": config, "results": results})
+        from draftsmith.common.io import atomic_write_json
+
+        atomic_write_json(args.json, {"config": config, "results": results})
     return 0
 
 
