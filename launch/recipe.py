@@ -253,7 +253,9 @@ def artefact_weights(trainer, kind: str, tokenizer) -> dict[str, Any]:
         config = module.artefact_config() if hasattr(module, "artefact_config") else None
         extra = {}
         if getattr(module, "target_adapter", None) is not None:  # the method tuned the target too (Medusa-2)
-            extra["target_adapter"] = module.target_adapter
+            extra["target_adapter"] = module.target_adapter  # saved from the gathered weights (ZeRO-3's are partitioned)
+            extra["target_adapter_state"] = {k.removeprefix("target."): v for k, v in state_dict.items()
+                                             if k.startswith("target.")}
         if hasattr(module, "artefact_tensors"):
             state_dict = module.artefact_tensors(state_dict)
         return {"tensors": state_dict, "config": config} | extra

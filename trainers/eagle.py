@@ -215,13 +215,14 @@ def target_features(target, input_ids: torch.Tensor, layers: tuple[int, ...]) ->
 def build_eagle_head(models: dict, config: EagleConfig, train_dataset=None,
                      tokenizer=None) -> EagleHead | Eagle3Training:
     """The trainable module of the recipe: a fresh head for the target (EAGLE-3: with its draft vocabulary, the
-    most frequent tokens of the answers it trains on: :func:`draft_vocab_counts`)."""
+    most frequent tokens of the answers it trains on: :func:`draft_vocab_counts`), in float32 master weights
+    whatever the target's dtype (:mod:`draftsmith.common.precision`)."""
     target = models["target"]
     if config.variant == "eagle1":
-        return EagleHead.for_target(target, fc_bias=config.fc_bias)
+        return EagleHead.for_target(target, fc_bias=config.fc_bias).float()
     d2t, t2d = draft_vocab(draft_vocab_counts(target, config, train_dataset, tokenizer), config.draft_vocab_size)
     layers = None if config.layers == "auto" else tuple(int(x) for x in str(config.layers).split(","))
-    return Eagle3Training(Eagle3Head.for_target(target, d2t, t2d, layers), recompute=config.ttt_recompute)
+    return Eagle3Training(Eagle3Head.for_target(target, d2t, t2d, layers), recompute=config.ttt_recompute).float()
 
 
 def supervised_positions(labels: torch.Tensor) -> torch.Tensor:  # [B, T-2] bool

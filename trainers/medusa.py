@@ -37,7 +37,6 @@ from which the evaluator grows the default token tree (:func:`draftsmith.inferen
 from __future__ import annotations
 
 import contextlib
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +45,7 @@ from torch import nn
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import lm_head_rows
+from draftsmith.common.sharding import whole_copy
 from draftsmith.inference.drafters.medusa import MedusaHeads
 from draftsmith.trainers.base import FrozenTargetTrainer
 from draftsmith.trainers.losses import (
@@ -266,7 +266,8 @@ class AdaptedTargetHeads(HeadsTraining):
 
 def lora_adapted(target: nn.Module, config: MedusaConfig) -> nn.Module:
     """A peft LoRA model over a copy of ``target`` (the original stays frozen and untouched: the teacher). The copy
-    doubles the target's weights in memory."""
+    doubles the target's weights in memory; a target ZeRO-3 partitions is gathered into a whole copy (every process
+    builds it), which the engine then partitions with the trainable module."""
     from peft import LoraConfig, get_peft_model
 
     modules = config.lora_target_modules
@@ -274,7 +275,7 @@ def lora_adapted(target: nn.Module, config: MedusaConfig) -> nn.Module:
     lora = LoraConfig(r=int(config.lora_r), lora_alpha=float(config.lora_alpha), lora_dropout=float(config.lora_dropout),
                       target_modules=modules, bias="none", task_type="CAUSAL_LM")
     try:
-        adapted = get_peft_model(copy.deepcopy(target).requires_grad_(False), lora)
+        adapted = get_peft_model(whole_copy(target).requires_grad_(False), lora)
     except ValueError as err:
         raise ConfigError(f"the LoRA adapter could not be built ({str(err).splitlines()[0]}): set "
                           "lora_target_modules to module names of this target, e.g. q_proj,v_proj") from None

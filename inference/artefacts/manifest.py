@@ -153,11 +153,12 @@ def write_weights(staging: Path, kind: str, *, model=None, state_dict: dict | No
 
 
 def write_artefact(out_dir: str | Path, kind: str, *, method: str, target: dict, proposer: dict,
-                   training: dict | None = None, metrics: dict | None = None, target_adapter=None, **weights) -> dict:
+                   training: dict | None = None, metrics: dict | None = None, target_adapter=None,
+                   target_adapter_state: dict | None = None, **weights) -> dict:
     """Write a whole artefact: the weights of ``kind`` (see :func:`write_weights`) beside the final place, swapped
     in, then the manifest last, so a reader never sees a manifest over half-written weights. ``target_adapter``
-    (a peft model of the target) is saved to ``adapter/`` and recorded in the manifest: the artefact then runs
-    on the adapted target."""
+    (a peft model of the target) is saved to ``adapter/``, from ``target_adapter_state`` when given (its whole state
+    dict, gathered under ZeRO-3), and recorded in the manifest: the artefact then runs on the adapted target."""
     import shutil
 
     check_kind(method, kind, Path(out_dir) / MANIFEST, fix="write the kind its registry entry declares")  # first
@@ -168,7 +169,7 @@ def write_artefact(out_dir: str | Path, kind: str, *, method: str, target: dict,
     staging.mkdir()
     names = write_weights(staging, kind, **weights)
     if target_adapter is not None:
-        names += write_weights(staging, "lora_adapter", model=target_adapter)
+        names += write_weights(staging, "lora_adapter", model=target_adapter, state_dict=target_adapter_state)
     (out / MANIFEST).unlink(missing_ok=True)  # the old manifest would not match the new weights
     for name in names:
         final = out / name

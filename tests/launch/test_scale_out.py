@@ -21,8 +21,9 @@ from tiny_pair import write_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-RECIPES = ("distillspec", "medusa", "eagle", "eagle3", "layerskip", "cllm")
-VARIANTS = {"eagle3": ("eagle", ["--variant", "eagle3", "ttt_steps=3", "draft_vocab_size=64"])}  # on a 4-layer target
+RECIPES = ("distillspec", "medusa", "medusa2", "eagle", "eagle3", "layerskip", "cllm")
+VARIANTS = {"eagle3": ("eagle", ["--variant", "eagle3", "ttt_steps=3", "draft_vocab_size=64"]),  # on a 4-layer target
+            "medusa2": ("medusa", ["variant=medusa2"])}
 TIMEOUT = 1500  # seconds per launch: a rank left waiting on a collective ends here, not in CI's limit
 PORTS = iter(range(29700, 29800))
 
@@ -47,7 +48,7 @@ def launch_command(mode: str, script: list[str]) -> list[str]:
 
 def run(mode: str, method: str, pair: dict, out: Path, *extra: str) -> subprocess.CompletedProcess:
     recipe, variant = VARIANTS.get(method, (method, []))
-    target = pair["target4"] if method in VARIANTS else pair["target"]
+    target = pair["target4"] if method == "eagle3" else pair["target"]
     script = [str(ROOT / "recipes" / f"{recipe}.py"), "--config", str(ROOT / "recipes" / "configs" / f"{recipe}_test.yaml"),
               "--target", str(target), "--dataset", str(pair["dataset"]), "--output_dir", str(out), *variant]
     if method == "distillspec":
@@ -65,7 +66,19 @@ def logged_losses(checkpoint: Path) -> list[float]:
 
 
 def artefact_layout(artefact: Path) -> set[str]:
-    return {str(p.relative_to(artefact)) for p in artefact.rglob("*") if p.is_file()}
+    """The artefact's files, and the name and shape of every tensor in its safetensors files (a tensor saved from a
+    ZeRO-3 partition has no elements)."""
+    from safetensors import safe_open
+
+    layout = set()
+    for path in artefact.rglob("*"):
+        name = str(path.relative_to(artefact))
+        if path.is_file():
+            layout.add(name)
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), "pt") as f:
+                layout |= {f"{name}:{key}:{tuple(f.get_slice(key).get_shape())}" for key in f.keys()}
+    return layout
 
 
 @pytest.fixture(scope="module")

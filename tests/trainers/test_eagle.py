@@ -583,3 +583,16 @@ def test_fc_bias_defaults_to_the_references():
     assert EagleConfig().fc_bias is True
     assert build_eagle_head({"target": target}, EagleConfig()).fc.bias is not None
     assert build_eagle_head({"target": target}, EagleConfig(fc_bias=False)).fc.bias is None
+
+
+@pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
+def test_a_head_for_a_bfloat16_target_trains_in_float32_master_weights(variant):
+    """The precision policy: trained weights are float32 whatever the frozen target's dtype (AdamW's updates on
+    bfloat16 weights round away below 2^-8 of each weight); the draft vocabulary's index maps stay integers."""
+    from draftsmith.trainers.eagle import build_eagle_head
+
+    target = random_model("llama", seed=0, layers=4).to(torch.bfloat16)
+    config = EagleConfig(variant=variant, data_mode="fixed", draft_vocab_size=64)
+    module = build_eagle_head({"target": target}, config, train_dataset=[{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}])
+    assert {p.dtype for p in module.parameters()} == {torch.float32}
+    assert all(not b.is_floating_point() for n, b in module.named_buffers() if "d2t" in n or "t2d" in n)
