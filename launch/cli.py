@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "data": "draftsmith.launch.data_cli",
     "train": "draftsmith.launch.train_cli",
     "engine": "draftsmith.launch.engine_cli",
+    "memory": "draftsmith.launch.memory_cli",
 }
 
 

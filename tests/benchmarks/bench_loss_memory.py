@@ -83,24 +83,28 @@ def _batch(args, generator) -> dict:
     return {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
 
 
-def build(args, method: str):
-    """``(trainer, trained module, batch)`` of ``method`` on a fresh random target."""
+def build(args, method: str, target=None, draft=None, **training_kwargs):
+    """``(trainer, trained module, batch)`` of ``method`` on a fresh random target (or ``target``; DistillSpec's draft
+    ``draft``, else a 1-layer random one); ``training_kwargs`` go to the ``TrainingArguments`` (default: the CPU)."""
     import torch
     import transformers
 
     from draftsmith.data.tiny_models import random_model
 
     gen = torch.Generator().manual_seed(0)
-    training = transformers.TrainingArguments(output_dir=args.output_dir, report_to=[], use_cpu=True,
-                                              save_strategy="no", disable_tqdm=True, max_steps=10)
-    target = _target(args, max(args.layers, 4) if method == "eagle3" else args.layers)
+    training = transformers.TrainingArguments(output_dir=args.output_dir, report_to=[], save_strategy="no",
+                                              disable_tqdm=True, max_steps=10, **({"use_cpu": True} | training_kwargs))
+    if target is None:
+        target = _target(args, max(args.layers, 4) if method == "eagle3" else args.layers)
     batch = _batch(args, gen)
     common = dict(teacher_model=target, args=training)
     if method in ("distillspec", "distillspec-unchunked"):
         from draftsmith.trainers.distillspec import DistillSpecConfig, DistillSpecTrainer
 
-        draft = random_model("llama", seed=1, vocab_size=args.vocab, hidden=args.hidden, layers=1,
-                             max_positions=target.config.max_position_embeddings).train()
+        if draft is None:
+            draft = random_model("llama", seed=1, vocab_size=args.vocab, hidden=args.hidden, layers=1,
+                                 max_positions=target.config.max_position_embeddings)
+        draft = draft.train()
         cfg = DistillSpecConfig(use_fused_kernel=False if method == "distillspec-unchunked" else None)
         return DistillSpecTrainer(model=draft, method_config=cfg, **common), draft, batch
     if method in ("medusa", "medusa2"):
