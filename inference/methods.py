@@ -288,9 +288,12 @@ def medusa_proposer(ctx: ProposerContext):
 
 def eagle_proposer(ctx: ProposerContext):
     """An EAGLE-1 or EAGLE-3 head from a ``heads`` artefact over the target's features, drafting EAGLE-2's dynamic tree
-    (``tree_depth`` levels of ``tree_top_k``, ``tree_nodes`` kept; the default) or a chain of ``draft_length``."""
+    (``tree_depth`` levels of ``tree_top_k``, ``tree_nodes`` kept; the default) or a chain of ``draft_length``; a
+    P-EAGLE head drafts its chain of ``draft_length`` in one forward."""
     from draftsmith.inference.artefacts.eagle import load_eagle_head
+    from draftsmith.inference.drafters.peagle import PEagleHead
     from draftsmith.inference.proposers.eagle import TREES, EagleProposer
+    from draftsmith.inference.proposers.peagle import PEagleProposer
 
     if ctx.artefact_dir is None:
         raise ConfigError("eagle runs from its trained head: pass --artefact DIR (from recipes/eagle.py)")
@@ -307,6 +310,9 @@ def eagle_proposer(ctx: ProposerContext):
     if total == "auto":  # sized per step on the measured verification cost, up to AUTO_TREE_TOKENS
         total = AUTO_TREE_TOKENS
         cost = tree_verify_cost(target, total) if tree == "dynamic" else None
+    if isinstance(head, PEagleHead):  # P-EAGLE: the block, a chain, from one head forward per step
+        return PEagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(),
+                              length=int(ctx.option("draft_length")), tree=tree)
     return EagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(),
                          length=int(ctx.option("draft_length")), tree=tree, depth=int(ctx.option("tree_depth")),
                          top_k=int(ctx.option("tree_top_k")), total_tokens=int(total), verify_cost=cost,

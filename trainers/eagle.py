@@ -55,7 +55,6 @@ behind the mask ``m`` in a chunked pass without gradient.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -68,84 +67,16 @@ from draftsmith.data.draft_vocab import answer_token_counts, ranked_counts
 from draftsmith.data.feature_cache import features_of
 from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, aux_layers, draft_vocab
+from draftsmith.inference.drafters.peagle import PEagleHead, mask_token
 from draftsmith.trainers.base import FrozenTargetTrainer
 from draftsmith.trainers.eagle3 import shifted, ttt_anchors
 from draftsmith.trainers.eagle3_loss import Eagle3Training
+from draftsmith.trainers.eagle_config import EagleConfig
 from draftsmith.trainers.losses import LinearHead, head_rows_map, head_soft_cross_entropy
-from draftsmith.trainers.mixins import FeatureCache, TargetAnswers, offline_feature_datasets
-from draftsmith.trainers.mixins import help_text as _help
+from draftsmith.trainers.mixins import offline_feature_datasets
 
-VARIANTS = ("eagle1", "eagle3")
 COVERAGE_WARNING = 0.97  # EAGLE-3: warn below this share of held-out answer tokens inside the draft vocabulary
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class EagleConfig(TargetAnswers, FeatureCache):
-    """EAGLE-1/-3 settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
-
-    variant: str = field(default="eagle1", metadata=_help("eagle1 (last-layer features, feature regression) or eagle3 "
-                                                          "(three fused layers, token loss, training-time test)."))
-    layers: str = field(default="auto", metadata=_help("EAGLE-3: the three target layers (hidden-state indices, "
-                                                       "comma-separated), or auto: 2, n//2, n-3 as EAGLE-3."))
-    ttt_steps: int = field(default=7, metadata=_help("EAGLE-3: unrolled steps of the training-time test."))
-    ttt_recompute: bool = field(default=True, metadata=_help("EAGLE-3: recompute each unrolled step's activations in "
-                                                             "the backward (activation checkpointing): one step's "
-                                                             "attention held at a time instead of all of them, the "
-                                                             "same gradients, about a third more head compute."))
-    step_decay: float = field(default=0.8, metadata=_help("EAGLE-3: weight decay**j of unrolled step j's loss."))
-    draft_vocab_size: int = field(default=8192, metadata=_help("EAGLE-3: the draft vocabulary, the most frequent "
-                                                               "target tokens of the answers the head trains on "
-                                                               "(capped at the target's vocabulary)."))
-    draft_vocab_prompts: int = field(default=512, metadata=_help("EAGLE-3 with data_mode=target and online features: "
-                                                                 "the first N training prompts the target answers "
-                                                                 "(greedy, once, before training) to count the draft "
-                                                                 "vocabulary on, the dataset's responses breaking "
-                                                                 "ties; 0 = every training prompt. Offline features "
-                                                                 "count the cached answers, data_mode=fixed the "
-                                                                 "dataset's responses."))
-    fc_bias: bool = field(default=True, metadata=_help("EAGLE-1: bias in the (2H -> H) fc layer, as the reference's "
-                                                       "head (EAGLE-3's fc has none). vLLM's EAGLE-1 fc has no bias: "
-                                                       "the vllm-eagle export folds it into the layer's attention "
-                                                       "biases (exact)."))
-    reg_weight: float = field(default=1.0, metadata=_help("Weight of the smooth-L1 feature regression (EAGLE: 1.0)."))
-    cls_weight: float = field(default=0.1, metadata=_help("Weight of the token cross-entropy (EAGLE: 0.1)."))
-    noise: float = field(default=0.1, metadata=_help("Uniform noise U(-noise, noise) on the input features (EAGLE: "
-                                                     "0.1; 0 = off)."))
-    draft_length: int = field(default=5, metadata=_help("Evaluation: tokens the head drafts per step (chain)."))
-    tree: str = field(default="dynamic", metadata=_help("Evaluation: dynamic (EAGLE-2's tree) or chain."))
-    tree_depth: int = field(default=5, metadata=_help("Dynamic tree: levels the head expands."))
-    tree_top_k: int = field(default=8, metadata=_help("Dynamic tree: nodes expanded per level, children per node."))
-    tree_nodes: int = field(default=32, metadata=_help("Dynamic tree: tokens kept for verification (total_tokens)."))
-
-    def __post_init__(self) -> None:
-        self.check_features()
-        if self.variant not in VARIANTS:
-            raise ConfigError(f"variant={self.variant!r} is unknown: choose one of {', '.join(VARIANTS)}")
-        if int(self.ttt_steps) < 1 or int(self.draft_vocab_size) < 1 or not 0.0 < float(self.step_decay) <= 1.0:
-            raise ConfigError("ttt_steps and draft_vocab_size must be >= 1 and step_decay in (0, 1]")
-        if int(self.draft_vocab_prompts) < 0:
-            raise ConfigError(f"draft_vocab_prompts={self.draft_vocab_prompts} must be >= 0 (0 = every training prompt)")
-        if self.layers != "auto":
-            try:
-                picked = [int(x) for x in str(self.layers).split(",")]
-            except ValueError:
-                picked = []
-            if len(picked) != 3:
-                raise ConfigError(f"layers={self.layers!r}: give auto or three comma-separated hidden-state indices")
-        self.check_answers()
-        if min(float(self.reg_weight), float(self.cls_weight)) < 0 or float(self.reg_weight) + float(self.cls_weight) == 0:
-            raise ConfigError("reg_weight and cls_weight must be >= 0 and not both 0")
-        if float(self.noise) < 0:
-            raise ConfigError(f"noise={self.noise} must be >= 0")
-        if min(int(self.draft_length), int(self.tree_depth), int(self.tree_top_k), int(self.tree_nodes)) < 1:
-            raise ConfigError("draft_length and the tree sizes must be >= 1")
-        if self.tree not in ("chain", "dynamic"):
-            raise ConfigError(f"tree={self.tree!r} is unknown: choose chain or dynamic")
-
-    def proposer_settings(self) -> dict[str, Any]:
-        return {"draft_length": int(self.draft_length), "tree": self.tree, "tree_depth": int(self.tree_depth),
-                "tree_top_k": int(self.tree_top_k), "tree_nodes": int(self.tree_nodes)}
 
 
 def feature_layers(config: EagleConfig, target) -> tuple[int, ...]:
@@ -214,7 +145,7 @@ def target_features(target, input_ids: torch.Tensor, layers: tuple[int, ...]) ->
 
 def build_eagle_head(models: dict, config: EagleConfig, train_dataset=None,
                      tokenizer=None) -> EagleHead | Eagle3Training:
-    """The trainable module of the recipe: a fresh head for the target (EAGLE-3: with its draft vocabulary, the
+    """The trainable module of the recipe: a fresh head for the target (EAGLE-3, P-EAGLE: with its draft vocabulary, the
     most frequent tokens of the answers it trains on: :func:`draft_vocab_counts`), in float32 master weights
     whatever the target's dtype (:mod:`draftsmith.common.precision`)."""
     target = models["target"]
@@ -222,7 +153,12 @@ def build_eagle_head(models: dict, config: EagleConfig, train_dataset=None,
         return EagleHead.for_target(target, fc_bias=config.fc_bias).float()
     d2t, t2d = draft_vocab(draft_vocab_counts(target, config, train_dataset, tokenizer), config.draft_vocab_size)
     layers = None if config.layers == "auto" else tuple(int(x) for x in str(config.layers).split(","))
-    return Eagle3Training(Eagle3Head.for_target(target, d2t, t2d, layers), recompute=config.ttt_recompute).float()
+    if config.variant == "peagle":
+        mask = int(config.mask_token_id) if int(config.mask_token_id) >= 0 else mask_token(tokenizer, target.config)
+        head = PEagleHead.for_target(target, d2t, t2d, layers, mask_token_id=mask)
+    else:
+        head = Eagle3Head.for_target(target, d2t, t2d, layers)
+    return Eagle3Training(head, recompute=config.ttt_recompute).float()
 
 
 def supervised_positions(labels: torch.Tensor) -> torch.Tensor:  # [B, T-2] bool
@@ -352,13 +288,16 @@ class EagleTrainer(FrozenTargetTrainer):
             features = torch.cat([feats[i][:, :-1] for i in layers], dim=-1)  # [B, A, 3Ht]
             embed = self.teacher_module.get_input_embeddings()
             step_embeds = torch.stack([embed(shifted(ids[:, 1:], j)) for j in range(steps)])  # [K, B, A, H]
+            if hasattr(unrolled.head, "mask_hidden"):  # P-EAGLE: depths 1.. read the mask token
+                mask = torch.full_like(ids[:1, :1], unrolled.head.mask_token_id)  # [1, 1]
+                step_embeds[1:] = embed(mask)
             following = feats[-1][:, 1:]  # [B, A, Ht]: the target's state at t+1, whose LM head gives p_{t+2}
             label_top1 = head_rows_map(following.reshape(-1, following.shape[-1]), LinearHead(target_head),
                                        lambda z, _, __: z.argmax(-1)).view(following.shape[:2])  # [B, A], any token
             draftable = unrolled.t2d[label_top1]  # [B, A]: the target's next token inside the draft vocabulary
             labelled = torch.stack([ttt_anchors(labels, j) for j in range(steps)])  # [K, B, A]
             keep = torch.stack([ttt_anchors(labels, j, draftable) for j in range(steps)])  # [K, B, A] position_mask
-        total, ce_sums, tops = model(features, step_embeds, keep, following, target_head, cfg.step_decay,
+        total, ce_sums, tops = model(features, step_embeds, keep, following, target_head, cfg.step_weights(steps),
                                      self.sharded(), top1)
         if not top1:
             return total, ce_sums, None
@@ -370,7 +309,7 @@ class EagleTrainer(FrozenTargetTrainer):
         """EAGLE-1: ``reg_weight * L_reg + cls_weight * L_cls`` summed over the supervised positions; EAGLE-3: the
         unrolled token loss (module docstring)."""
         cfg = self.method_config
-        if cfg.variant == "eagle3":
+        if cfg.unrolled:
             return self._ttt(model, inputs)[0], None
         reg, cls, _, _ = self._terms(model, inputs, float(cfg.noise) if model.training else 0.0)
         return cfg.reg_weight * reg + cfg.cls_weight * cls, None
@@ -381,7 +320,7 @@ class EagleTrainer(FrozenTargetTrainer):
         if self.method_config.data_mode == "target":
             inputs = self.prepare_training_batch(model, inputs)
         cfg = self.method_config
-        if cfg.variant == "eagle3":
+        if cfg.unrolled:
             with torch.no_grad():
                 total, ce, hits = self._ttt(model, inputs, top1=True)
                 steps = int(cfg.ttt_steps)
@@ -399,7 +338,7 @@ class EagleTrainer(FrozenTargetTrainer):
         return loss.detach(), None, None
 
     def eval_metrics(self, sums: torch.Tensor, prefix: str) -> dict[str, float]:
-        if self.method_config.variant == "eagle3":  # [3K + 2]: CE sums, hits, anchors per step; answer tokens inside
+        if self.method_config.unrolled:  # [3K + 2]: CE sums, hits, anchors per step; answer tokens inside
             steps = int(self.method_config.ttt_steps)
             per_step, (inside, answers) = sums[: 3 * steps].view(3, steps), sums[3 * steps:].tolist()
             n = per_step[2].clamp(min=1)

@@ -59,17 +59,25 @@ def unrolled_states(head: Eagle3Head, features: torch.Tensor, step_embeds: torch
     by ``fc`` into ``g``, then step ``j`` reads ``step_embeds[j]`` ``[B, A, H]`` and its step ``j-1`` output at
     positions ``t + j``, seeing what decoding shows draft depth ``j + 1`` (:func:`ttt_visibility`).
 
+    A P-EAGLE head (:class:`~draftsmith.inference.drafters.peagle.PEagleHead`) drafts depth ``j > 0`` from
+    placeholders instead: ``step_embeds[j]`` holds the mask token's embedding and the step reads ``fc(mask_hidden)`` in
+    place of step ``j-1``'s output; the visibility and positions are the same (the reference's parallel-drafting mask:
+    the true prefix up to the anchor, and the anchor's own shallower depths).
+
     ``recompute`` (with gradients on): each step runs under activation checkpointing, so the forward keeps only a
     step's output and its new keys and values, and the backward recomputes one step's attention at a time — the
     attention over keys that grow to ``K x A`` is otherwise held for every step at once (``K(K+1)/2 x A^2`` scores).
     The gradients are the same."""
     steps, b, a = step_embeds.shape[:3]
     hidden = head.fc(features)  # [B, A, H]: g
+    placeholder = head.mask_state().expand(b, a, -1) if hasattr(head, "mask_hidden") else None  # P-EAGLE: [B, A, H]
     past: list[torch.Tensor] = []  # keys, values of steps 0 .. j-1, [B, KV, A, D] each
     run = partial(checkpoint, partial(_unrolled_step, head), use_reentrant=False) \
         if recompute and torch.is_grad_enabled() else partial(_unrolled_step, head)
     for j in range(steps):
         pos = (torch.arange(a, device=features.device) + j)[None].expand(b, a)  # [B, A]
+        if placeholder is not None and j > 0:  # P-EAGLE: every later depth reads the shared placeholder state
+            hidden = placeholder
         hidden, key, value = run(step_embeds[j], hidden, pos, ttt_visibility(a, j, features.device), *past)
         past += [key, value]
         yield hidden

@@ -37,6 +37,7 @@ from draftsmith.common.io import read_json
 from draftsmith.inference.artefacts.checkpoint import write_export
 from draftsmith.inference.artefacts.reader import config_misfit
 from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, aux_layers
+from draftsmith.inference.drafters.peagle import PEagleHead
 
 EAGLE_FORMATS = ("eagle3", "vllm-eagle", "sglang-eagle", "speculators")
 SPECULATORS_VERSION = "0.9.0"  # vllm-project/speculators' checkpoint layout, which vLLM loads natively
@@ -67,6 +68,8 @@ def layer_config(head, target_config, fmt: str) -> dict:
         layers = sorted(head.hidden_layers)  # the engines concatenate the captured layers in ascending order
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers]}  # SGLang's ids
         config["eagle_aux_hidden_state_layer_ids"] = layers  # vLLM's (preferred there); written for every depth
+        if isinstance(head, PEagleHead):  # vLLM's parallel drafting reads the placeholder token from here
+            config["mask_token_id"] = config["pard_token"] = head.mask_token_id
     return config
 
 
@@ -85,6 +88,8 @@ def eagle_tensors(head, fmt: str) -> dict[str, torch.Tensor]:
             raise ConfigError("--format eagle3 exports EAGLE-3 heads; this artefact is EAGLE-1: use vllm-eagle or "
                               "sglang-eagle")
         state["fc.weight"] = ascending_fc(state["fc.weight"], head.hidden_layers)
+        if "mask_hidden" in state:  # P-EAGLE's placeholder lives in the same concatenated feature space as fc's input
+            state["mask_hidden"] = ascending_fc(state["mask_hidden"][None], head.hidden_layers)[0]
         if head.d2t.numel() == head.t2d.numel():  # the full vocabulary: vLLM has no vocabulary map to load then
             del state["d2t"], state["t2d"]
         return state
@@ -179,6 +184,9 @@ def export_eagle(head, target_config, fmt: str, out: str | os.PathLike, speculat
     if fmt not in EAGLE_FORMATS:
         raise ConfigError(f"EAGLE export format {fmt!r} is unknown: choose one of {', '.join(EAGLE_FORMATS)}")
     check_portable(head)
+    if fmt == "speculators" and isinstance(head, PEagleHead):
+        raise ConfigError("a P-EAGLE head exports as --format eagle3 (vLLM serves it as method eagle3 with "
+                          "parallel_drafting); the speculators layout written here holds EAGLE-3 heads")
     if fmt == "speculators":
         return write_export(out, eagle_tensors(head, "eagle3"), speculators_config(head, target_config,
                                                                                  speculative_tokens))
@@ -201,7 +209,11 @@ def read_eagle_export(directory: str | os.PathLike, target) -> EagleHead | Eagle
         if "d2t" not in tensors:  # a full-vocabulary head: the identity map
             vocab = int(target.config.vocab_size)
             tensors |= {"d2t": torch.zeros(vocab, dtype=torch.long), "t2d": torch.ones(vocab, dtype=torch.bool)}
-        head = Eagle3Head.for_target(target, tensors["d2t"], tensors["t2d"], tuple(layers))
+        if "mask_hidden" in tensors:  # P-EAGLE, its placeholder in the export's (ascending) layer order
+            head = PEagleHead.for_target(target, tensors["d2t"], tensors["t2d"], tuple(layers),
+                                         mask_token_id=int(config["mask_token_id"]))
+        else:
+            head = Eagle3Head.for_target(target, tensors["d2t"], tensors["t2d"], tuple(layers))
         head.load_state_dict(tensors)
         return head
     if arch == ARCHITECTURES["vllm-eagle"] and config.get("bias") and "fc.bias" not in tensors:
@@ -220,7 +232,10 @@ def load_eagle_head(directory, target: torch.nn.Module) -> EagleHead | Eagle3Hea
         raise ArtefactError(f"{directory}/heads_config.json is missing or not an EAGLE head: pass an EAGLE artefact")
     tensors = load_file(str(directory / "heads.safetensors"))
     try:
-        if config.get("variant", "eagle1") == "eagle3":
+        if config.get("variant", "eagle1") == "peagle":
+            head = PEagleHead.for_target(target, tensors["d2t"], tensors["t2d"], tuple(config["layers"]),
+                                         mask_token_id=int(config["mask_token_id"]))
+        elif config.get("variant", "eagle1") == "eagle3":
             head = Eagle3Head.for_target(target, tensors["d2t"], tensors["t2d"], tuple(config["layers"]))
         else:
             head = EagleHead.for_target(target, fc_bias=bool(config.get("fc_bias", False)))

@@ -87,7 +87,8 @@ def draft_model(setup: EngineSetup) -> EngineMethod:
 
 
 def eagle(setup: EngineSetup) -> EngineMethod:
-    """An EAGLE-1 head (``vllm-eagle`` export, method ``eagle``) or an EAGLE-3 head (``eagle3``, method ``eagle3``)."""
+    """An EAGLE-1 head (``vllm-eagle`` export, method ``eagle``) or an EAGLE-3 head (``eagle3``, method ``eagle3``; a
+    P-EAGLE head with ``parallel_drafting``)."""
     from draftsmith.inference.artefacts.eagle import export_eagle, load_eagle_head
     from draftsmith.inference.drafters.eagle import Eagle3Head
 
@@ -101,6 +102,8 @@ def eagle(setup: EngineSetup) -> EngineMethod:
         fmt = "speculators"
     out = export_eagle(head, setup.target_model.config, fmt, setup.export_dir / fmt, speculative_tokens=k)
     config = {"method": method, "model": str(out), "num_speculative_tokens": k}
+    if getattr(head, "mask_hidden", None) is not None:  # P-EAGLE: the block in one draft forward
+        config["parallel_drafting"] = True
     return EngineMethod(config, {"tree": "chain", "draft_length": k})
 
 

@@ -596,3 +596,35 @@ def test_a_head_for_a_bfloat16_target_trains_in_float32_master_weights(variant):
     module = build_eagle_head({"target": target}, config, train_dataset=[{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}])
     assert {p.dtype for p in module.parameters()} == {torch.float32}
     assert all(not b.is_floating_point() for n, b in module.named_buffers() if "d2t" in n or "t2d" in n)
+
+
+def test_peagle_trains_its_placeholder_with_the_depth_weights_of_the_reference(tokenizer, tmp_path):
+    """The recipe builds a P-EAGLE head (float32, the tokenizer's placeholder token); one loss of the trainer is the
+    unrolled placeholder steps' CE weighted max(0.7**j, 0.2), and its gradient reaches mask_hidden."""
+    import transformers
+
+    from draftsmith.inference.drafters.peagle import PEagleHead
+    from draftsmith.trainers.eagle import EagleTrainer, build_eagle_head
+
+    target = random_model("llama", seed=0, layers=4)
+    config = EagleConfig(variant="peagle", data_mode="fixed", draft_vocab_size=64, ttt_steps=5, draft_length=5)
+    assert config.step_weights(5) == pytest.approx([1.0, 0.7, 0.49, 0.343, 0.2401])
+    assert config.step_weights(7)[-1] == 0.2 and config.proposer_settings()["tree"] == "chain"
+    module = build_eagle_head({"target": target}, config, train_dataset=[{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}],
+                              tokenizer=tokenizer)
+    assert isinstance(module.head, PEagleHead) and module.head.mask_token_id == tokenizer.pad_token_id
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no",
+                                          disable_tqdm=True)
+    trainer = EagleTrainer(model=module, teacher_model=target, args=args, processing_class=tokenizer,
+                           method_config=config)
+    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[:, :3] = -100
+    loss, _ = trainer.loss_sum(module, {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)})
+    loss.backward()
+    assert torch.isfinite(loss) and module.head.mask_hidden.grad.abs().sum() > 0
+
+
+def test_peagle_draft_length_is_capped_by_its_trained_depths():
+    with pytest.raises(ConfigError, match="P-EAGLE drafts at most its trained depths"):
+        EagleConfig(variant="peagle", ttt_steps=3, draft_length=5)
