@@ -62,3 +62,18 @@ def test_medusa_drafts_at_most_its_heads_and_draftsmith_drafts_the_same_chain(tm
     assert "lm_head.weight" in load_file(str(tmp_path / "medusa" / "model.safetensors"))
     with pytest.raises(ConfigError, match="at most 3"):
         medusa(EngineSetup("medusa", 4, tmp_path, target, artefact_dir=art, manifest={}))
+
+
+def test_a_peagle_head_runs_as_eagle3_with_parallel_drafting_and_its_placeholder(tmp_path):
+    from draftsmith.inference.drafters.peagle import PEagleHead
+
+    target = random_model("llama", seed=0, layers=4)
+    d2t, t2d = draft_vocab(torch.arange(128).flip(0), 80)
+    art = _artefact(tmp_path / "art", PEagleHead.for_target(target, d2t, t2d, None, mask_token_id=5))
+    m = eagle(EngineSetup("eagle", 4, tmp_path / "x", target, artefact_dir=art))
+    assert m.speculative_config == {"method": "eagle3", "model": str(tmp_path / "x" / "eagle3"),
+                                    "num_speculative_tokens": 4, "parallel_drafting": True}
+    config = json.loads((tmp_path / "x" / "eagle3" / "config.json").read_text())
+    assert config["mask_token_id"] == 5 and "mask_hidden" in load_file(str(tmp_path / "x" / "eagle3" /
+                                                                           "model.safetensors"))
+    assert m.draftsmith_options == {"tree": "chain", "draft_length": 4}
