@@ -24,6 +24,7 @@ RUNS = {  # id -> (recipe, settings beyond its <recipe>_test.yaml)
     "medusa2": ("medusa", ["variant=medusa2"]),
     "eagle1": ("eagle", ["variant=eagle1"]),
     "eagle3": ("eagle", ["variant=eagle3"]),
+    "peagle": ("eagle", ["variant=peagle", "ttt_steps=3", "draft_length=3"]),
     "layerskip": ("layerskip", []),
     "bita": ("bita", []),
     "cllm": ("cllm", []),
