@@ -159,9 +159,7 @@ def count(method: str, target_config, draft_config=None) -> Counts:
     if method == "medusa" or method == "medusa2":
         from draftsmith.trainers.medusa import MedusaConfig
 
-        c = MedusaConfig()
-        if c.shared_lm_head:  # the heads score through the target's frozen LM head
-            trained -= sum(p.numel() for n, p in module.named_parameters() if "lm_head" in n)
+        c = MedusaConfig()  # shared heads own no LM head (they score through the target's frozen one)
         if method == "medusa2":  # a frozen copy of the target under the adapter, the adapter trains
             frozen, trained = 2 * frozen, trained + lora_parameters(target, c.lora_r)
     inner = draft_config if method == "distillspec" else target_config
