@@ -233,6 +233,15 @@ def _builtin() -> dict[str, MethodSpec]:
                                        for fmt in ("eagle3", "vllm-eagle", "sglang-eagle", "speculators")},
                        engine_configs={"vllm": f"{engines}:eagle"},
                        eval_options=EAGLE_OPTIONS),
+            MethodSpec(name="dflash", summary="a block-diffusion draft that fills a block of mask tokens in one forward "
+                       "from the target's hidden states (DFlash, Chen et al. 2026)",
+                       proposer=f"{inference}:dflash_proposer", artefact_kind="heads",
+                       config="draftsmith.trainers.dflash:DFlashConfig",
+                       trainer="draftsmith.trainers.dflash:DFlashTrainer",
+                       trainable="draftsmith.trainers.dflash:build_dflash",
+                       export_formats={"vllm-dflash": "draftsmith.inference.artefacts.dflash:export_dflash_artefact"},
+                       engine_configs={"vllm": f"{engines}:dflash"},
+                       eval_options=(DRAFT_LENGTH.default_to(0),)),
             MethodSpec(name="bita", summary="prompt and mask tokens tuned on the frozen target, which drafts and verifies "
                        "in one forward (BiTA, Lin et al. 2024); without an artefact: untrained embeddings",
                        proposer=f"{inference}:bita_proposer", artefact_kind="embeddings",

@@ -319,6 +319,19 @@ def eagle_proposer(ctx: ProposerContext):
                          temperatures=(tree_calibration(ctx) or {}).get("temperatures"))
 
 
+def dflash_proposer(ctx: ProposerContext):
+    """A DFlash draft from a ``heads`` artefact: each step one draft forward fills the block's ``draft_length`` masks
+    (0: all of them, ``block_size - 1``), verified as a chain."""
+    from draftsmith.inference.artefacts.dflash import load_dflash_draft
+    from draftsmith.inference.proposers.dflash import DFlashProposer
+
+    if ctx.artefact_dir is None:
+        raise ConfigError("dflash runs from its trained draft: pass --artefact DIR (from recipes/dflash.py)")
+    target = ctx.target_model
+    draft = load_dflash_draft(ctx.artefact_dir, target).to(target.device, target.dtype)
+    length = int(ctx.option("draft_length") or 0)
+    return DFlashProposer(draft, target.get_input_embeddings(), target.get_output_embeddings(), length=length or None)
+
 
 def bita_proposer(ctx: ProposerContext):
     """BiTA's mask tokens from an ``embeddings`` artefact; without one (``--method bita``), embeddings started from the

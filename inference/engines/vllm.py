@@ -126,4 +126,19 @@ def medusa(setup: EngineSetup) -> EngineMethod:
     return EngineMethod(config, {"tree": str(chain), "acceptance": "exact"}, served_model=served)
 
 
-__all__ = ["EngineMethod", "EngineSetup", "draft_model", "eagle", "medusa", "ngram"]
+def dflash(setup: EngineSetup) -> EngineMethod:
+    """A DFlash draft (``vllm-dflash`` export, method ``dflash``): the block's first ``num_speculative_tokens``
+    masks, at most ``block_size - 1``."""
+    from draftsmith.inference.artefacts.dflash import export_dflash, load_dflash_draft
+
+    draft = load_dflash_draft(_need_artefact(setup, "dflash"), setup.target_model)
+    k = setup.length or int(setup.option("draft_length", 0)) or draft.block_size - 1
+    if k > draft.block_size - 1:
+        raise ConfigError(f"this DFlash draft fills blocks of {draft.block_size}: pass --draft-length "
+                          f"{draft.block_size - 1} or fewer")
+    out = export_dflash(draft, setup.target_model.config, "vllm-dflash", setup.export_dir / "dflash")
+    config = {"method": "dflash", "model": str(out), "num_speculative_tokens": k}
+    return EngineMethod(config, {"draft_length": k})
+
+
+__all__ = ["EngineMethod", "EngineSetup", "dflash", "draft_model", "eagle", "medusa", "ngram"]
