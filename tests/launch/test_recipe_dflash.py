@@ -1,0 +1,82 @@
+"""The DFlash recipe end to end on a tiny random target: a draft trained through the recipe runner (online features,
+then cached ones), the heads artefact, the artefact drafting token-identically to AR, and the command-line export
+read back to the same draft."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftsmith.data.tiny_models import random_model
+from draftsmith.inference.core.adapter import ModelAdapter
+from draftsmith.inference.core.generate import GenerationConfig, generate
+from draftsmith.inference.methods import load_artefact
+from draftsmith.launch.recipe import run_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "recipes" / "configs" / "dflash_test.yaml"
+
+
+def _target(pair, tmp_path, layers: int = 4) -> Path:
+    """The pair's tokenizer beside a random llama target of ``layers`` layers (seed 0)."""
+    import shutil
+
+    out = tmp_path / f"target{layers}"
+    random_model("llama", seed=0, layers=layers).save_pretrained(out)
+    for f in pair["target"].iterdir():
+        if "token" in f.name or f.name.endswith(".jinja"):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def test_recipe_trains_a_draft_writes_the_artefact_and_decodes_identically(tiny_pair, tmp_path):
+    torch.set_num_threads(1)
+    target_dir = _target(tiny_pair, tmp_path)
+    result = run_recipe("dflash", ["--config", str(CONFIG), "draft_layers=2", "--target", str(target_dir),
+                                   "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(tmp_path / "run")])
+    artefact, manifest = result.artefact, result.manifest
+    assert manifest["kind"] == "heads" and manifest["method"] == "dflash"
+    config = json.loads((artefact / "heads_config.json").read_text())
+    assert config["method"] == "dflash" and config["layers"] == [1, 3] and config["block_size"] == 4
+    assert {"slot1_top1", "slot3_top1", "block_tau"} <= manifest["metrics"].keys()
+    assert 1.0 <= manifest["training"]["predicted_tau"] <= 4.0
+    assert manifest["proposer"]["draft_length"] == 3
+    target = random_model("llama", seed=0, layers=4)  # the recipe's target (same seed)
+    adapter = ModelAdapter(target)
+    for length in (None, 2):
+        proposer, _ = load_artefact(result.artefact, target, None, draft_length=length)
+        assert proposer.length == (length or 3)
+        for seed in range(2):
+            prompt = torch.randint(3, 100, (12,), generator=torch.Generator().manual_seed(seed))
+            ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=20))
+            assert generate(adapter, prompt, GenerationConfig(max_new_tokens=20), proposer).output_ids == ar.output_ids
+    from draftsmith.inference.artefacts.dflash import load_dflash_draft, read_dflash_export
+    from draftsmith.launch.cli import main
+
+    export = tmp_path / "export"
+    assert main(["export", "--artefact", str(artefact), "--format", "vllm-dflash", "--out", str(export),
+                 "--target", str(target_dir)]) == 0
+    back, draft = read_dflash_export(export, target), load_dflash_draft(artefact, target)
+    assert all(torch.equal(v, back.state_dict()[k]) for k, v in draft.state_dict().items())
+
+
+def test_offline_and_online_features_train_to_the_same_loss_curve(tiny_pair, tmp_path, offline_matches_online):
+    """The same rows (data_mode=fixed), the same seed: features from the cache or from the target in every step
+    (conftest's ``offline_matches_online``)."""
+    torch.set_num_threads(1)
+    target = _target(tiny_pair, tmp_path)
+    offline_matches_online("dflash", lambda out: [
+        "--config", str(CONFIG), "data_mode=fixed", "--target", str(target), "--dataset", str(tiny_pair["dataset"]),
+        "--output_dir", str(out)])
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("dflash*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_dflash_config_parses(path, tmp_path):
+    from draftsmith.launch.recipe_args import parse_recipe_args
+    from draftsmith.trainers.dflash import DFlashConfig
+
+    recipe, dflash, targs = parse_recipe_args(DFlashConfig, ["--config", str(path), "--output_dir", str(tmp_path)])
+    assert recipe.config == str(path) and targs.max_steps > 0 and dflash.block_size >= 2
