@@ -77,3 +77,21 @@ def test_a_peagle_head_runs_as_eagle3_with_parallel_drafting_and_its_placeholder
     assert config["mask_token_id"] == 5 and "mask_hidden" in load_file(str(tmp_path / "x" / "eagle3" /
                                                                            "model.safetensors"))
     assert m.draftsmith_options == {"tree": "chain", "draft_length": 4}
+
+
+def test_a_dflash_draft_runs_as_dflash_with_its_block_and_layer_ids(tmp_path):
+    from draftsmith.inference.drafters.dflash import DFlashDraft
+    from draftsmith.inference.engines.vllm import dflash
+
+    target = random_model("llama", seed=0, layers=4)
+    art = _artefact(tmp_path / "art", DFlashDraft.for_target(target, 2, block_size=6, mask_token_id=5))
+    m = dflash(EngineSetup("dflash", None, tmp_path / "x", target, artefact_dir=art))
+    assert m.speculative_config == {"method": "dflash", "model": str(tmp_path / "x" / "dflash"),
+                                    "num_speculative_tokens": 5}  # the whole block's masks by default
+    assert m.draftsmith_options == {"draft_length": 5}
+    config = json.loads((tmp_path / "x" / "dflash" / "config.json").read_text())
+    assert config["dflash_config"] == {"mask_token_id": 5, "target_layer_ids": [0, 2]}
+    assert dflash(EngineSetup("dflash", 3, tmp_path / "y", target, artefact_dir=art)).draftsmith_options == \
+        {"draft_length": 3}
+    with pytest.raises(ConfigError, match="blocks of 6"):
+        dflash(EngineSetup("dflash", 6, tmp_path / "z", target, artefact_dir=art))

@@ -5,7 +5,8 @@ an export loads in the engine, drafts the tokens draftsmith's loop drafts, and c
 - an EAGLE-3 head on a 4-layer target (the layer ids vLLM would otherwise guess wrong), untrained but perturbed,
   in the eagle3 layout and in speculators' layout: it loads and runs, answers identical, and vLLM's acceptance by
   position within 0.03 of draftsmith's;
-- a P-EAGLE head likewise, served with vLLM's parallel drafting.
+- a P-EAGLE head likewise, served with vLLM's parallel drafting;
+- a DFlash draft trained briefly, served as vLLM's dflash.
 """
 
 from __future__ import annotations
@@ -70,4 +71,20 @@ def test_an_eagle3_head_of_a_shallow_target_loads_and_drafts_as_in_draftsmith(la
     report = _eval("--artefact", str(artefact), "--target", str(zoo / "target"), "--engine-python", vllm_python,
                    "--engine-export", "auto" if layout == "peagle" else layout, out=tmp_path / "eagle3" / "report.json")
     assert report["engine_method"] == "eagle3" and report["summary"]["identical_to_engine_ar"] == 1.0
+    assert report["parity"]["max_abs_difference"] <= 0.03
+
+
+def test_a_dflash_draft_loads_and_drafts_as_in_draftsmith(vllm_python, tmp_path):
+    """A DFlash draft trained briefly on the tiny zoo (so that it accepts something), served as vLLM's ``dflash``:
+    answers identical, acceptance by position within 0.03 of draftsmith's."""
+    from draftsmith.launch.recipe import run_recipe
+    from draftsmith.trainers.zoo import ensure_zoo
+
+    zoo = ensure_zoo("tiny")
+    result = run_recipe("dflash", ["--output_dir", str(tmp_path / "run"), "max_steps=30", "eval_strategy=no",
+                                   "save_strategy=no", "evaluate=false", "block_size=5", "draft_layers=1",
+                                   "disable_tqdm=true"])
+    report = _eval("--artefact", str(result.artefact), "--target", str(zoo / "target"), "--engine-python", vllm_python,
+                   out=tmp_path / "dflash" / "report.json")
+    assert report["engine_method"] == "dflash" and report["summary"]["identical_to_engine_ar"] == 1.0
     assert report["parity"]["max_abs_difference"] <= 0.03

@@ -1,0 +1,90 @@
+"""DFlash's training pieces: the anchors, the blocks and their labels, the slot weights of eq. 4, the visibility, and the
+loss against a plain computation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from draftsmith.data.tiny_models import random_model
+from draftsmith.inference.drafters.dflash import block_visibility
+from draftsmith.trainers.dflash import DFlashConfig, block_inputs, build_dflash, sample_anchors
+
+IGNORE = -100
+
+
+def _labels() -> torch.Tensor:  # [2, 12]: answers at 5..11 and at 3..8 (then padding)
+    labels = torch.full((2, 12), IGNORE)
+    labels[0, 5:] = torch.arange(5, 12) + 10
+    labels[1, 3:9] = torch.arange(3, 9) + 10
+    return labels
+
+
+def test_anchors_are_distinct_ascending_answer_tokens_with_a_next_token():
+    labels = _labels()
+    anchors, valid = sample_anchors(labels, 4, 4, torch.Generator().manual_seed(0))
+    assert anchors.shape == valid.shape == (2, 4) and valid.all()
+    for row in range(2):
+        a = anchors[row].tolist()
+        assert a == sorted(set(a)) and all(labels[row, i] != IGNORE and i <= 10 for i in a)
+    anchors, valid = sample_anchors(labels, 9, 4, torch.Generator().manual_seed(0))
+    assert valid.sum(1).tolist() == [6, 6]  # 5..10 and 3..8: fewer candidates than asked, the rest invalid
+    again = sample_anchors(labels, 9, 4, torch.Generator().manual_seed(0))
+    assert torch.equal(again[0], anchors)  # a seeded draw repeats (evaluation)
+
+
+def test_blocks_hold_the_anchor_then_masks_and_label_the_same_positions():
+    ids = torch.arange(12).repeat(2, 1) + 10
+    labels = _labels()
+    anchors, valid = torch.tensor([[5, 10], [7, 0]]), torch.tensor([[True, True], [True, False]])
+    block_ids, positions, targets = block_inputs(ids, labels, anchors, valid, 4, 99)
+    assert block_ids[0, 0].tolist() == [15, 99, 99, 99] and positions[0, 0].tolist() == [5, 6, 7, 8]
+    assert targets[0, 0].tolist() == [IGNORE, 16, 17, 18]  # slot k labels x_{a+k}; the anchor slot is no draft
+    assert targets[0, 1].tolist() == [IGNORE, 21, IGNORE, IGNORE]  # past the sequence
+    assert targets[1, 0].tolist() == [IGNORE, 18, IGNORE, IGNORE]  # past the answer
+    assert (targets[1, 1] == IGNORE).all()  # an invalid block trains nothing
+
+
+def test_a_block_sees_the_context_before_its_anchor_and_its_own_block_only():
+    vis = block_visibility(torch.tensor([[2, 4]]), torch.tensor([[True, False]]), 6, 3)[0]  # [6, 6 + 6]
+    assert vis[0, :6].tolist() == [True, True, False, False, False, False]  # s < a: not the anchor itself
+    assert vis[0, 6:].tolist() == [True, True, True, False, False, False]  # its own block, bidirectional
+    assert not vis[3:, :6].any() and vis[3:, 9:].all() and not vis[3:, 6:9].any()  # invalid: own block only
+
+
+def test_slot_weights_are_the_papers_decay():
+    cfg = DFlashConfig(block_size=8, loss_gamma=4.0)
+    assert cfg.slot_weights() == pytest.approx([math.exp(-(k - 1) / 4) for k in range(1, 8)])
+    assert DFlashConfig(block_size=4, loss_gamma=0).slot_weights() == [1.0, 1.0, 1.0]
+    with pytest.raises(Exception, match="draft_length=8"):
+        DFlashConfig(block_size=8, draft_length=8)
+
+
+def test_the_loss_is_the_weighted_cross_entropy_of_the_slots(tmp_path):
+    """DFlashTrainer.loss_sum against cross-entropy computed plainly from the same block states."""
+    from transformers import TrainingArguments
+
+    from draftsmith.trainers.dflash import DFlashTrainer
+
+    torch.manual_seed(0)
+    target = random_model("llama", seed=0, layers=4)
+    cfg = DFlashConfig(block_size=4, anchors=3, data_mode="fixed", draft_layers=1)
+    module = build_dflash({"target": target}, cfg)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    trainer = DFlashTrainer(module, target, cfg, args=args)
+    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(1))
+    labels = torch.where(_labels() != IGNORE, ids, IGNORE)
+    inputs = trainer.prepare_training_batch(module, {"input_ids": ids, "labels": labels,
+                                                     "attention_mask": torch.ones_like(ids)})
+    total, _ = trainer.loss_sum(module, inputs)
+    with torch.no_grad():
+        states = trainer._block_states(module, inputs)
+        logits = target.get_output_embeddings()(states).float()  # [B, N, 4, V]
+        targets = inputs["block_targets"]
+        plain = sum(w * torch.nn.functional.cross_entropy(logits[:, :, k].flatten(0, 1), targets[:, :, k].flatten(),
+                                                          ignore_index=IGNORE, reduction="sum")
+                    for k, w in enumerate(cfg.slot_weights(), start=1))
+    assert float(total.detach()) == pytest.approx(float(plain), rel=1e-5)
+    assert int(trainer.count_loss_tokens(inputs)) == int((targets != IGNORE).sum()) > 0
