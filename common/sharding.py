@@ -58,6 +58,16 @@ def full_tensor(param: torch.Tensor) -> torch.Tensor:
     return param.detach()
 
 
+def _no_init() -> contextlib.AbstractContextManager:
+    """transformers' switch that skips the random initialisation of a model built from its config (a no-op where this
+    transformers has none)."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        return contextlib.nullcontext()
+    return no_init_weights()
+
+
 def whole_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A deep copy of ``model`` whose parameters are plain and whole: a model ZeRO-3 partitions (loaded under its
     ``zero.Init``) cannot be deep-copied, so its weights are gathered (a collective: every process calls this) into a
@@ -67,7 +77,8 @@ def whole_copy(model: torch.nn.Module) -> torch.nn.Module:
         return copy.deepcopy(model)
     with whole(params):
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    fresh = type(model)(copy.deepcopy(model.config))  # a plain construction: no zero.Init outside from_pretrained
+    with _no_init():  # every weight is loaded next: no random initialisation to pay for
+        fresh = type(model)(copy.deepcopy(model.config))  # a plain construction: no zero.Init outside from_pretrained
     fresh.load_state_dict(state)
     return fresh.to(params[0].dtype).train(model.training)
 

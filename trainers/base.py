@@ -151,12 +151,25 @@ class FrozenTargetTrainer(transformers.Trainer):
         cover the generated tokens. Pass the trained module (inside :meth:`generation_model`) for on-policy data."""
         prompts = split_prompts(inputs["input_ids"], inputs["labels"], inputs["attention_mask"], prompt_tokens)
         own = generator is None
-        completions = sample_completions(self.teacher_module if own else generator, prompts,
-                                         max_new_tokens=max_new_tokens, pad_token_id=self.pad_token_id,
+        model, synced = (self.teacher_module, False) if own else (generator, self.sharded())
+        if own and self._zero_stage() == 3:  # gathered once for the batch, not layer by layer for every token
+            model = self.whole_target()
+        completions = sample_completions(model, prompts, max_new_tokens=max_new_tokens, pad_token_id=self.pad_token_id,
                                          eos_ids=self.eos_token_ids, temperature=temperature, top_p=top_p,
-                                         synced_gpus=self._zero_stage() == 3 if own else self.sharded())
+                                         synced_gpus=synced)
+        del model
         batch = self.data_collator(sequences_from_generations(prompts, completions))
         return {k: v.to(inputs["input_ids"].device) for k, v in batch.items()}
+
+    def whole_target(self):
+        """The frozen target as a plain, whole model on the training device: under ZeRO-3 a copy gathered in one
+        collective (every process calls this), which generates a batch with no further communication — the engine's
+        hooks would gather every layer again for every generated token, all processes in lockstep. It holds the whole
+        target on each process while the batch is generated (the peak of a ZeRO-3 run that generates its data; give
+        the answers in the dataset, ``data_mode=fixed``, where that does not fit)."""
+        from draftsmith.common.sharding import whole_copy
+
+        return whole_copy(self.teacher_module).to(self.args.device).eval().requires_grad_(False)
 
     def answers_batch(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``inputs`` with the target's own answers when the method config (a

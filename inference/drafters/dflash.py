@@ -44,7 +44,7 @@ def dflash_layers(num_target_layers: int, num_draft_layers: int) -> tuple[int, .
         raise ConfigError(f"DFlash reads target layers below the last one: a target of {n_target} layers and "
                           f"{n} draft layers leaves none")
     if n == 1:
-        return (n_target // 2 + 1,)
+        return (min(n_target // 2 + 1, n_target - 1),)
     lo, hi = 1, n_target - 3
     if hi - lo + 1 < n:
         lo, hi = 0, n_target - 2

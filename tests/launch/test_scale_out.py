@@ -21,7 +21,7 @@ from tiny_pair import write_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-RECIPES = ("distillspec", "medusa", "medusa2", "eagle", "eagle3", "layerskip", "cllm")
+RECIPES = ("distillspec", "medusa", "medusa2", "eagle", "eagle3", "dflash", "layerskip", "cllm")
 VARIANTS = {"eagle3": ("eagle", ["--variant", "eagle3", "ttt_steps=3", "draft_vocab_size=64"]),  # on a 4-layer target
             "medusa2": ("medusa", ["variant=medusa2"])}
 TIMEOUT = 1500  # seconds per launch: a rank left waiting on a collective ends here, not in CI's limit

@@ -74,3 +74,38 @@ def test_a_checkpoint_at_the_last_step_is_finished(tmp_path, step, max_steps, pl
     assert finished_checkpoint(str(tmp_path), max_steps) is finished
     assert finished_checkpoint(None, max_steps) is False
     assert finished_checkpoint(str(tmp_path / "absent"), max_steps) is False
+
+
+def test_under_zero3_the_target_generates_a_batch_from_one_whole_copy(pair, tokenizer, tmp_path, monkeypatch):
+    """Target-generated data under ZeRO-3: the target is gathered into one plain copy per batch (one collective),
+    which generates without ``synced_gpus`` — not the engine's layer-by-layer gathers for every generated token."""
+    import copy
+
+    import transformers
+
+    import draftsmith.common.sharding as sharding
+    import draftsmith.trainers.base as base
+    from draftsmith.trainers.distillspec import DistillSpecConfig, DistillSpecTrainer
+
+    class Zero3(DistillSpecTrainer):  # ZeRO-3's placement, without DeepSpeed
+        def _zero_stage(self) -> int:
+            return 3
+
+        def _place_teacher(self, teacher):
+            return teacher
+
+    target, draft = copy.deepcopy(pair[0]), copy.deepcopy(pair[1])
+    copies, calls = [], []
+    real_copy, real_sample = sharding.whole_copy, base.sample_completions
+    monkeypatch.setattr(sharding, "whole_copy", lambda m: copies.append(real_copy(m)) or copies[-1])
+    monkeypatch.setattr(base, "sample_completions",
+                        lambda model, *a, **k: calls.append((model, k["synced_gpus"])) or real_sample(model, *a, **k))
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    trainer = Zero3(model=draft, teacher_model=target, method_config=DistillSpecConfig(), args=args,
+                    processing_class=tokenizer)
+    rows = trainer.data_collator(_variable_length_rows(tokenizer)[:2])
+    with torch.no_grad():
+        for _ in range(2):
+            trainer.generated_batch(rows, max_new_tokens=4, prompt_tokens=8)
+    assert len(copies) == 2 and [c for c, _ in calls] == copies  # one gathered copy per batch, which generates
+    assert all(not synced for _, synced in calls) and all(c is not target for c in copies)

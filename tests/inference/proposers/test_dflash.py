@@ -36,6 +36,7 @@ def _proposer(target, draft, length=None) -> DFlashProposer:
 def test_target_layers_follow_the_reference_and_stay_distinct_on_shallow_targets():
     assert dflash_layers(36, 5) == (2, 10, 18, 26, 34)  # the reference's [1, 9, 17, 25, 33] layer outputs, +1
     assert dflash_layers(36, 1) == (19,)
+    assert dflash_layers(2, 1) == (1,)  # never the last layer's (final-normed) output
     assert dflash_layers(4, 2) == (1, 3)  # 1 .. L-3 holds one layer: spread over the outputs 0 .. L-2
     assert dflash_layers(30, 3) == (2, 15, 28)
     with pytest.raises(Exception, match="lower draft_layers"):
