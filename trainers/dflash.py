@@ -129,7 +129,7 @@ def build_dflash(models: dict, config: DFlashConfig, tokenizer=None) -> DFlashTr
     return DFlashTraining(draft).float()
 
 
-def sample_anchors(labels: torch.Tensor, count: int, block: int,
+def sample_anchors(labels: torch.Tensor, count: int,
                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Up to ``count`` distinct anchors per row of ``labels`` ``[B, T]``, ascending: positions ``a >= 1`` whose own
     token is an answer token and whose next one exists -> ``(anchors [B, N], valid [B, N])``, ``N = min(count, T)``
@@ -192,7 +192,7 @@ class DFlashTrainer(EagleTrainer):
         slots read the same ones)."""
         inputs = super().prepare_training_batch(model, inputs)
         cfg = self.method_config
-        anchors, valid = sample_anchors(inputs["labels"], int(cfg.anchors), int(cfg.block_size), generator)
+        anchors, valid = sample_anchors(inputs["labels"], int(cfg.anchors), generator)
         ids, positions, targets = block_inputs(inputs["input_ids"], inputs["labels"], anchors, valid,
                                                int(cfg.block_size), self._draft(model).mask_token_id)
         return inputs | {"block_anchors": anchors, "block_valid": valid, "block_ids": ids, "block_positions": positions,

@@ -29,6 +29,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMS
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import cache_keyword
+from draftsmith.inference.core.masks import additive_mask
 from draftsmith.inference.drafters.eagle import GrowingCache
 
 DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
@@ -152,8 +153,6 @@ class DFlashDraft(nn.Module):
         ``[B, Q, H]`` (the LM head's input). ``caches``: one multi-layer cache holding the context keys (the proposer's
         :class:`~draftsmith.inference.core.kv_cache.KVCache`, which the block's own keys are appended to), or per layer
         the context's ``(keys, values)`` (training). ``visible`` ``[Q, S + Q]`` or ``[B, Q, S + Q]`` bool."""
-        from draftsmith.inference.core.masks import additive_mask
-
         hidden = embeds
         mask = additive_mask(visible.to(hidden.device), hidden.dtype)
         rope = self.rotary(hidden, position_ids)
