@@ -129,12 +129,13 @@ DRAFT_VOCAB = EvalOption("draft_vocab", str, "auto", choices=("auto", "full"),
                               "has one (a cheaper LM head), full = the whole vocabulary")
 TREE = EvalOption("tree", str, metavar="SHAPE",
                   help="the draft's shape: medusa auto (grown from the heads' measured accuracies), chain or a JSON file "
-                       "of choice paths; eagle chain or dynamic (EAGLE-2); pld chain (one chain voted from the earlier "
-                       "occurrences) or dynamic (their candidates as a token tree, at most --pld-tokens nodes); bita "
-                       "chain or triangle (the upper-triangle tree)")
+                       "of choice paths; eagle chain or dynamic (EAGLE-2; a P-EAGLE head: chain, auto or a JSON file, "
+                       "a static tree over its block as medusa's); dflash chain, auto or a JSON file (likewise); pld "
+                       "chain (one chain voted from the earlier occurrences) or dynamic (their candidates as a token "
+                       "tree, at most --pld-tokens nodes); bita chain or triangle (the upper-triangle tree)")
 TREE_NODES = EvalOption("tree_nodes", str, metavar="N|auto",
-                        help="nodes of medusa's auto tree or the dynamic tree's total tokens (eagle); auto = sized on "
-                             "this target's measured verification cost")
+                        help="nodes of the auto tree of medusa, P-EAGLE or DFlash, or the dynamic tree's total tokens "
+                             "(eagle); auto = sized on this target's measured verification cost")
 TREE_TOP_K = EvalOption("tree_top_k", int, metavar="K",
                         help="nodes expanded per level and children per node (eagle --tree dynamic), or candidates per "
                              "mask position (bita)")

@@ -241,7 +241,8 @@ def _builtin() -> dict[str, MethodSpec]:
                        trainable="draftsmith.trainers.dflash:build_dflash",
                        export_formats={"vllm-dflash": "draftsmith.inference.artefacts.dflash:export_dflash_artefact"},
                        engine_configs={"vllm": f"{engines}:dflash"},
-                       eval_options=(DRAFT_LENGTH.default_to(0),)),
+                       eval_options=(DRAFT_LENGTH.default_to(0), TREE.default_to("chain"), TREE_NODES.default_to(32),
+                                     TREE_CALIBRATION)),
             MethodSpec(name="bita", summary="prompt and mask tokens tuned on the frozen target, which drafts and verifies "
                        "in one forward (BiTA, Lin et al. 2024); without an artefact: untrained embeddings",
                        proposer=f"{inference}:bita_proposer", artefact_kind="embeddings",

@@ -213,8 +213,9 @@ def tree_calibration(ctx: ProposerContext) -> dict | None:
     return ((ctx.manifest or {}).get("proposer") or {}).get("tree_calibration")
 
 
-def medusa_tree(ctx: ProposerContext, heads: int):
-    """The static tree of a Medusa artefact: ``--tree chain`` (top-1 of each head), a JSON file of choice paths,
+def static_tree(ctx: ProposerContext, heads: int):
+    """The static tree of a Medusa artefact, or of a block drafter (P-EAGLE, DFlash: block slot ``d`` plays head ``d``'s
+    part): ``--tree chain`` (top-1 of each head), a JSON file of choice paths,
     or ``auto`` (default): the top-1 chain through every head, then grown greedily from the heads' top-k accuracies
     — conditional ones measured in the decode loop on held-out prompts when the artefact is calibrated
     (:func:`tree_calibration`), else those the trainer measured per head on held-out data (the manifest's
@@ -283,13 +284,14 @@ def medusa_proposer(ctx: ProposerContext):
     if acceptance == "typical":
         delta = ctx.option("typical_delta")  # None: sqrt(epsilon)
         typical = (float(ctx.option("typical_epsilon")), None if delta is None else float(delta))
-    return MedusaProposer(heads, target.get_output_embeddings(), medusa_tree(ctx, heads.num_heads), typical=typical)
+    return MedusaProposer(heads, target.get_output_embeddings(), static_tree(ctx, heads.num_heads), typical=typical)
 
 
 def eagle_proposer(ctx: ProposerContext):
     """An EAGLE-1 or EAGLE-3 head from a ``heads`` artefact over the target's features, drafting EAGLE-2's dynamic tree
     (``tree_depth`` levels of ``tree_top_k``, ``tree_nodes`` kept; the default) or a chain of ``draft_length``; a
-    P-EAGLE head drafts its chain of ``draft_length`` in one forward."""
+    P-EAGLE head drafts its block of ``draft_length`` in one forward, as a chain or a static tree over the block's top-k
+    (:func:`static_tree`)."""
     from draftsmith.inference.artefacts.eagle import load_eagle_head
     from draftsmith.inference.drafters.peagle import PEagleHead
     from draftsmith.inference.proposers.eagle import TREES, EagleProposer
@@ -298,21 +300,26 @@ def eagle_proposer(ctx: ProposerContext):
     if ctx.artefact_dir is None:
         raise ConfigError("eagle runs from its trained head: pass --artefact DIR (from recipes/eagle.py)")
     tree = str(ctx.option("tree"))
+    target = ctx.target_model
+    head = load_eagle_head(ctx.artefact_dir, target)
+    head.to(target.device)
+    if isinstance(head, PEagleHead):  # P-EAGLE: the block from one head forward per step, a chain or a static tree
+        if tree == "dynamic":
+            raise ConfigError("--tree dynamic: P-EAGLE drafts its block as a chain or a static tree over the block's "
+                              "top-k (--tree chain|auto|FILE.json)")
+        length = int(ctx.option("draft_length"))
+        shape = None if tree == "chain" else static_tree(ctx, length)
+        return PEagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(), length=length,
+                              tree=shape)
     if tree not in TREES:
         raise ConfigError(f"--tree {tree}: EAGLE drafts a chain or EAGLE-2's dynamic tree (--tree chain|dynamic)")
-    target = ctx.target_model
     total = str(ctx.option("tree_nodes"))
     if total != "auto" and (not total.isdigit() or int(total) < 1):
         raise ConfigError(f"--tree-nodes {total}: EAGLE's dynamic tree keeps a number of tokens (e.g. 32) or auto")
-    head = load_eagle_head(ctx.artefact_dir, target)
-    head.to(target.device)
     cost = None
     if total == "auto":  # sized per step on the measured verification cost, up to AUTO_TREE_TOKENS
         total = AUTO_TREE_TOKENS
         cost = tree_verify_cost(target, total) if tree == "dynamic" else None
-    if isinstance(head, PEagleHead):  # P-EAGLE: the block, a chain, from one head forward per step
-        return PEagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(),
-                              length=int(ctx.option("draft_length")), tree=tree)
     return EagleProposer(head, target.get_input_embeddings(), target.get_output_embeddings(),
                          length=int(ctx.option("draft_length")), tree=tree, depth=int(ctx.option("tree_depth")),
                          top_k=int(ctx.option("tree_top_k")), total_tokens=int(total), verify_cost=cost,
@@ -321,7 +328,8 @@ def eagle_proposer(ctx: ProposerContext):
 
 def dflash_proposer(ctx: ProposerContext):
     """A DFlash draft from a ``heads`` artefact: each step one draft forward fills the block's ``draft_length`` masks
-    (0: all of them, ``block_size - 1``), verified as a chain."""
+    (0: all of them, ``block_size - 1``), verified as a chain (``--tree chain``, default) or as a static tree over the
+    slots' top-k (``--tree auto|FILE``, :func:`static_tree`)."""
     from draftsmith.inference.artefacts.dflash import load_dflash_draft
     from draftsmith.inference.proposers.dflash import DFlashProposer
 
@@ -329,8 +337,11 @@ def dflash_proposer(ctx: ProposerContext):
         raise ConfigError("dflash runs from its trained draft: pass --artefact DIR (from recipes/dflash.py)")
     target = ctx.target_model
     draft = load_dflash_draft(ctx.artefact_dir, target).to(target.device, target.dtype)
-    length = int(ctx.option("draft_length") or 0)
-    return DFlashProposer(draft, target.get_input_embeddings(), target.get_output_embeddings(), length=length or None)
+    length = int(ctx.option("draft_length") or 0) or draft.block_size - 1
+    tree = str(ctx.option("tree"))
+    shape = None if tree == "chain" else static_tree(ctx, length)
+    return DFlashProposer(draft, target.get_input_embeddings(), target.get_output_embeddings(), length=length,
+                          tree=shape)
 
 
 def bita_proposer(ctx: ProposerContext):

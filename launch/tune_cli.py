@@ -28,7 +28,7 @@ from draftsmith.launch.targets import add_placement_options
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 AR_PROMPTS = 8  # calibration prompts decoded plainly to time a plain step
-TREE_METHODS = ("medusa", "eagle")  # head drafters whose trees draftsmith tune calibrates
+TREE_METHODS = ("medusa", "eagle", "dflash")  # drafters whose trees draftsmith tune calibrates
 
 
 def add_parser(sub) -> None:
@@ -155,7 +155,7 @@ def calibrate_tree_artefact(artefact: Path, target_model, tokenizer, questions, 
     from draftsmith.inference.methods import load_artefact
 
     manifest = read_manifest(artefact) if manifest is None else manifest
-    depth = manifest["proposer"].get("tree_depth") or 5
+    depth = manifest["proposer"].get("tree_depth") or manifest["proposer"].get("draft_length") or 5
     options = {"tree": "chain", "draft_length": depth} if manifest["method"] == "eagle" else {"tree": "chain"}
     proposer, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, manifest=manifest, **options)
     depth = getattr(getattr(proposer, "tree", None), "max_depth", None) or depth  # Medusa: its number of heads

@@ -7,7 +7,9 @@ hidden states at them, which the loop hands over), appended at their positions. 
 the forward and cropped at once, so the cache always holds exactly the positions the target has processed, as vLLM's
 DFlash proposer keeps it. Greedy drafts are each mask slot's argmax; sampled drafts draw each slot from its own
 distribution and return it as ``q`` (one proposal per slot, none depending on the drafts before it), so the loop's
-rejection sampling keeps the target's distribution exactly."""
+rejection sampling keeps the target's distribution exactly. A static tree
+(:class:`~draftsmith.inference.core.trees.StaticTree`, as Medusa's: slot ``d`` plays head ``d``'s part) holds each
+slot's top-k candidates instead, deterministic nodes the loop's multi-branch verification keeps exact."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from draftsmith.common.errors import ConfigError
 from draftsmith.inference.core.kv_cache import KVCache
 from draftsmith.inference.core.proposer import StepFeedback
 from draftsmith.inference.core.sampling import SamplingParams, process_logits
+from draftsmith.inference.core.trees import StaticTree
 from draftsmith.inference.core.verify import Draft
 
 
@@ -27,12 +30,19 @@ class DFlashProposer:
     name = "dflash"
     lossless = True
 
-    def __init__(self, draft, embed: torch.nn.Module, lm_head: torch.nn.Module, length: int | None = None) -> None:
+    def __init__(self, draft, embed: torch.nn.Module, lm_head: torch.nn.Module, length: int | None = None,
+                 tree: StaticTree | None = None) -> None:
         length = draft.block_size - 1 if length is None else int(length)
         if not 1 <= length <= draft.block_size - 1:
             raise ConfigError(f"a DFlash draft of block size {draft.block_size} drafts 1 to {draft.block_size - 1} "
                               f"tokens per step, not {length}: pass --draft-length {draft.block_size - 1} or fewer")
-        self.draft, self.embed, self.lm_head, self.length = draft.eval(), embed, lm_head, length
+        if tree is not None and tree.max_depth > length:
+            raise ConfigError(f"the tree is {tree.max_depth} deep but the block drafts {length} tokens: use a "
+                              "shallower tree or a longer --draft-length")
+        self.draft, self.embed, self.lm_head, self.length, self.tree = draft.eval(), embed, lm_head, length, tree
+        if tree is not None:
+            self.name = "dflash (static tree)"
+        self.last_draft_logits: torch.Tensor | None = None  # [k, V] the block's logits per drafted slot
         self.hidden_layers = tuple(draft.hidden_layers)  # the target layers the loop hands over
         self._cache: KVCache | None = None
         self._true = 0  # context positions in the cache (= committed tokens - 1)
@@ -47,6 +57,9 @@ class DFlashProposer:
         return "block", {"block_size": self.draft.block_size, "draft_length": self.length,
                          "draft_forwards": s["draft_forwards"], "committed_tokens": s["committed"],
                          "draft_forwards_per_token": s["draft_forwards"] / max(1, s["committed"])}
+
+    def draft_index(self, tokens: torch.Tensor) -> torch.Tensor:  # [m] target ids: the draft's vocabulary too
+        return tokens
 
     def reset(self, prompt_ids: torch.Tensor) -> None:
         self._cache = KVCache(len(self.draft.layers), capacity=max(256, 2 * prompt_ids.numel()))
@@ -88,6 +101,9 @@ class DFlashProposer:
         self._cache.crop(self._true)
         self.stats["draft_forwards"] += 1
         logits = self.lm_head(states).float()  # [k, V]
+        self.last_draft_logits = logits
+        if self.tree is not None:  # each slot's top-k (deterministic nodes: exact under sampling too)
+            return self.tree.draft(logits.topk(self.tree.top_k, dim=-1).indices, max_depth=k)
         if sampling.greedy:
             return Draft.chain(logits.argmax(-1))
         q = torch.stack([process_logits(row, sampling) for row in logits])  # [k, V]

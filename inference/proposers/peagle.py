@@ -16,6 +16,7 @@ import torch
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.core.sampling import SamplingParams, process_logits
+from draftsmith.inference.core.trees import StaticTree
 from draftsmith.inference.core.verify import Draft
 from draftsmith.inference.proposers.eagle import EagleProposer
 
@@ -26,12 +27,17 @@ class PEagleProposer(EagleProposer):
 
     name = "p-eagle"
 
-    def __init__(self, head, embed: torch.nn.Module, lm_head: torch.nn.Module, length: int = 5, **kwargs) -> None:
-        tree = kwargs.pop("tree", "chain")
-        if tree != "chain":
-            raise ConfigError(f"--tree {tree}: P-EAGLE drafts its block as a chain (--tree chain)")
+    def __init__(self, head, embed: torch.nn.Module, lm_head: torch.nn.Module, length: int = 5,
+                 tree: StaticTree | str | None = None, **kwargs) -> None:
+        if isinstance(tree, str) and tree != "chain":
+            raise ConfigError(f"--tree {tree}: P-EAGLE drafts its block as a chain or a static tree over the block's "
+                              "top-k (--tree chain|auto|FILE.json)")
         super().__init__(head, embed, lm_head, length=length, tree="chain", **kwargs)
-        self.name = "p-eagle"
+        self.static = tree if isinstance(tree, StaticTree) else None
+        if self.static is not None and self.static.max_depth > self.length:
+            raise ConfigError(f"the tree is {self.static.max_depth} deep but the block drafts {self.length} tokens: "
+                              "use a shallower tree or a longer --draft-length")
+        self.name = "p-eagle" if self.static is None else "p-eagle (static tree)"
         self._block: torch.Tensor | None = None  # [K-1, H] the placeholders' outputs of the last feed
         self.forwards = 0  # head forwards run (the draft's cost per committed token)
 
@@ -68,6 +74,9 @@ class PEagleProposer(EagleProposer):
         states = torch.cat([self._feature[None], self._block])[:k]  # [k, H]
         logits = self.head.draft_logits(states, self.lm_head).float()  # [k, Vd]
         self.last_draft_logits = logits
+        if self.static is not None:  # the block's top-k per position (deterministic nodes: exact under sampling too)
+            candidates = self.head.to_target(logits.topk(self.static.top_k, dim=-1).indices)  # [k, top_k]
+            return self.static.draft(candidates, max_depth=k)
         if sampling.greedy:
             return Draft.chain(self.head.to_target(logits.argmax(-1)))
         q = torch.stack([process_logits(row, sampling) for row in logits])  # [k, Vd]

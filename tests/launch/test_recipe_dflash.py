@@ -46,9 +46,9 @@ def test_recipe_trains_a_draft_writes_the_artefact_and_decodes_identically(tiny_
     assert manifest["proposer"]["draft_length"] == 3
     target = random_model("llama", seed=0, layers=4)  # the recipe's target (same seed)
     adapter = ModelAdapter(target)
-    for length in (None, 2):
-        proposer, _ = load_artefact(result.artefact, target, None, draft_length=length)
-        assert proposer.length == (length or 3)
+    for length, tree in ((None, None), (2, None), (None, "auto")):
+        proposer, _ = load_artefact(result.artefact, target, None, draft_length=length, tree=tree, tree_nodes="8")
+        assert proposer.length == (length or 3) and (proposer.tree is None) == (tree is None)
         for seed in range(2):
             prompt = torch.randint(3, 100, (12,), generator=torch.Generator().manual_seed(seed))
             ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=20))

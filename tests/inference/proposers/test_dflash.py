@@ -155,3 +155,36 @@ def test_the_artefact_and_the_vllm_export_round_trip(tmp_path):
     back = read_dflash_export(out, target)
     feats = {i: torch.randn(1, 5, h) for i in (2, 4)}
     assert torch.allclose(back.context(feats), loaded.context(feats), atol=1e-6)
+
+
+def _tree(depth: int, nodes: int = 12):
+    from draftsmith.inference.core.trees import default_accuracy, greedy_choices, tree_from_choices
+
+    return tree_from_choices(greedy_choices(default_accuracy(depth), nodes, chain=depth))
+
+
+def test_a_static_tree_over_the_slots_top_k_is_token_identical():
+    target = random_model("llama", seed=0, layers=4)
+    adapter = ModelAdapter(target)
+    proposer = DFlashProposer(_draft(target), target.get_input_embeddings(), target.get_output_embeddings(),
+                              tree=_tree(3))
+    assert proposer.name == "dflash (static tree)"
+    for seed in range(2):
+        prompt = torch.randint(3, 100, (11,), generator=torch.Generator().manual_seed(seed))
+        ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=24))
+        out = generate(adapter, prompt, GenerationConfig(max_new_tokens=24), proposer)
+        assert out.output_ids == ar.output_ids
+    with pytest.raises(Exception, match="the tree is 3 deep but the block drafts 2"):
+        DFlashProposer(_draft(target), target.get_input_embeddings(), target.get_output_embeddings(), length=2,
+                       tree=_tree(3))
+
+
+@pytest.mark.slow
+def test_sampling_through_a_static_tree_keeps_the_target_distribution():
+    target = random_model("llama", seed=0, layers=4, vocab_size=24)
+    draft = _draft(target, layers=1, block=4)
+    res = check_distribution(target, lambda: DFlashProposer(draft, target.get_input_embeddings(),
+                                                            target.get_output_embeddings(), tree=_tree(3, 8)),
+                             [[1, 5, 7], [2, 9]], SamplingParams(temperature=1.0), num_samples=200, num_positions=3,
+                             seed=0)
+    assert res.passed, res.summary()

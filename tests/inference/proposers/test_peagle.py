@@ -86,7 +86,7 @@ def test_sampling_keeps_the_target_distribution():
 
 def test_a_tree_is_refused_in_one_line():
     target = random_model("llama", seed=0, layers=4)
-    with pytest.raises(Exception, match="P-EAGLE drafts its block as a chain"):
+    with pytest.raises(Exception, match="P-EAGLE drafts its block as a chain or a static tree"):
         PEagleProposer(_head(target), target.get_input_embeddings(), target.get_output_embeddings(), tree="dynamic")
 
 
@@ -124,3 +124,19 @@ def test_the_artefact_and_the_vllm_export_round_trip(tmp_path):
     assert torch.allclose(back.fuse(feats), loaded.fuse(feats), atol=1e-6)
     with pytest.raises(Exception, match="P-EAGLE head exports as --format eagle3"):
         export_eagle(loaded, target.config, "speculators", tmp_path / "spec")
+
+
+def test_a_static_tree_over_the_blocks_top_k_is_token_identical():
+    from draftsmith.inference.core.trees import default_accuracy, greedy_choices, tree_from_choices
+
+    target = random_model("llama", seed=0, layers=4)
+    adapter = ModelAdapter(target)
+    tree = tree_from_choices(greedy_choices(default_accuracy(4), 12, chain=4))
+    proposer = PEagleProposer(_head(target), target.get_input_embeddings(), target.get_output_embeddings(), length=4,
+                              tree=tree)
+    assert proposer.name == "p-eagle (static tree)"
+    for seed in range(2):
+        prompt = torch.randint(3, 100, (11,), generator=torch.Generator().manual_seed(seed))
+        ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=24))
+        out = generate(adapter, prompt, GenerationConfig(max_new_tokens=24), proposer)
+        assert out.output_ids == ar.output_ids
