@@ -38,15 +38,6 @@ def unpartitioned_loading(training_args) -> Iterator[None]:
         set_hf_deepspeed_config(config)
 
 
-def drafts_trees(artefact: Path) -> bool:
-    """Whether the artefact's drafter can draft a tree, whose scores the calibration fits (a P-EAGLE head drafts its
-    block as a chain only)."""
-    from draftsmith.common.io import read_json
-
-    config = read_json(artefact / "heads_config.json") if (artefact / "heads_config.json").is_file() else None
-    return not (isinstance(config, dict) and config.get("variant") == "peagle")
-
-
 def after_training(artefact: Path, spec: MethodSpec, recipe: RecipeArguments, training_args, target, tokenizer,
                    paths: dict[str, str], *, sharded: bool, load_target: Callable[[], Any]) -> dict[str, dict]:
     """Tune, calibrate and evaluate ``artefact`` as the recipe asks (main process only); returns the evaluation
@@ -55,7 +46,7 @@ def after_training(artefact: Path, spec: MethodSpec, recipe: RecipeArguments, tr
     from draftsmith.launch.tune_cli import TREE_METHODS, calibration_questions, summary_lines
 
     tune = recipe.tune and spec.artefact_kind == "draft_model"
-    calibrate = recipe.calibrate_tree and spec.name in TREE_METHODS and drafts_trees(artefact)
+    calibrate = recipe.calibrate_tree and spec.name in TREE_METHODS
     if not (tune or calibrate or recipe.evaluate):
         return {}
     with unpartitioned_loading(training_args):

@@ -81,7 +81,7 @@ class RecipeArguments:
                                                      "(`draftsmith tune`) and record them in the manifest."))
     tune_prompts: int = field(default=40, metadata=_help("With --tune or --calibrate_tree, calibration prompts (the "
                                                          "corpus' held-out split)."))
-    calibrate_tree: bool = field(default=True, metadata=_help("After training a Medusa or EAGLE artefact, measure its "
+    calibrate_tree: bool = field(default=True, metadata=_help("After training a Medusa, EAGLE or DFlash artefact, measure its "
                                                               "per-depth acceptance on held-out calibration prompts "
                                                               "and store it for its tree (`draftsmith tune`)."))
     evaluate: bool = field(default=False, metadata=_help("After training, run the evaluator (greedy, bundled dev "

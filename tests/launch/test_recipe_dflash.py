@@ -44,6 +44,8 @@ def test_recipe_trains_a_draft_writes_the_artefact_and_decodes_identically(tiny_
     assert {"slot1_top1", "slot3_top1", "block_tau"} <= manifest["metrics"].keys()
     assert 1.0 <= manifest["training"]["predicted_tau"] <= 4.0
     assert manifest["proposer"]["draft_length"] == 3
+    calibration = json.loads((artefact / "manifest.json").read_text())["proposer"]["tree_calibration"]
+    assert len(calibration["rank_accuracy"]) == 3  # the slots' conditional rank accuracies, which --tree auto grows from
     target = random_model("llama", seed=0, layers=4)  # the recipe's target (same seed)
     adapter = ModelAdapter(target)
     for length, tree in ((None, None), (2, None), (None, "auto")):
