@@ -24,7 +24,7 @@ from dataclasses import dataclass
 MODES = ("ddp", "zero2", "zero3", "zero3-offload", "fsdp2")
 TRAINED_BYTES = 16  # float32 weights + float32 gradients + AdamW's two float32 moments, per trained parameter
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-METHODS = ("distillspec", "medusa", "medusa2", "eagle", "eagle3", "layerskip", "cllm", "bita")
+METHODS = ("distillspec", "medusa", "medusa2", "eagle", "eagle3", "dflash", "layerskip", "cllm", "bita")
 _LLAMA3 = dict(num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=131072)
 PRESETS = {  # the published config.json shapes, for planning without the weights
     "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
@@ -119,6 +119,13 @@ def trained_module(method: str, target, draft=None):
             head = Eagle3Head(head_config(cfg), layer_cls, rotary_cls, type(adapter.final_norm),
                               aux_layers(shape["layers"]), d2t, t2d)
             return head, 1, 4, dv
+        if method == "dflash":
+            from draftsmith.inference.drafters.dflash import DFlashDraft
+            from draftsmith.trainers.dflash import DFlashConfig
+
+            c = DFlashConfig()
+            draft = DFlashDraft.for_target(target, c.draft_layers, block_size=c.block_size)
+            return draft, c.draft_layers, len(draft.hidden_layers), shape["vocab"]
         if method in ("layerskip", "cllm"):
             return meta_model(cfg), shape["layers"], 0, shape["vocab"]
         if method == "bita":
@@ -181,6 +188,10 @@ def count(method: str, target_config, draft_config=None) -> Counts:
         calls = -(-shape["layers"] // LayerSkipConfig().rotation) + 1
     if method == "cllm":  # the consistency loss and the AR loss
         calls = 2
+    if method == "dflash":  # one call per block slot (the anchor slot is no draft)
+        from draftsmith.trainers.dflash import DFlashConfig
+
+        calls = DFlashConfig().block_size - 1
     head_trained = method in ("distillspec", "eagle3", "layerskip", "cllm")
     return Counts(frozen=frozen, trained=trained, layer=layer, **shape, trained_layers=trained_layers,
                   trained_hidden=inner_shape["hidden"], trained_intermediate=inner_shape["intermediate"],

@@ -126,6 +126,13 @@ def build(args, method: str, target=None, draft=None, **training_kwargs):
             d2t, t2d = draft_vocab(counts, min(cfg.draft_vocab_size, args.vocab))
             module = Eagle3Training(Eagle3Head.for_target(target, d2t, t2d), recompute=cfg.ttt_recompute).train()
         return EagleTrainer(model=module, method_config=cfg, **common), module, batch
+    if method == "dflash":
+        from draftsmith.trainers.dflash import DFlashConfig, DFlashTrainer, build_dflash
+
+        cfg = DFlashConfig(data_mode="fixed")
+        module = build_dflash({"target": target}, cfg).train()
+        trainer = DFlashTrainer(model=module, method_config=cfg, **common)
+        return trainer, module, trainer.prepare_training_batch(module, batch, gen)  # the batch's blocks
     if method == "layerskip":
         from draftsmith.trainers.layerskip import LayerSkipConfig, LayerSkipTrainer, build_layerskip_model
 

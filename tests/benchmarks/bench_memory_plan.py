@@ -28,7 +28,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_loss_memory import build, reset_peak, status_mb  # noqa: E402
 
-METHODS = ("distillspec", "medusa", "eagle", "eagle3", "bita")  # the heads and the draft (the fine-tuning
+METHODS = ("distillspec", "medusa", "eagle", "eagle3", "dflash", "bita")  # the heads and the draft (the fine-tuning
 # recipes: bench_loss_memory.py runs LayerSkip with every exit on, not its default curriculum)
 
 
