@@ -3,8 +3,9 @@ conditioned on the frozen target's hidden states (the draft: :mod:`draftsmith.in
 
 For a training sequence ``x_0 .. x_{T-1}`` (the target's own answers by default: ``data_mode=target``, as the
 reference regenerates its data with the target) the frozen target gives the hidden states of the chosen layers at
-every position (online, or from the feature cache). ``anchors`` answer positions ``a`` are drawn at random per
-sequence (distinct, the anchor token itself an answer token, as the reference's ``loss_mask[a] = 1``); each makes one
+every position (online, or from the feature cache). ``anchors`` positions ``a`` are drawn at random per sequence
+(distinct, each followed by an answer token: the answer's tokens but its last, and the last prompt token, from which
+draftsmith's loop drafts an answer's first block; the reference anchors on answer tokens, ``loss_mask[a] = 1``); each makes one
 block ``[x_a, MASK x (B-1)]`` at positions ``a .. a+B-1`` that sees the context of positions ``s < a`` and the whole
 of its own block (bidirectional), nothing of the other blocks: exactly what decoding shows the draft when ``x_a`` is
 the pending token. Every block of a batch runs in one draft forward. Loss (DFlash sec. 3, eq. 4: same-position
@@ -131,12 +132,15 @@ def build_dflash(models: dict, config: DFlashConfig, tokenizer=None) -> DFlashTr
 
 def sample_anchors(labels: torch.Tensor, count: int,
                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Up to ``count`` distinct anchors per row of ``labels`` ``[B, T]``, ascending: positions ``a >= 1`` whose own
-    token is an answer token and whose next one exists -> ``(anchors [B, N], valid [B, N])``, ``N = min(count, T)``
-    (rows with fewer candidates: the rest invalid, at position 0)."""
+    """Up to ``count`` distinct anchors per row of ``labels`` ``[B, T]``, ascending: positions ``a >= 1`` whose next
+    token is an answer token -> ``(anchors [B, N], valid [B, N])``, ``N = min(count, T)`` (rows with fewer candidates:
+    the rest invalid, at position 0). The last prompt token is one: draftsmith's loop drafts its first block from it
+    (the pending token after the prefill); the reference anchors on answer tokens only, as vLLM takes the first answer
+    token from the prefill without a draft."""
     b, t = labels.shape
     pos = torch.arange(t, device=labels.device)
-    candidate = (labels != IGNORE) & (pos >= 1) & (pos <= t - 2)  # [B, T]
+    following = torch.cat([labels[:, 1:], labels.new_full((b, 1), IGNORE)], dim=1)  # [B, T] label of x_{a+1}
+    candidate = (following != IGNORE) & (pos >= 1)  # [B, T]
     noise = torch.rand(b, t, generator=generator, device="cpu" if generator is not None else None).to(labels.device)
     score = torch.where(candidate, noise, torch.full_like(noise, -1.0))
     top = score.topk(min(int(count), t), dim=1)

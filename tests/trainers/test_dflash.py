@@ -22,15 +22,16 @@ def _labels() -> torch.Tensor:  # [2, 12]: answers at 5..11 and at 3..8 (then pa
     return labels
 
 
-def test_anchors_are_distinct_ascending_answer_tokens_with_a_next_token():
+def test_anchors_are_distinct_ascending_positions_followed_by_an_answer_token():
     labels = _labels()
     anchors, valid = sample_anchors(labels, 4, torch.Generator().manual_seed(0))
     assert anchors.shape == valid.shape == (2, 4) and valid.all()
     for row in range(2):
         a = anchors[row].tolist()
-        assert a == sorted(set(a)) and all(labels[row, i] != IGNORE and i <= 10 for i in a)
+        assert a == sorted(set(a)) and all(labels[row, i + 1] != IGNORE for i in a)
     anchors, valid = sample_anchors(labels, 9, torch.Generator().manual_seed(0))
-    assert valid.sum(1).tolist() == [6, 6]  # 5..10 and 3..8: fewer candidates than asked, the rest invalid
+    assert valid.sum(1).tolist() == [7, 6]  # 4..10 and 2..7 (the last prompt token first): the rest invalid
+    assert anchors[0, 0] == 4 and anchors[1, 0] == 2  # the answer's first block is drafted from the last prompt token
     again = sample_anchors(labels, 9, torch.Generator().manual_seed(0))
     assert torch.equal(again[0], anchors)  # a seeded draw repeats (evaluation)
 
