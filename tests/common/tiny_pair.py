@@ -23,3 +23,12 @@ def write_pair(root: Path, target_layers: int = 2) -> dict[str, Path]:
     ]
     paths["dataset"].write_text("".join(json.dumps(r) + "\n" for r in rows))
     return paths
+
+
+def write_target(root: Path, layers: int) -> Path:
+    """A random llama target of ``layers`` layers (seed 0, the pair's target seed) with the pair's tokenizer, under
+    ``root/target<layers>``."""
+    out = root / f"target{layers}"
+    random_model("llama", seed=0, layers=layers).save_pretrained(out)
+    char_tokenizer().save_pretrained(out)
+    return out

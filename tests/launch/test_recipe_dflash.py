@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_pair import write_target
 
 from draftsmith.data.tiny_models import random_model
 from draftsmith.inference.core.adapter import ModelAdapter
@@ -20,21 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "recipes" / "configs" / "dflash_test.yaml"
 
 
-def _target(pair, tmp_path, layers: int = 4) -> Path:
-    """The pair's tokenizer beside a random llama target of ``layers`` layers (seed 0)."""
-    import shutil
-
-    out = tmp_path / f"target{layers}"
-    random_model("llama", seed=0, layers=layers).save_pretrained(out)
-    for f in pair["target"].iterdir():
-        if "token" in f.name or f.name.endswith(".jinja"):
-            shutil.copy(f, out / f.name)
-    return out
-
-
 def test_recipe_trains_a_draft_writes_the_artefact_and_decodes_identically(tiny_pair, tmp_path):
     torch.set_num_threads(1)
-    target_dir = _target(tiny_pair, tmp_path)
+    target_dir = write_target(tmp_path, 4)
     result = run_recipe("dflash", ["--config", str(CONFIG), "draft_layers=2", "--target", str(target_dir),
                                    "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(tmp_path / "run")])
     artefact, manifest = result.artefact, result.manifest
@@ -69,7 +58,7 @@ def test_offline_and_online_features_train_to_the_same_loss_curve(tiny_pair, tmp
     """The same rows (data_mode=fixed), the same seed: features from the cache or from the target in every step
     (conftest's ``offline_matches_online``)."""
     torch.set_num_threads(1)
-    target = _target(tiny_pair, tmp_path)
+    target = write_target(tmp_path, 4)
     offline_matches_online("dflash", lambda out: [
         "--config", str(CONFIG), "data_mode=fixed", "--target", str(target), "--dataset", str(tiny_pair["dataset"]),
         "--output_dir", str(out)])

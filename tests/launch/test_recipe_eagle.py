@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_pair import write_target
 
 from draftsmith.data.tiny_models import random_model
 from draftsmith.inference.core.adapter import ModelAdapter
@@ -22,24 +23,12 @@ from draftsmith.launch.recipe import run_recipe
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _target_with_layers(pair, tmp_path, layers: int) -> Path:
-    """The pair's tokenizer beside a random llama target of ``layers`` layers (seed 0)."""
-    import shutil
-
-    out = tmp_path / f"target{layers}"
-    random_model("llama", seed=0, layers=layers).save_pretrained(out)
-    for f in pair["target"].iterdir():
-        if "token" in f.name or f.name.endswith(".jinja"):
-            shutil.copy(f, out / f.name)
-    return out
-
-
 @pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
 def test_recipe_trains_a_head_writes_the_artefact_and_decodes_identically(tiny_pair, tmp_path, variant, caplog):
     torch.set_num_threads(1)
     out = tmp_path / variant
     layers = 2 if variant == "eagle1" else 4  # EAGLE-3 fuses three layers: a 4-layer target
-    target_dir = tiny_pair["target"] if variant == "eagle1" else _target_with_layers(tiny_pair, tmp_path, layers)
+    target_dir = tiny_pair["target"] if variant == "eagle1" else write_target(tmp_path, layers)
     result = run_recipe("eagle", [
         "--config", str(ROOT / "recipes" / "configs" / "eagle_test.yaml"), f"variant={variant}", "ttt_steps=3",
         "draft_vocab_size=64", "layers=auto",
@@ -88,7 +77,7 @@ def test_a_resumed_eagle3_run_keeps_the_draft_vocabulary_of_its_checkpoint(tiny_
     from safetensors.torch import load_file
 
     torch.set_num_threads(1)
-    target = _target_with_layers(tiny_pair, tmp_path, 4)
+    target = write_target(tmp_path, 4)
 
     def run(out: Path, *extra: str):
         return run_recipe("eagle", [
@@ -134,7 +123,7 @@ def test_eagle3_under_deepspeed_zero2_two_cpu_processes(tiny_pair, tmp_path):
     """recipes/eagle.py --variant eagle3 under `deepspeed` (ZeRO-2, 2 CPU processes): the unrolled training-time
     test is one forward per step, so data parallelism sees one forward per backward."""
     out = tmp_path / "ds"
-    target = _target_with_layers(tiny_pair, tmp_path, 4)
+    target = write_target(tmp_path, 4)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
     cmd = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port", "29547",
            str(ROOT / "recipes" / "eagle.py"), "--config", str(ROOT / "recipes" / "configs" / "eagle_test.yaml"),
@@ -152,7 +141,7 @@ def test_offline_and_online_features_train_to_the_same_loss_curve(tiny_pair, tmp
     """The same rows (data_mode=fixed), the same seed: features from the cache or from the target in every step
     (conftest's ``offline_matches_online``)."""
     torch.set_num_threads(1)
-    target = tiny_pair["target"] if variant == "eagle1" else _target_with_layers(tiny_pair, tmp_path, 4)
+    target = tiny_pair["target"] if variant == "eagle1" else write_target(tmp_path, 4)
     cache = offline_matches_online("eagle", lambda out: [
         "--config", str(ROOT / "recipes" / "configs" / "eagle_test.yaml"), f"variant={variant}", "ttt_steps=2",
         "draft_vocab_size=64", "data_mode=fixed", "--target", str(target), "--dataset", str(tiny_pair["dataset"]),
