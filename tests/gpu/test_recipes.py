@@ -25,6 +25,7 @@ RUNS = {  # id -> (recipe, settings beyond its <recipe>_test.yaml)
     "eagle1": ("eagle", ["variant=eagle1"]),
     "eagle3": ("eagle", ["variant=eagle3"]),
     "peagle": ("eagle", ["variant=peagle", "ttt_steps=3", "draft_length=3"]),
+    "dflash": ("dflash", []),
     "layerskip": ("layerskip", []),
     "bita": ("bita", []),
     "cllm": ("cllm", []),
