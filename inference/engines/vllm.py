@@ -138,7 +138,7 @@ def dflash(setup: EngineSetup) -> EngineMethod:
                           f"{draft.block_size - 1} or fewer")
     out = export_dflash(draft, setup.target_model.config, "vllm-dflash", setup.export_dir / "dflash")
     config = {"method": "dflash", "model": str(out), "num_speculative_tokens": k}
-    return EngineMethod(config, {"draft_length": k})
+    return EngineMethod(config, {"tree": "chain", "draft_length": k})
 
 
 __all__ = ["EngineMethod", "EngineSetup", "dflash", "draft_model", "eagle", "medusa", "ngram"]

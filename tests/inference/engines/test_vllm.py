@@ -88,10 +88,10 @@ def test_a_dflash_draft_runs_as_dflash_with_its_block_and_layer_ids(tmp_path):
     m = dflash(EngineSetup("dflash", None, tmp_path / "x", target, artefact_dir=art))
     assert m.speculative_config == {"method": "dflash", "model": str(tmp_path / "x" / "dflash"),
                                     "num_speculative_tokens": 5}  # the whole block's masks by default
-    assert m.draftsmith_options == {"draft_length": 5}
+    assert m.draftsmith_options == {"tree": "chain", "draft_length": 5}
     config = json.loads((tmp_path / "x" / "dflash" / "config.json").read_text())
     assert config["dflash_config"] == {"mask_token_id": 5, "target_layer_ids": [0, 2]}
     assert dflash(EngineSetup("dflash", 3, tmp_path / "y", target, artefact_dir=art)).draftsmith_options == \
-        {"draft_length": 3}
+        {"tree": "chain", "draft_length": 3}
     with pytest.raises(ConfigError, match="blocks of 6"):
         dflash(EngineSetup("dflash", 6, tmp_path / "z", target, artefact_dir=art))
