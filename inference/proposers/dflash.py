@@ -54,9 +54,10 @@ class DFlashProposer:
     def report_section(self) -> tuple[str, dict]:
         """``("block", {...})``: the block drafted per step and the draft's forwards per committed token."""
         s = self.stats
+        tree = {} if self.tree is None else {"tree_nodes": len(self.tree), "tree_top_k": self.tree.top_k}
         return "block", {"block_size": self.draft.block_size, "draft_length": self.length,
                          "draft_forwards": s["draft_forwards"], "committed_tokens": s["committed"],
-                         "draft_forwards_per_token": s["draft_forwards"] / max(1, s["committed"])}
+                         "draft_forwards_per_token": s["draft_forwards"] / max(1, s["committed"])} | tree
 
     def draft_index(self, tokens: torch.Tensor) -> torch.Tensor:  # [m] target ids: the draft's vocabulary too
         return tokens

@@ -41,6 +41,14 @@ class PEagleProposer(EagleProposer):
         self._block: torch.Tensor | None = None  # [K-1, H] the placeholders' outputs of the last feed
         self.forwards = 0  # head forwards run (the draft's cost per committed token)
 
+    def report_section(self) -> tuple[str, dict]:
+        """EAGLE's section (the draft vocabulary's share), with the static tree's shape when the block is one."""
+        key, section = super().report_section()
+        if self.static is not None:
+            section |= {"rule": "static", "nodes": len(self.static), "depth": self.static.max_depth,
+                        "top_k": self.static.top_k}
+        return key, section
+
     def reset(self, prompt_ids: torch.Tensor) -> None:
         super().reset(prompt_ids)
         self._block = None

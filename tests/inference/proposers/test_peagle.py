@@ -135,6 +135,7 @@ def test_a_static_tree_over_the_blocks_top_k_is_token_identical():
     proposer = PEagleProposer(_head(target), target.get_input_embeddings(), target.get_output_embeddings(), length=4,
                               tree=tree)
     assert proposer.name == "p-eagle (static tree)"
+    assert proposer.report_section()[1]["nodes"] == 12
     for seed in range(2):
         prompt = torch.randint(3, 100, (11,), generator=torch.Generator().manual_seed(seed))
         ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=24))
