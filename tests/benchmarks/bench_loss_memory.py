@@ -136,7 +136,7 @@ def build(args, method: str, target=None, draft=None, **training_kwargs):
     if method == "layerskip":
         from draftsmith.trainers.layerskip import LayerSkipConfig, LayerSkipTrainer, build_layerskip_model
 
-        cfg = LayerSkipConfig(curriculum="all")
+        cfg = LayerSkipConfig(curriculum=getattr(args, "curriculum", "all"))  # bench_memory_plan: the default
         module = build_layerskip_model({"target": target}, cfg).train()
         return LayerSkipTrainer(model=module, method_config=cfg, **common), module, batch
     if method == "cllm":

@@ -28,8 +28,8 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_loss_memory import build, reset_peak, status_mb  # noqa: E402
 
-METHODS = ("distillspec", "medusa", "eagle", "eagle3", "dflash", "bita")  # the heads and the draft (the fine-tuning
-# recipes: bench_loss_memory.py runs LayerSkip with every exit on, not its default curriculum)
+METHODS = ("distillspec", "medusa", "eagle", "eagle3", "dflash", "bita", "layerskip", "cllm")  # every recipe's
+# trained module with its defaults (LayerSkip: the rotational curriculum the plan counts)
 
 
 def target_config(spec: str, max_positions: int):
@@ -136,6 +136,9 @@ def run_method(args) -> dict:
     cuda = args.device == "cuda"
     frozen = torch.bfloat16 if cuda else torch.float32
     cfg = target_config(args.config, max(256, args.tokens // args.rows + 16))
+    from draftsmith.trainers.layerskip import LayerSkipConfig
+
+    args.curriculum = LayerSkipConfig().curriculum  # the recipe's default, which the plan counts
     kwargs = {"use_cpu": not cuda, **({"bf16": True} if cuda else {})}
     small = argparse.Namespace(**{**vars(args), "tokens": 64})
     steps(small, _shrunk(cfg), frozen, kwargs, 1)  # loads every module's code first: the CPU's RSS counts it
