@@ -218,15 +218,17 @@ class DFlashTrainer(EagleTrainer):
         return states.view(b, n, blk, -1)
 
     def loss_sum(self, model, inputs) -> tuple[torch.Tensor, Any]:
-        """``sum_k w_k sum_blocks CE_k`` over the trained slots (module docstring)."""
-        states = self._block_states(model, inputs)
-        targets = inputs["block_targets"]
+        return self._slots_loss(self._block_states(model, inputs), inputs["block_targets"]), None
+
+    def _slots_loss(self, states: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """``sum_k w_k sum_blocks CE_k`` over the trained slots (module docstring): ``states`` ``[B, N, blk, H]``,
+        ``targets`` ``[B, N, blk]``."""
         head = LinearHead(self.teacher_module.get_output_embeddings(), called=self.sharded())
         total = states.new_zeros((), dtype=torch.float32)
         for k, w in enumerate(self.method_config.slot_weights(), start=1):
             keep = targets[:, :, k] != IGNORE
             total = total + w * head_cross_entropy(states[:, :, k][keep], head, targets[:, :, k][keep])
-        return total, None
+        return total
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Held-out loss with anchors drawn by a fixed seed, and per slot the top-1 hits, the trained slots, and the
@@ -234,8 +236,8 @@ class DFlashTrainer(EagleTrainer):
         inputs = self._prepare_inputs(inputs)
         inputs = self.prepare_training_batch(model, inputs, torch.Generator().manual_seed(EVAL_SEED))
         with torch.no_grad():
-            total, _ = self.loss_sum(model, inputs)
             states, targets = self._block_states(model, inputs), inputs["block_targets"]
+            total = self._slots_loss(states, targets)
             head = LinearHead(self.teacher_module.get_output_embeddings(), called=self.sharded())
             slots = targets.shape[-1] - 1
             hits = torch.zeros(targets.shape[:2] + (slots,), dtype=torch.bool, device=targets.device)  # [B, N, K]
