@@ -126,8 +126,10 @@ def trained_module(method: str, target, draft=None):
             c = DFlashConfig()
             draft = DFlashDraft.for_target(target, c.draft_layers, block_size=c.block_size)
             return draft, c.draft_layers, len(draft.hidden_layers), shape["vocab"]
-        if method in ("layerskip", "cllm"):
+        if method == "layerskip":
             return meta_model(cfg), shape["layers"], 0, shape["vocab"]
+        if method == "cllm":  # two passes with gradient: the Jacobi state (consistency) and the fixed answer (AR)
+            return meta_model(cfg), 2 * shape["layers"], 0, shape["vocab"]
         if method == "bita":
             from draftsmith.inference.drafters.bita import BitaEmbeddings
 
