@@ -91,7 +91,7 @@ def test_method_commands_and_export_formats_come_from_the_entries():
     assert method_commands() == {"exit-layer": "draftsmith.launch.exit_cli"}
     assert method_commands("data_commands") == {"jacobi": "draftsmith.launch.jacobi_cli"}
     assert export_formats() == {"vllm-medusa": "medusa", "eagle3": "eagle", "vllm-eagle": "eagle",
-                                "sglang-eagle": "eagle", "speculators": "eagle"}
+                                "sglang-eagle": "eagle", "speculators": "eagle", "vllm-dflash": "dflash"}
     clash = MethodSpec(name="clash", summary="", proposer=lambda ctx: None, commands={"exit-layer": "elsewhere"})
     with registered(clash), pytest.raises(ConfigError, match="another method adds too"):
         method_commands()
