@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
-METHODS = ("distillspec", "medusa", "eagle", "layerskip", "bita", "cllm")
+METHODS = ("distillspec", "medusa", "eagle", "dflash", "layerskip", "bita", "cllm")
 ENTRIES = ("train", "recipe_main", "script")
 RARE_TRAINER_KEYS = ("gradient_accumulation_steps", "warmup_steps", "weight_decay", "max_grad_norm", "num_train_epochs",
                      "lr_scheduler_type", "optim", "seed", "data_seed", "save_total_limit", "logging_dir", "bf16", "fp16",
