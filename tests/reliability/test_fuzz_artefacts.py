@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 KINDS = ("draft_model", "heads", "lora_adapter", "adapted_target", "embeddings", "none", "", "model")
-METHOD_NAMES = ("distillspec", "medusa", "eagle", "bita", "layerskip", "cllm", "draft-verify", "ar", "nope", "")
+METHOD_NAMES = ("distillspec", "medusa", "eagle", "dflash", "bita", "layerskip", "cllm", "draft-verify", "ar", "nope", "")
 
 
 def junk():
