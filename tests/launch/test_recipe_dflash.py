@@ -54,9 +54,10 @@ def test_recipe_trains_a_draft_writes_the_artefact_and_decodes_identically(tiny_
     assert all(torch.equal(v, back.state_dict()[k]) for k, v in draft.state_dict().items())
 
 
+@pytest.mark.slow
 def test_offline_and_online_features_train_to_the_same_loss_curve(tiny_pair, tmp_path, offline_matches_online):
     """The same rows (data_mode=fixed), the same seed: features from the cache or from the target in every step
-    (conftest's ``offline_matches_online``)."""
+    (conftest's ``offline_matches_online``; slow: EAGLE's recipe tests run the same cache path by default)."""
     torch.set_num_threads(1)
     target = write_target(tmp_path, 4)
     offline_matches_online("dflash", lambda out: [

@@ -169,7 +169,7 @@ def test_a_static_tree_over_the_slots_top_k_is_token_identical():
     proposer = DFlashProposer(_draft(target), target.get_input_embeddings(), target.get_output_embeddings(),
                               tree=_tree(3))
     assert proposer.name == "dflash (static tree)"
-    for seed in range(2):
+    for seed in range(1):
         prompt = torch.randint(3, 100, (11,), generator=torch.Generator().manual_seed(seed))
         ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=24))
         out = generate(adapter, prompt, GenerationConfig(max_new_tokens=24), proposer)
