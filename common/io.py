@@ -148,6 +148,20 @@ def read_json(path: str | os.PathLike) -> Any | None:
         return None
 
 
+def read_safetensors_dir(folder: str | os.PathLike) -> dict:
+    """Every tensor of a checkpoint folder's weights: ``model.safetensors``, or the files its
+    ``model.safetensors.index.json`` names (a sharded save)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    index = read_json(folder / "model.safetensors.index.json")
+    files = sorted(set(index["weight_map"].values())) if index else ["model.safetensors"]
+    state: dict = {}
+    for name in files:
+        state.update(load_file(str(folder / name)))
+    return state
+
+
 def environment(**extra: Any) -> dict:
     """Versions and machine, for manifests and reports; ``extra`` adds keys (device, threads, ...)."""
     import torch

@@ -245,7 +245,7 @@ def manifest_metrics(final: dict[str, float], train_loss: float | None) -> dict[
 def artefact_weights(trainer, kind: str, tokenizer) -> dict[str, Any]:
     """What :func:`draftsmith.inference.artefacts.manifest.write_weights` needs for ``kind``, gathered from the trainer
     (collective under ZeRO-3: call on every process)."""
-    state_dict = trainer.accelerator.get_state_dict(trainer.model_wrapped)  # ZeRO-3: gathered on the main process only
+    state_dict = trainer.whole_state_dict()  # ZeRO-3, FSDP2: gathered on the main process only
     module = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     if state_dict is None:  # another process under ZeRO-3: it writes nothing
         return {}
@@ -262,12 +262,12 @@ def artefact_weights(trainer, kind: str, tokenizer) -> dict[str, Any]:
     if kind == "none":
         return {}
     if kind == "adapted_target" and hasattr(module, "artefact_model"):  # the model a training wrapper adapted
-        if trainer.parallelism() != "zero3":
+        if not trainer.sharded():
             return {"model": module.artefact_model(), "tokenizer": tokenizer}
         if hasattr(module.model, "get_base_model"):
-            raise ConfigError("finetune=lora under ZeRO-3: the merged model cannot be built from partitioned weights; "
-                              f"train with ZeRO-2 or finetune=full (the checkpoints in {trainer.args.output_dir} "
-                              "are kept)")
+            raise ConfigError(f"finetune=lora under {trainer.parallelism()}: the merged model cannot be built from "
+                              f"sharded weights; train with ZeRO-2 or finetune=full (the checkpoints in "
+                              f"{trainer.args.output_dir} are kept)")
         model_weights = {k.removeprefix("model."): v for k, v in state_dict.items() if k.startswith("model.")}
         return {"model": module.model, "state_dict": model_weights, "tokenizer": tokenizer}  # the gathered weights
     return {"model": module, "state_dict": state_dict, "tokenizer": tokenizer}
@@ -292,14 +292,6 @@ def save_artefact(trainer, spec: MethodSpec, out: Path, *, method_config, target
 
 
 # ---------------------------------------------------------------------------------------------------- the run
-
-
-def warn_unmet_sharding(training_args, parallelism: str) -> None:
-    """Say so when FSDP was asked for and the run is not sharded: accelerate runs CPU processes as DDP whatever
-    ``--fsdp`` says (its FSDP needs GPUs), and the manifest records what ran (``parallelism``)."""
-    if training_args.fsdp and not parallelism.startswith("fsdp") and training_args.process_index == 0:
-        print(f"warning: --fsdp was given, but this run is {parallelism} (accelerate applies FSDP on GPUs only); "
-              f"the artefact's manifest records parallelism={parallelism}", file=sys.stderr)
 
 
 def build_trainer(spec: MethodSpec, models: dict, method_config, training_args, train, heldout, tokenizer,
@@ -346,7 +338,6 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
     with write_failures(targs.output_dir, lambda: checkpoint_kept(targs.output_dir)):  # full disk, read-only
         trainer = build_trainer(spec, models, method_config, targs, train, heldout, tokenizer,
                                 checkpoint_records={RUN_SETTINGS: settings_record(settings, changes)})
-        warn_unmet_sharding(targs, trainer.parallelism())
         result = trainer.train(resume_from_checkpoint=resume)
     train_loss = whole_run_loss(trainer.state.log_history, trainer.state.global_step, result.training_loss,
                                 run_start=checkpoint_step(resume) if resume else 0)

@@ -45,6 +45,7 @@ from draftsmith.data.generation import (
     split_prompts,
 )
 from draftsmith.inference.core.draft_length import expected_tau
+from draftsmith.trainers.cpu_fsdp import CpuFsdpCheckpoints, checkpoint_state, cpu_fsdp_wanted, shard_trained_module
 from draftsmith.trainers.losses import acceptance_from_tvd
 from draftsmith.trainers.mixins import on_training_device
 
@@ -52,7 +53,7 @@ TOKENS_LOG_KEY = "trained_tokens"
 BATCH_COLUMNS = ("input_ids", "labels", "attention_mask")
 
 
-class FrozenTargetTrainer(transformers.Trainer):
+class FrozenTargetTrainer(CpuFsdpCheckpoints, transformers.Trainer):
     """Trains ``model`` against the frozen ``teacher_model`` (the target); see the module docstring.
 
     Subclasses set ``config_class`` and implement :meth:`loss_sum`; they may override
@@ -87,6 +88,11 @@ class FrozenTargetTrainer(transformers.Trainer):
         self._tokens_pending = torch.zeros((), dtype=torch.long)
         self._tokens_total: int | None = None
         self._eval_sums: torch.Tensor | None = None
+        fsdp = cpu_fsdp_wanted(self.args, self.accelerator)  # FSDP asked for on CPU processes: sharded here
+        self.own_fsdp = fsdp is not None
+        if self.own_fsdp:
+            shard_trained_module(self.model, fsdp)
+            self.is_distributed_loading_by_transformers = True  # the Trainer's flag: no DDP wrapper, no placement
 
     def _get_train_sampler(self, train_dataset=None):
         """Cached features are read in shard order (each shard once per epoch: ``ShardOrderSampler``) unless the
@@ -107,7 +113,7 @@ class FrozenTargetTrainer(transformers.Trainer):
 
     def sharded(self) -> bool:
         """Whether the trained module's parameters are sharded across processes (ZeRO-3 or FSDP)."""
-        return self._zero_stage() == 3 or self.is_fsdp_enabled
+        return self._zero_stage() == 3 or self.is_fsdp_enabled or self.own_fsdp
 
     def parallelism(self) -> str:
         """How the training is spread over processes, for the manifest: ``zero<stage>``, ``fsdp<version>``, ``ddp``
@@ -116,6 +122,8 @@ class FrozenTargetTrainer(transformers.Trainer):
             return f"zero{self._zero_stage()}"
         if self.is_fsdp_enabled:
             return f"fsdp{getattr(self.accelerator.state.fsdp_plugin, 'fsdp_version', 1)}"
+        if self.own_fsdp:
+            return "fsdp2"
         return "ddp" if self.args.world_size > 1 else "none"
 
     def _place_teacher(self, teacher):
@@ -160,6 +168,13 @@ class FrozenTargetTrainer(transformers.Trainer):
         del model
         batch = self.data_collator(sequences_from_generations(prompts, completions))
         return {k: v.to(inputs["input_ids"].device) for k, v in batch.items()}
+
+    def whole_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The trained module's state dict with whole tensors on the main process (gathered under ZeRO-3 and FSDP2: a
+        collective, every process calls this); ``None`` on the other processes where it is gathered."""
+        if self.own_fsdp:
+            return checkpoint_state(self.model, True)
+        return self.accelerator.get_state_dict(self.model_wrapped)
 
     def whole_target(self):
         """The frozen target as a plain, whole model on the training device: under ZeRO-3 a copy gathered in one
@@ -308,16 +323,20 @@ class FrozenTargetTrainer(transformers.Trainer):
         """A trained module that is not a Hugging Face model (a training wrapper) is checkpointed without its frozen
         parameters (Medusa-2's copy of the target under its LoRA adapter: they never change, and the Trainer
         reloads a checkpoint non-strictly) and with tied tensors (an embedding that is also the LM head) once,
-        which safetensors requires; loading the one name restores both."""
+        which safetensors requires; loading the one name restores both. A module sharded here (FSDP2 on CPU
+        processes) is gathered whole onto the main process first (every process calls this)."""
+        whole = checkpoint_state(self.model, self.own_fsdp) if state_dict is None else None
+        if self.own_fsdp and not self.args.should_save:
+            return
         if state_dict is None and not isinstance(self.model, transformers.PreTrainedModel):
             frozen = {name for name, p in self.model.named_parameters() if not p.requires_grad}
             state_dict, seen = {}, set()
-            for name, tensor in self.model.state_dict().items():  # tied weights (embedding = LM head) once
+            for name, tensor in (whole or self.model.state_dict()).items():  # tied weights (embedding = LM head) once
                 if name in frozen or tensor.data_ptr() in seen:
                     continue
                 seen.add(tensor.data_ptr())
                 state_dict[name] = tensor
-        super()._save(output_dir, state_dict)
+        super()._save(output_dir, whole if state_dict is None else state_dict)
         umask_modes(output_dir or self.args.output_dir)
 
     def _save_checkpoint(self, model, trial) -> None:

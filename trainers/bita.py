@@ -140,10 +140,13 @@ class BitaTraining(nn.Module):
         return out.last_hidden, targets
 
     def forward(self, adapter: ModelAdapter, points: torch.Tensor, labels: torch.Tensor,
-                seq_keys: list[torch.Tensor], seq_values: list[torch.Tensor]) -> torch.Tensor:
+                seq_keys: list[torch.Tensor], seq_values: list[torch.Tensor], *, hidden_only: bool = False):
         """The summed cross-entropy of every mask against its target token (BiTA eq. 4), chunked over the
-        vocabulary."""
+        vocabulary; with ``hidden_only`` :meth:`mask_hidden`'s ``(hidden, targets)`` instead (evaluation: through
+        the forward too, which a sharded module needs to gather its embeddings)."""
         hidden, targets = self.mask_hidden(adapter, points, labels, seq_keys, seq_values)
+        if hidden_only:
+            return hidden, targets
         return head_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), LinearHead(adapter.lm_head),
                                   targets.reshape(-1))
 
@@ -210,8 +213,7 @@ class BitaTrainer(FrozenTargetTrainer):
         m = int(self.method_config.mask_tokens)
         with torch.no_grad():
             keys, values = sequence_kv(self.adapter, batch["input_ids"])
-            module = self.accelerator.unwrap_model(model)
-            hidden, targets = module.mask_hidden(self.adapter, batch[POINTS_KEY], batch["labels"], keys, values)
+            hidden, targets = model(self.adapter, batch[POINTS_KEY], batch["labels"], keys, values, hidden_only=True)
             hidden, head = hidden.reshape(-1, hidden.shape[-1]), LinearHead(self.adapter.lm_head)  # [B*GM, H]
             count = (targets != -100).sum()
             loss = head_cross_entropy(hidden, head, targets.reshape(-1)) / count.clamp(min=1)

@@ -174,19 +174,8 @@ class DFlashTrainer(EagleTrainer):
     config_class = DFlashConfig
 
     @classmethod
-    def prepare_datasets(cls, models: dict, config: DFlashConfig, train, heldout, tokenizer, training_args):
-        if config.features != "offline":
-            return train, heldout, None
-        from draftsmith.data.feature_cache import FeatureCollator
-        from draftsmith.data.generation import pad_token_id
-        from draftsmith.trainers.mixins import offline_feature_datasets
-
-        target = models["target"]
-        answer = {"max_new_tokens": config.max_new_tokens, "prompt_tokens": config.prompt_tokens}
-        train, heldout = offline_feature_datasets(config, target, tokenizer, (train, heldout),
-                                                  config.target_layers(target), training_args,
-                                                  answer if config.data_mode == "target" else None)
-        return train, heldout, FeatureCollator(pad_token_id(tokenizer, target.config))
+    def cached_layers(cls, config: DFlashConfig, target) -> tuple[int, ...]:
+        return tuple(config.target_layers(target))
 
     def _draft(self, model) -> DFlashDraft:
         return self.accelerator.unwrap_model(model).draft

@@ -206,9 +206,14 @@ class EagleTrainer(FrozenTargetTrainer):
         target = models["target"]
         answer = {"max_new_tokens": config.max_new_tokens, "prompt_tokens": config.prompt_tokens}
         train, heldout = offline_feature_datasets(config, target, tokenizer, (train, heldout),
-                                                  feature_layers(config, target), training_args,
+                                                  cls.cached_layers(config, target), training_args,
                                                   answer if config.data_mode == "target" else None)
         return train, heldout, FeatureCollator(pad_token_id(tokenizer, target.config))
+
+    @classmethod
+    def cached_layers(cls, config, target) -> tuple[int, ...]:
+        """The target layers whose outputs the trained module reads (the feature cache stores these)."""
+        return feature_layers(config, target)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -1,12 +1,13 @@
 """Every recipe past one process, on 2 CPU processes (gloo), slow.
 
-DeepSpeed ZeRO-3 (``deepspeed``, launch/configs/deepspeed/zero3.json): each run trains 2 steps and checkpoints, is
-resumed to step 3 with the evaluation after training on (the main process loads the target whole; the other
-process has finished), all within a timeout, so a hang fails the test; its artefact has the layout of the
-one-process run's, and its first two losses are within 2% of the one-process run's at the same global batch.
-
-FSDP: accelerate (under ``accelerate launch`` and under ``torchrun`` with the Trainer's ``--fsdp``) applies FSDP only
-to GPU processes and runs CPU processes as DDP; the run says so and its manifest records what ran."""
+DeepSpeed ZeRO-3 (``deepspeed``, launch/configs/deepspeed/zero3.json) and FSDP2 (``torchrun`` with the Trainer's
+``--fsdp`` and launch/configs/fsdp/fsdp2.json; on CPU processes draftsmith shards the trained module itself:
+draftsmith.trainers.cpu_fsdp): each run trains 2 steps and checkpoints, is resumed to step 3 with the evaluation
+after training on (the main process loads the target whole; the other process has finished), all within a timeout,
+so a hang fails the test; its artefact has the layout of the one-process run's, and its first two losses are within
+2% of the one-process run's at the same global batch. An FSDP2 resume continues exactly as the run that was not
+interrupted (the whole weights and AdamW state are checkpointed), and ``accelerate launch`` with the shipped FSDP
+config shards CPU processes the same way."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from tiny_pair import write_pair
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 RECIPES = ("distillspec", "medusa", "medusa2", "eagle", "eagle3", "dflash", "layerskip", "cllm")
+MODES = {"zero3": "zero3", "fsdp": "fsdp2"}  # launch mode -> the manifest's parallelism
 VARIANTS = {"eagle3": ("eagle", ["--variant", "eagle3", "ttt_steps=3", "draft_vocab_size=64"]),  # on a 4-layer target
             "medusa2": ("medusa", ["variant=medusa2"])}
 TIMEOUT = 1500  # seconds per launch: a rank left waiting on a collective ends here, not in CI's limit
@@ -35,10 +37,15 @@ def _env() -> dict[str, str]:
 
 
 def launch_command(mode: str, script: list[str]) -> list[str]:
-    """The command that runs ``script`` (a recipe and its arguments) in ``mode``: one process, ZeRO-3 or FSDP2."""
+    """The command that runs ``script`` (a recipe and its arguments) in ``mode``: one process, ZeRO-3, FSDP2 under
+    torchrun, or FSDP2 under ``accelerate launch`` (``accelerate-fsdp``)."""
     if mode == "single":
         return [sys.executable, *script]
     port = str(next(PORTS))
+    if mode == "accelerate-fsdp":
+        return [str(BIN / "accelerate"), "launch", "--config_file", str(ROOT / "launch" / "configs" / "accelerate" /
+                "fsdp.yaml"), "--num_processes", "2", "--main_process_port", port, "--mixed_precision", "no",
+                *script, "--use_cpu"]
     if mode == "zero3":
         return [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", port, *script, "--deepspeed",
                 str(ROOT / "launch" / "configs" / "deepspeed" / "zero3.json")]
@@ -112,13 +119,16 @@ def single(pair, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("method", RECIPES)
-def test_a_recipe_trains_resumes_and_evaluates_under_zero3_on_two_processes(pair, single, tmp_path, method):
-    mode, out = "zero3", tmp_path / "run"
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("method", RECIPES + ("bita",))
+def test_a_recipe_trains_resumes_and_evaluates_sharded_on_two_processes(pair, single, tmp_path, method, mode):
+    if (method, mode) == ("bita", "zero3"):
+        pytest.skip("BiTA refuses ZeRO-3 (test_bita_refuses_zero3_in_one_line)")
+    out = tmp_path / "run"
     run(mode, method, pair, out, "max_steps=2")
     first = json.loads((out / "artefact" / "manifest.json").read_text())
     assert first["training"]["world_size"] == 2 and first["training"]["steps"] == 2
-    assert first["training"]["parallelism"] == mode
+    assert first["training"]["parallelism"] == MODES[mode]
     losses = logged_losses(out / "checkpoint-2")
     want, layout = single(method)
     assert len(losses) == len(want) == 2 and all(abs(a - b) <= 0.02 * abs(b) for a, b in zip(losses, want)), \
@@ -144,8 +154,40 @@ def test_bita_refuses_zero3_in_one_line(pair, tmp_path):
     assert "Traceback" not in output
 
 
-def test_fsdp_asked_for_on_cpu_processes_runs_as_ddp_and_says_so(pair, tmp_path):
-    proc = run("fsdp", "distillspec", pair, tmp_path / "run", "max_steps=1")
+@pytest.mark.parametrize("method", ["distillspec", "eagle3"])
+def test_an_fsdp2_resume_continues_as_the_run_that_was_not_interrupted(pair, tmp_path, method):
+    """Weights and AdamW state are checkpointed whole and resharded on resume: after a resume from step 2, steps 3
+    and 4 have the losses of one 4-step run (step 4's loss depends on the restored AdamW moments; a constant learning
+    rate, so that the schedule of the 2-step run does not differ)."""
+    constant = ("lr_scheduler_type=constant", "warmup_steps=0")
+    run("fsdp", method, pair, tmp_path / "whole", "max_steps=4", *constant)
+    run("fsdp", method, pair, tmp_path / "split", "max_steps=2", *constant)
+    run("fsdp", method, pair, tmp_path / "split", "max_steps=4", *constant, "--resume_from_checkpoint", "auto")
+    whole, split = (logged_losses(tmp_path / name / "checkpoint-4") for name in ("whole", "split"))
+    assert len(whole) == 4 and split == pytest.approx(whole, rel=1e-5, abs=1e-7)
+
+
+def test_accelerate_launch_with_the_fsdp_config_shards_cpu_processes(pair, tmp_path):
+    run("accelerate-fsdp", "distillspec", pair, tmp_path / "run", "max_steps=1")
     manifest = json.loads((tmp_path / "run" / "artefact" / "manifest.json").read_text())
-    assert manifest["training"]["world_size"] == 2 and manifest["training"]["parallelism"] == "ddp"
-    assert "--fsdp was given, but this run is ddp" in proc.stderr
+    assert manifest["training"]["world_size"] == 2 and manifest["training"]["parallelism"] == "fsdp2"
+
+
+def test_the_fsdp2_sharded_draft_generates_its_own_batches_in_lockstep(pair, tmp_path):
+    """On-policy DistillSpec: the sharded draft generates each batch's answers, every process in lockstep
+    (``synced_gpus``), within the timeout."""
+    out = tmp_path / "run"
+    run("fsdp", "distillspec", pair, out, "max_steps=2", "data_mode=onpolicy", "max_new_tokens=8")
+    losses = logged_losses(out / "checkpoint-2")
+    assert len(losses) == 2 and all(loss == loss and abs(loss) < float("inf") for loss in losses)
+    assert json.loads((out / "artefact" / "manifest.json").read_text())["training"]["parallelism"] == "fsdp2"
+
+
+def test_fsdp2_accumulates_gradients_as_one_larger_micro_batch(pair, tmp_path):
+    """Two micro-batches of 1 per process (FSDP2's gradient reduction held back until the window's last one) train
+    as one micro-batch of 2: the second step's loss agrees."""
+    run("fsdp", "eagle", pair, tmp_path / "acc", "max_steps=2", "per_device_train_batch_size=1",
+        "gradient_accumulation_steps=2")
+    run("fsdp", "eagle", pair, tmp_path / "one", "max_steps=2", "per_device_train_batch_size=2")
+    accumulated, single = (logged_losses(tmp_path / name / "checkpoint-2") for name in ("acc", "one"))
+    assert accumulated == pytest.approx(single, rel=2e-3)
