@@ -5,10 +5,12 @@ the target's config (and the draft's, for DistillSpec), with the method's defaul
 
 - **frozen weights**: the target (and Medusa-2's frozen copy under its adapter) in the frozen dtype. ZeRO-3
   partitions them (``/ N``, plus one decoder layer gathered at a time); DDP, ZeRO-2 and FSDP2 hold them whole
-  (accelerate's FSDP wraps the trained module only).
+  (FSDP2, accelerate's on GPUs and draftsmith's on CPU processes, shards the trained module only).
 - **trained state**: float32 master weights, float32 gradients and AdamW's two moments, 16 bytes a parameter
   (:mod:`draftsmith.common.precision`). DDP: whole; ZeRO-2: weights whole, the rest ``/ N``; ZeRO-3 and FSDP2: all
   ``/ N``; ZeRO-3 with optimizer offload: weights and gradients ``/ N`` on the GPU, the moments in host memory.
+  FSDP2 also holds its root unit (a head; a model's embeddings and LM head) and one decoder layer whole during a step:
+  weights, gradient and the reduce-scatter's copy, 12 bytes a parameter (:func:`fsdp_gathered`).
 - **step**: what one step's forward and backward hold for ``tokens`` tokens per GPU (the micro-batch): the frozen
   target's forward (one layer's working set and the hidden states the method keeps), the trained module's saved
   activations (:func:`layer_activation_bytes` per decoder layer with gradient) and the chunked loss's logits
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 MODES = ("ddp", "zero2", "zero3", "zero3-offload", "fsdp2")
 TRAINED_BYTES = 16  # float32 weights + float32 gradients + AdamW's two float32 moments, per trained parameter
+GATHERED_BYTES = 12  # FSDP2, per parameter it holds whole: float32 weights, gradient and the reduce-scatter's copy
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 METHODS = ("distillspec", "medusa", "medusa2", "eagle", "eagle3", "dflash", "layerskip", "cllm", "bita")
 _LLAMA3 = dict(num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=131072)
@@ -60,6 +63,7 @@ class Counts:
     loss_head_trained: bool = False  # the scored LM head trains: each call keeps its float32 [V, H] gradient
     chunk_tensors: int = 4  # float32 [C, V] tensors a loss chunk holds at once (the fused Triton divergence: 2)
     loss_rows: int = 0  # rows the loss scores per micro-batch, 0 = every token (BiTA: its mask tokens only)
+    gathered: int = 0  # trained parameters FSDP2 holds whole at once: its root unit and its largest layer unit
 
 
 def _numel(module, trainable: bool | None = None) -> int:
@@ -140,6 +144,18 @@ def trained_module(method: str, target, draft=None):
     raise ValueError(f"method {method!r} is unknown: choose one of {', '.join(METHODS)}")
 
 
+def fsdp_gathered(module) -> int:
+    """Trained parameters FSDP2 holds whole at once in a step: the root unit's (every trained parameter outside the
+    decoder-layer units; a root is not resharded between its forward and backward) and the largest unit's, as
+    :func:`draftsmith.trainers.cpu_fsdp.shard_units` (and accelerate's transformer-based wrap) makes them."""
+    from draftsmith.trainers.cpu_fsdp import shard_units
+
+    units = shard_units(module, {})
+    inside = {id(p) for unit in units for p in unit.parameters()}
+    root = sum(p.numel() for p in module.parameters() if p.requires_grad and id(p) not in inside)
+    return root + max((_numel(unit, True) for unit in units), default=0)
+
+
 def lora_parameters(target, rank: int) -> int:
     """Parameters of a LoRA adapter of rank ``rank`` on every linear layer of the decoder (``all-linear``)."""
     from torch import nn
@@ -196,6 +212,7 @@ def count(method: str, target_config, draft_config=None) -> Counts:
         calls = DFlashConfig().block_size - 1
     head_trained = method in ("distillspec", "eagle3", "layerskip", "cllm")
     return Counts(frozen=frozen, trained=trained, layer=layer, **shape, trained_layers=trained_layers,
+                  gathered=fsdp_gathered(module),
                   trained_hidden=inner_shape["hidden"], trained_intermediate=inner_shape["intermediate"],
                   kept_features=kept, loss_vocab=loss_vocab, unrolled=unrolled, loss_calls=calls,
                   frozen_grad_layers=shape["layers"] if method == "bita" else 0,
@@ -243,11 +260,11 @@ def plan(c: Counts, mode: str, gpus: int, tokens: int, frozen_bytes: int, act_by
         frozen = c.frozen * frozen_bytes
     p = c.trained
     trained = {"ddp": TRAINED_BYTES * p, "zero2": 4 * p + (TRAINED_BYTES - 4) * p // n, "zero3": TRAINED_BYTES * p // n,
-               "zero3-offload": 8 * p // n, "fsdp2": TRAINED_BYTES * p // n}[mode]
+               "zero3-offload": 8 * p // n, "fsdp2": TRAINED_BYTES * p // n + GATHERED_BYTES * c.gathered}[mode]
     out = {"frozen_weights": frozen, "trained_state": trained, **step_bytes(c, tokens, act_bytes, chunk_rows)}
     out["total"] = sum(out.values())
     return out
 
 
-__all__ = ["Counts", "METHODS", "MODES", "PRESETS", "count", "layer_activation_bytes", "lora_parameters", "meta_model", "plan",
-           "step_bytes", "trained_module"]
+__all__ = ["Counts", "METHODS", "MODES", "PRESETS", "count", "fsdp_gathered", "layer_activation_bytes", "lora_parameters",
+           "meta_model", "plan", "step_bytes", "trained_module"]

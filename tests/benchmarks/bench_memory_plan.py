@@ -3,6 +3,7 @@ the whole training state and two optimizer steps of each method on a random targ
 
     python tests/benchmarks/bench_memory_plan.py --config path/to/config.json --tokens 512      # CPU, float32
     python tests/benchmarks/bench_memory_plan.py --config llama-3.1-8b --device cuda --tokens 2048  # GPU, bfloat16
+    python tests/benchmarks/bench_memory_plan.py --config path/to/config.json --sharding fsdp2 --processes 2  # CPU
 
 ``--config`` is a ``config.json`` (or a model directory) or a preset (``draftsmith.launch.memory_plan.PRESETS``:
 the published shapes of Llama-3.2-1B, 3.1-8B and 3.1-70B). For each method, in its own fresh process: the target is built from the config with
@@ -13,6 +14,10 @@ master weights), the method's own trainer computes the loss (``compute_loss``) o
 process allocated from before the models, on CUDA ``torch.cuda.max_memory_allocated``, on the CPU the peak resident
 set (``VmHWM``) less the resident set before the models. Planned: the plan's one-GPU (``ddp``) total for the same
 shapes. Reported per method: planned and measured GiB and their ratio.
+
+``--sharding fsdp2``: each method runs as ``--processes`` processes under ``torchrun`` (gloo on the CPU), the trained
+module sharded by its trainer (FSDP2: :mod:`draftsmith.trainers.cpu_fsdp` on CPU processes); measured: the largest
+process's peak; planned: the plan's ``fsdp2`` total at that many processes.
 """
 
 from __future__ import annotations
@@ -94,7 +99,7 @@ def steps(args, cfg, frozen, kwargs: dict, draft_layers: int) -> float:
     target = _model(cfg, frozen, args.device).eval().requires_grad_(False)
     draft = _model(draft_config(cfg, draft_layers), torch.float32, args.device) if args.method == "distillspec" else None
     trainer, module, batch = build(args, args.method, target=target, draft=draft, **kwargs)
-    module = module.to(args.device).train()
+    module = (module if getattr(trainer, "own_fsdp", False) else module.to(args.device)).train()  # sharded in place
     batch = {k: v.to(args.device) if hasattr(v, "to") else v for k, v in batch.items()}
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-5)
     args.built_gib = _peak(args)  # the models and the trainer: before any step
@@ -106,8 +111,10 @@ def steps(args, cfg, frozen, kwargs: dict, draft_layers: int) -> float:
     return loss.item()
 
 
-def planned(method: str, config: str, device: str, tokens: int, draft_layers: int) -> dict[str, float]:
-    """The plan's one-GPU (``ddp``) components, GiB, for the bench's shapes and dtypes on ``device``."""
+def planned(method: str, config: str, device: str, tokens: int, draft_layers: int, mode: str = "ddp",
+            processes: int = 1) -> dict[str, float]:
+    """The plan's components for one device (``mode`` at ``processes`` processes; default one-GPU ``ddp``), GiB, for
+    the bench's shapes and dtypes on ``device``."""
     import torch
 
     from draftsmith.kernels.reference import resolve_chunk_size
@@ -117,14 +124,15 @@ def planned(method: str, config: str, device: str, tokens: int, draft_layers: in
     c = count(method, cfg, draft_config(cfg, draft_layers) if method == "distillspec" else None)
     rows = resolve_chunk_size(None, tokens, c.loss_vocab, cfg.hidden_size, torch.device(device))
     size = 2 if device == "cuda" else 4
-    return {k: v / 2**30 for k, v in plan(c, "ddp", 1, tokens, size, size, rows).items()}
+    return {k: v / 2**30 for k, v in plan(c, mode, processes, tokens, size, size, rows).items()}
 
 
 def replan(path: str) -> list[dict]:
     """The results of an earlier ``--json`` with the current plan beside their measurements (no measuring)."""
     saved = json.load(open(path))
     a = saved["args"]
-    return [{**r, "planned": (p := planned(r["method"], a["config"], a["device"], a["tokens"], a["draft_layers"])),
+    return [{**r, "planned": (p := planned(r["method"], a["config"], a["device"], a["tokens"], a["draft_layers"],
+                                           "fsdp2" if r.get("sharding") == "fsdp2" else "ddp", r.get("processes", 1))),
              "planned_gib": p["total"]} for r in saved["results"]]
 
 
@@ -140,6 +148,9 @@ def run_method(args) -> dict:
 
     args.curriculum = LayerSkipConfig().curriculum  # the recipe's default, which the plan counts
     kwargs = {"use_cpu": not cuda, **({"bf16": True} if cuda else {})}
+    sharded = args.sharding == "fsdp2"
+    if sharded:
+        kwargs |= {"fsdp": "full_shard auto_wrap", "fsdp_config": {"version": 2}}
     small = argparse.Namespace(**{**vars(args), "tokens": 64})
     steps(small, _shrunk(cfg), frozen, kwargs, 1)  # loads every module's code first: the CPU's RSS counts it
     gc.collect()
@@ -150,8 +161,18 @@ def run_method(args) -> dict:
     args.rss_before_mb = status_mb("VmRSS")
     loss = steps(args, cfg, frozen, kwargs, args.draft_layers)
     measured = _peak(args)
-    planned_gib = planned(args.method, args.config, args.device, args.tokens, args.draft_layers)
+    processes = 1
+    if sharded:  # the largest process's peak
+        import torch.distributed as dist
+
+        processes = dist.get_world_size()
+        peaks = torch.tensor([measured, args.built_gib], dtype=torch.float64)
+        dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+        measured, args.built_gib = peaks.tolist()
+    planned_gib = planned(args.method, args.config, args.device, args.tokens, args.draft_layers,
+                          "fsdp2" if sharded else "ddp", processes)
     return {"method": args.method, "device": args.device, "tokens": args.tokens, "loss": loss,
+            "sharding": args.sharding, "processes": processes,
             "measured_gib": measured, "measured_built_gib": args.built_gib, "planned_gib": planned_gib["total"],
             "planned": planned_gib}
 
@@ -176,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=1)
     p.add_argument("--draft-layers", type=int, default=2, help="DistillSpec's draft: the target's config, this deep")
     p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--sharding", default="none", choices=("none", "fsdp2"),
+                   help="fsdp2: each method on --processes processes under torchrun, the trained module sharded")
+    p.add_argument("--processes", type=int, default=2, help="with --sharding fsdp2: processes (gloo on the CPU)")
     p.add_argument("--json", default=None)
     p.add_argument("--method", default=None, help=argparse.SUPPRESS)  # the child's one method
     p.add_argument("--output-dir", default=None, help=argparse.SUPPRESS)
@@ -186,13 +210,18 @@ def main(argv: list[str] | None = None) -> int:
         print(table(replan(args.replan)))
         return 0
     if args.method:
-        print(json.dumps(run_method(args)))
+        result = run_method(args)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(json.dumps(result))
         return 0
     results = []
     with tempfile.TemporaryDirectory() as out:
         for method in args.methods.split(","):
             cmd = [sys.executable, os.path.abspath(__file__), "--method", method, "--output-dir", out]
-            for name in ("config", "device", "tokens", "rows", "draft_layers"):
+            if args.sharding != "none":
+                cmd[:1] = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc_per_node",
+                           str(args.processes), "--master_port", str(29400 + len(results))]
+            for name in ("config", "device", "tokens", "rows", "draft_layers", "sharding"):
                 cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:

@@ -42,11 +42,22 @@ def test_counts_are_those_of_the_modules_the_recipes_build(target):
     assert medusa2.frozen == 2 * total and medusa2.trained > medusa.trained  # the frozen copy; the adapter trains
 
 
+def test_fsdp2_holds_its_root_unit_and_one_layer_whole(target):
+    """A fine-tuned target: its embeddings, LM head and final norm (the root unit) and one decoder layer; a head,
+    which has no layer units: all of it."""
+    layers = target.model.layers
+    outside = sum(p.numel() for p in target.parameters()) - sum(p.numel() for p in layers.parameters())
+    assert count("layerskip", target.config).gathered == outside + sum(p.numel() for p in layers[0].parameters())
+    eagle3 = count("eagle3", target.config)
+    assert eagle3.gathered == eagle3.trained
+
+
 def test_each_mode_divides_what_it_shards(target):
     c = count("eagle3", target.config)
     plans = {m: plan(c, m, 8, 1024, 2, 2, 64) for m in MODES}
     assert plans["ddp"]["trained_state"] == 16 * c.trained
-    assert plans["zero3"]["trained_state"] == plans["fsdp2"]["trained_state"] == 16 * c.trained // 8
+    assert plans["zero3"]["trained_state"] == 16 * c.trained // 8
+    assert plans["fsdp2"]["trained_state"] == 16 * c.trained // 8 + 12 * c.gathered  # the root unit held whole
     assert plans["zero3"]["trained_state"] < plans["zero2"]["trained_state"] < plans["ddp"]["trained_state"]
     assert plans["zero3-offload"]["trained_state"] == 8 * c.trained // 8
     assert plans["zero3"]["frozen_weights"] == 2 * c.frozen // 8 + 2 * c.layer  # partitioned, one layer gathered
