@@ -4,14 +4,11 @@ are the same on a target ZeRO-3 partitions (FSDP2 shards: the fingerprint) as on
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from two_processes import two_process_result
 
 from draftsmith.common.sharding import full_tensor, partitioned, whole
 
@@ -28,13 +25,7 @@ def test_plain_tensors_are_neither_partitioned_nor_copied():
 
 @pytest.mark.slow
 def test_fingerprints_and_heads_read_the_same_weights_under_zero3_and_fsdp2(tmp_path):
-    out = tmp_path / "reads.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2", "--master_port",
-                           "29690", str(HERE / "sharded_reads.py"), str(out)], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(out.read_text())
+    result = two_process_result(HERE / "sharded_reads.py", tmp_path / "reads.json", 29690)
     assert result["zero3_local_numel"] == 0  # the embedding really is partitioned on each process
     assert result["fsdp2"] == result["whole"] and result["zero3"] == result["whole"]
     assert result["zero3_built_equal"] == {"eagle3_lm_head": True, "eagle3_norm": True, "medusa_lm_head": True,

@@ -5,14 +5,11 @@ under it: tests/launch/test_scale_out.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from two_processes import two_process_result
 
 from draftsmith.data.tiny_models import random_model
 from draftsmith.trainers.cpu_fsdp import fsdp_settings, shard_units
@@ -48,13 +45,7 @@ def test_units_are_the_trained_decoder_layers_unless_told_otherwise():
 
 @pytest.mark.slow
 def test_two_processes_shard_gather_and_reload_exactly(tmp_path):
-    out = tmp_path / "shards.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2", "--master_port",
-                           "29691", str(COMMON / "fsdp_shards.py"), str(out)], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(out.read_text())
+    result = two_process_result(COMMON / "fsdp_shards.py", tmp_path / "shards.json", 29691, timeout=600)
     assert result == {"units": ["FSDPLlamaDecoderLayer", "FSDPLlamaForCausalLM"], "frozen_plain": True,
                       "trained_sharded": True, "gathered_equal": True, "reloaded_equal": True,
                       "other_rank_empty": True}
