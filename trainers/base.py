@@ -45,7 +45,7 @@ from draftsmith.data.generation import (
     split_prompts,
 )
 from draftsmith.inference.core.draft_length import expected_tau
-from draftsmith.trainers.cpu_fsdp import CpuFsdpCheckpoints, checkpoint_state, cpu_fsdp_wanted, shard_trained_module
+from draftsmith.trainers.cpu_fsdp import CpuFsdpCheckpoints, cpu_fsdp_wanted, shard_trained_module, whole_model_state
 from draftsmith.trainers.losses import acceptance_from_tvd
 from draftsmith.trainers.mixins import on_training_device
 
@@ -173,7 +173,7 @@ class FrozenTargetTrainer(CpuFsdpCheckpoints, transformers.Trainer):
         """The trained module's state dict with whole tensors on the main process (gathered under ZeRO-3 and FSDP2: a
         collective, every process calls this); ``None`` on the other processes where it is gathered."""
         if self.own_fsdp:
-            return checkpoint_state(self.model, True)
+            return whole_model_state(self.model) or None
         return self.accelerator.get_state_dict(self.model_wrapped)
 
     def whole_target(self):
@@ -325,7 +325,7 @@ class FrozenTargetTrainer(CpuFsdpCheckpoints, transformers.Trainer):
         reloads a checkpoint non-strictly) and with tied tensors (an embedding that is also the LM head) once,
         which safetensors requires; loading the one name restores both. A module sharded here (FSDP2 on CPU
         processes) is gathered whole onto the main process first (every process calls this)."""
-        whole = checkpoint_state(self.model, self.own_fsdp) if state_dict is None else None
+        whole = self.whole_state_dict() if self.own_fsdp and state_dict is None else None
         if self.own_fsdp and not self.args.should_save:
             return
         if state_dict is None and not isinstance(self.model, transformers.PreTrainedModel):

@@ -24,12 +24,9 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
-
-OPTIMIZER_FILE = "optimizer.pt"
-SCHEDULER_FILE = "scheduler.pt"
+from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
 
 
 def fsdp_settings(args, environ=None) -> dict | None:
@@ -87,7 +84,8 @@ def shard_trained_module(module: torch.nn.Module, fsdp_config: dict) -> torch.nn
 
 
 def whole_model_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The module's whole state dict on the main process (plain CPU tensors), ``{}`` on the others; a collective."""
+    """The module's whole state dict on the main process (plain CPU tensors; a frozen, unsharded weight as it is),
+    ``{}`` on the others; a collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -116,8 +114,8 @@ class CpuFsdpCheckpoints:
         state = get_optimizer_state_dict(self.model, self.optimizer,
                                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.args.should_save:
-            torch.save(state, os.path.join(output_dir, OPTIMIZER_FILE))
-            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_FILE))
+            torch.save(state, os.path.join(output_dir, OPTIMIZER_NAME))
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         if not self.own_fsdp or checkpoint is None:
@@ -125,11 +123,11 @@ class CpuFsdpCheckpoints:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         folder = Path(checkpoint)
-        if not (folder / OPTIMIZER_FILE).is_file():
+        if not (folder / OPTIMIZER_NAME).is_file():
             return None
-        state = torch.load(folder / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+        state = torch.load(folder / OPTIMIZER_NAME, map_location="cpu", weights_only=True)
         set_optimizer_state_dict(self.model, self.optimizer, state, options=StateDictOptions(full_state_dict=True))
-        self.lr_scheduler.load_state_dict(torch.load(folder / SCHEDULER_FILE, map_location="cpu", weights_only=True))
+        self.lr_scheduler.load_state_dict(torch.load(folder / SCHEDULER_NAME, map_location="cpu", weights_only=True))
         return None
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
@@ -151,14 +149,5 @@ class CpuFsdpCheckpoints:
             self.model.set_requires_gradient_sync(True)
 
 
-def checkpoint_state(module: torch.nn.Module, own_fsdp: bool) -> dict[str, Any] | None:
-    """The module's state dict to checkpoint: gathered whole onto the main process when sharded here (a
-    collective; ``None`` on the other processes), else ``None`` (the module's own ``state_dict()`` serves)."""
-    if not own_fsdp:
-        return None
-    state = whole_model_state(module)
-    return state or None
-
-
-__all__ = ["CpuFsdpCheckpoints", "checkpoint_state", "cpu_fsdp_wanted", "fsdp_settings", "load_whole_model_state",
+__all__ = ["CpuFsdpCheckpoints", "cpu_fsdp_wanted", "fsdp_settings", "load_whole_model_state",
            "shard_trained_module", "shard_units", "whole_model_state"]
