@@ -45,13 +45,15 @@ demo: install ## build the tiny zoo, distil its draft (300 steps), print the eva
 zoo: install ## build the tiny model zoo
 	$(VENV)/bin/draftsmith zoo build --size tiny
 
-# The figures of docs/BENCHMARKS.md (about 10 minutes on 2 idle cores once the zoo exists); bench-grid is the
+# The figures of docs/BENCHMARKS.md (about 35 minutes on 2 idle cores once the zoo exists, 25 of them float32 against
+# bfloat16 on SmolLM2's shape); bench-grid is the
 # DistillSpec divergence x data grid (about 45 minutes).
-bench: install ## the side-by-side figures of docs/BENCHMARKS.md (~10 min once the zoo exists)
+bench: install ## the side-by-side figures of docs/BENCHMARKS.md (~35 min once the zoo exists)
 	$(VENV)/bin/draftsmith eval --method draft --compare hf --limit 20 --max-new-tokens 64 --threads 1 \
 		--out runs/bench/compare_hf/report.json
 	$(PY) tests/benchmarks/bench_gkd.py --steps 100 --repeats 2 --json runs/bench/gkd.json
 	$(PY) tests/benchmarks/bench_kernel_memory.py --json runs/bench/kernel_memory.json
+	$(PY) tests/benchmarks/bench_precision.py --threads 1 --json runs/bench/precision.json
 
 bench-grid: install ## the DistillSpec divergence x data grid (~45 min)
 	$(PY) tests/benchmarks/bench_distillspec_grid.py --out-dir runs/distillspec_grid --steps 300 --jobs 2

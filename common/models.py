@@ -280,7 +280,7 @@ def load_model(name_or_path: str | os.PathLike, dtype: Any = "float32", device: 
     import transformers
 
     name_or_path = resolve_model_path(name_or_path)
-    if dtype == "auto":  # the precision policy: bfloat16 on CUDA, float32 elsewhere
+    if dtype == "auto":  # the precision policy: bfloat16 where native, float32 elsewhere
         dtype = resolve_dtype(dtype, device or "cpu")
     if is_gguf(name_or_path):
         if quantization != "none":

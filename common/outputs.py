@@ -140,12 +140,13 @@ def _existing_ancestor(path: Path) -> Path:
 
 
 def prepare_output(path: str | os.PathLike, flag: str, kind: str = "file", *, need_bytes: int | None = None,
-                   need: str = "", example: str | None = None) -> Path:
+                   need: str = "", example: str | None = None, create: bool = True) -> Path:
     """The output ``path`` of option ``flag`` checked and made ready to write, before any model loads: ``kind``
     ``file`` (an existing file is fine; a directory is refused; its directory is created) or ``dir`` (created; a
     file is refused); nothing may lie under a file; the directory must take a new file; with ``need_bytes``, its
     disk must have that much free (``need`` says what for). ``example`` names a file for the fix when a directory
-    was given for a file. Returns the path (``~`` expanded)."""
+    was given for a file. ``create=False`` creates nothing: the nearest existing directory above must take a new
+    file. Returns the path (``~`` expanded)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     path = output_path(path, flag)
@@ -163,7 +164,10 @@ def prepare_output(path: str | os.PathLike, flag: str, kind: str = "file", *, ne
         if kind == "file" and path.is_file() and not os.access(path, os.W_OK):
             raise OutputError(f"{flag} {path} is not writable (permission denied): make it writable or pass "
                               "another path")
-        directory.mkdir(parents=True, exist_ok=True)
+        if create:
+            directory.mkdir(parents=True, exist_ok=True)
+        else:
+            directory = ancestor
         tempfile.TemporaryFile(dir=directory).close()  # the one sure test that a new file can be made there
     except OSError as err:
         raise OutputError(f"{flag} {path} cannot be written: {failure_reason(err)}") from None

@@ -97,11 +97,12 @@ def same_target(recorded: Mapping, identity: Mapping) -> bool:
 
 
 def weights_sample_sha256(model, values: int = 4096) -> str:
-    """sha256 of the first ``values`` weights of the model's first and last parameter tensors (float32): tells two
-    checkpoints of one architecture apart without reading every weight. The same under ZeRO-3 or FSDP as on one
-    process (those two tensors are gathered: every process calls it then)."""
+    """sha256 of the first ``values`` weights of the model's first and last parameter tensors, rounded to bfloat16:
+    tells two checkpoints of one architecture apart without reading every weight, and is the same whether the model
+    is held in float32 or bfloat16 (answers written in one precision train a run in the other). The same under
+    ZeRO-3 or FSDP as on one process (those two tensors are gathered: every process calls it then)."""
     params = list(model.parameters())
-    blob = [full_tensor(p).flatten()[:values].float().cpu().numpy().tobytes() for p in (params[0], params[-1])]
+    blob = [full_tensor(p).flatten()[:values].bfloat16().float().cpu().numpy().tobytes() for p in (params[0], params[-1])]
     return hashlib.sha256(b"".join(blob)).hexdigest()
 
 

@@ -333,7 +333,8 @@ def generate_answers(
         "target": target,
         "prompts": {"source": source, "count": len(ids), "sha256": prompts_sha256(ids, prompts)},
         "draftsmith_version": __version__,
-        "environment": environment(device=str(next(model.parameters()).device), threads=torch.get_num_threads()),
+        "environment": environment(device=str(next(model.parameters()).device), threads=torch.get_num_threads(),
+                                   dtype=str(next(model.parameters()).dtype).removeprefix("torch.")),
         "created": (old_meta or {}).get("created", run["started"]),
         "runs": [*(old_meta or {}).get("runs", []), run],
     }

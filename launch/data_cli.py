@@ -251,7 +251,7 @@ def load_data_target(args: argparse.Namespace):
     """The target model (on ``--device``, in ``--dtype``) and its tokenizer."""
     from draftsmith.launch.targets import load_target, placement
 
-    device, args.dtype = placement(args)  # auto: bfloat16 on CUDA, float32 on the CPU
+    device, args.dtype = placement(args)  # auto: bfloat16 where native, else float32
     _, model, tokenizer = load_target(args.target, args.tokenizer, dtype=args.dtype, device=device)
     return model, tokenizer
 

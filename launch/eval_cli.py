@@ -185,7 +185,7 @@ def setup(args: argparse.Namespace):
         raise ConfigError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if args.draft_length is not None and args.draft_length < 1:
         raise ConfigError(f"--draft-length must be at least 1, got {args.draft_length}")
-    device, args.dtype = placement(args)  # auto: bfloat16 on CUDA, float32 on the CPU (as reported)
+    device, args.dtype = placement(args)  # auto: bfloat16 where native, else float32 (as reported)
     target_name = artefact_target(args.artefact, args.target)
     attention = None
     if getattr(args, "tree_attention", "mask") == "kernel":

@@ -17,7 +17,10 @@ def add_parser(sub) -> None:
     formats = export_formats()
     p.add_argument("--format", required=True, choices=tuple(formats),
                    help="the layout to write (docs/EXPORT.md): " + ", ".join(f"{f} ({m})" for f, m in formats.items()))
-    p.add_argument("--out", required=True, metavar="DIR", help="the export directory (replaced when it exists)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="the export directory: new or empty, or with --overwrite an earlier export of this format")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out when it holds an earlier export of the same format (nothing else is replaced)")
     p.add_argument("--target", metavar="PATH", default=None,
                    help="the target (Medusa heads sharing its LM head ship it; EAGLE heads take their layer sizes from "
                         "it; default: the one in the artefact's manifest); refused unless it is the target the "
@@ -28,14 +31,14 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from draftsmith.common.models import load_model
     from draftsmith.common.outputs import OutputLock, write_failures
-    from draftsmith.inference.artefacts.export import describe, export_artefact
-    from draftsmith.inference.artefacts.reader import read_manifest
+    from draftsmith.inference.artefacts.export import check_export, describe, export_artefact
     from draftsmith.launch.targets import resolve_model_arg
 
-    out = export_dir(args.out, args.artefact)
-    target_name = resolve_model_arg(args.target) if args.target else \
-        read_manifest(args.artefact)["target"].get("name_or_path")
-    with OutputLock(out, "--out", "file"):  # the lock sits beside the directory, which the export replaces whole
+    manifest = check_export(args.artefact, args.format)  # every input checked before anything is written
+    target_name = resolve_model_arg(args.target) if args.target else manifest["target"].get("name_or_path")
+    out = export_dir(args.out, args.artefact, args.format, args.overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)  # the lock sits beside the directory, which the export replaces
+    with OutputLock(out, "--out", "file"):
         target = load_model(target_name, "float32", what="target") if target_name else None
         with write_failures(out, f"the artefact as it was, and any earlier export in {out}"):
             out = export_artefact(args.artefact, args.format, out, target_model=target)
@@ -43,14 +46,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def export_dir(path: str, artefact: str):
-    """``--out`` checked before anything loads: a directory with room for the artefact's weights, new or empty or
-    an earlier export (it is replaced whole, so a directory of other files is refused)."""
-    from draftsmith.common.errors import OutputError
+def export_dir(path: str, artefact: str, fmt: str, overwrite: bool):
+    """``--out`` checked before anything is written (nothing is created here): a new or empty directory, or with
+    ``--overwrite`` an earlier export of ``fmt``, on a disk with room for the artefact's weights."""
     from draftsmith.common.outputs import prepare_output, weights_bytes
+    from draftsmith.inference.artefacts.checkpoint import check_replaceable
 
-    out = prepare_output(path, "--out", "dir", need_bytes=weights_bytes(artefact), need="the artefact's weights")
-    if any(out.iterdir()) and not ((out / "config.json").is_file() and (out / "model.safetensors").is_file()):
-        raise OutputError(f"--out {out} holds files that are not an export, and the export replaces the directory "
-                          "whole: pass a new or empty directory, or an earlier export to replace")
+    out = prepare_output(path, "--out", "dir", need_bytes=weights_bytes(artefact), need="the artefact's weights",
+                         create=False)
+    check_replaceable(out, fmt, overwrite)
     return out

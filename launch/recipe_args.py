@@ -57,8 +57,8 @@ class RecipeArguments:
                                                            "draft."))
     tokenizer: str | None = field(default=None, metadata=_help("Tokenizer (default: the target's, or the zoo's)."))
     zoo_size: str = field(default="tiny", metadata=_help("Built-in zoo used when --target is not given: tiny or small."))
-    dtype: str = field(default="auto", metadata=_help("Precision (draftsmith.common.precision): auto = bfloat16 on a "
-                                                      "CUDA GPU, float32 on the CPU; a 16-bit dtype holds the frozen "
+    dtype: str = field(default="auto", metadata=_help("Precision (draftsmith.common.precision): auto = bfloat16 where "
+                                                      "it is native (CUDA, CPUs with AVX512-BF16 or AMX), else float32; a 16-bit dtype holds the frozen "
                                                       "target in it and trains float32 master weights under autocast; "
                                                       "float32, bfloat16 or float16 to choose."))
     dataset: str | None = field(default=None, metadata=_help("Training data: a local .json/.jsonl/.parquet file "
@@ -261,7 +261,7 @@ def parse_recipe_args(method_config: type | None, argv: Sequence[str] | None = N
 
 
 def apply_precision(recipe, training, reparse, main_defaults: dict) -> tuple:
-    """The recipe's ``dtype`` resolved for the training device (``auto``: bfloat16 on CUDA, float32 on the CPU) and,
+    """The recipe's ``dtype`` resolved for the training device (``auto``: bfloat16 where native, else float32) and,
     for a 16-bit dtype, accelerate's mixed precision switched on (float32 master weights, autocast), unless the
     settings already chose it; a clash between the two is an error."""
     device = "cpu" if training.use_cpu or not _has_accelerator() else "cuda"

@@ -96,7 +96,8 @@ def check_resume_settings(checkpoint: str | os.PathLike | None, settings: dict[s
     history = list(record.get("changes") or [])
     if changed and not allow_changed:
         listed = ", ".join(f"{k} {_show(old)} -> {_show(new)}" for k, (old, new) in changed.items())
-        raise ConfigError(f"{checkpoint} was trained with other settings ({listed}): resume with the same settings, "
+        same = f"dtype={changed['dtype'][0]}" if "dtype" in changed else "the same settings"  # auto may resolve anew
+        raise ConfigError(f"{checkpoint} was trained with other settings ({listed}): resume with {same}, "
                           f"pass {ALLOW_FLAG} to continue with the new ones, or a new --output_dir to start afresh")
     return history + ([{"step": step, "changed": changed}] if changed else [])
 

@@ -201,13 +201,14 @@ def add_placement_options(group) -> None:
     from draftsmith.common.models import DTYPES
 
     group.add_argument("--dtype", default="auto", choices=DTYPES,
-                       help="weights dtype; auto (default): bfloat16 on CUDA, float32 on the CPU")
+                       help="weights dtype; auto (default): bfloat16 where native (CUDA, CPUs with AVX512-BF16 or "
+                            "AMX), else float32; float32 is the exact identity check")
     group.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
 
 
 def placement(args) -> tuple[str, str]:
     """``(device, dtype)`` of ``--device``/``--dtype``, checked (:func:`resolve_device`) and ``auto`` resolved:
-    bfloat16 on CUDA, float32 on the CPU (:func:`~draftsmith.common.precision.resolve_dtype`)."""
+    bfloat16 where native, else float32 (:func:`~draftsmith.common.precision.resolve_dtype`)."""
     from draftsmith.common.precision import resolve_dtype
 
     device = resolve_device(args.device)

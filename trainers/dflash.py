@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from draftsmith.common.errors import ConfigError
+from draftsmith.common.precision import first_argmax
 from draftsmith.inference.drafters.dflash import DFlashDraft, block_visibility, dflash_layers
 from draftsmith.inference.drafters.peagle import mask_token
 from draftsmith.trainers.eagle import EagleTrainer
@@ -232,7 +233,7 @@ class DFlashTrainer(EagleTrainer):
             hits = torch.zeros(targets.shape[:2] + (slots,), dtype=torch.bool, device=targets.device)  # [B, N, K]
             for k in range(1, slots + 1):
                 keep = targets[:, :, k] != IGNORE
-                top = head_rows_map(states[:, :, k][keep], head, lambda z, _, __: z.argmax(-1))
+                top = head_rows_map(states[:, :, k][keep], head, lambda z, _, __: first_argmax(z))
                 hits[:, :, k - 1][keep] = top.to(targets.device) == targets[:, :, k][keep]
             labelled = targets[..., 1:] != IGNORE  # [B, N, K]
             full = labelled.all(-1)  # blocks whose every slot has a label

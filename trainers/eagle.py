@@ -62,6 +62,7 @@ import torch.nn.functional as F
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import lm_head_rows
+from draftsmith.common.precision import first_argmax
 from draftsmith.common.sharding import whole
 from draftsmith.data.draft_vocab import answer_token_counts, ranked_counts
 from draftsmith.data.feature_cache import features_of
@@ -183,7 +184,7 @@ def eagle_losses(pred: torch.Tensor, target_features: torch.Tensor, lm_head: Lin
 
 def top1_agreement(pred: torch.Tensor, target_features: torch.Tensor, lm_head: LinearHead) -> torch.Tensor:
     """How often ``argmax LMHead(f^) == argmax LMHead(f)`` over the ``N`` rows (without gradient, chunked)."""
-    hits = head_rows_map(pred, lm_head, lambda z, _, t: (z.argmax(-1) == t.argmax(-1)).float(),
+    hits = head_rows_map(pred, lm_head, lambda z, _, t: (first_argmax(z) == first_argmax(t)).float(),
                          teacher_hidden=target_features, teacher=lm_head)
     return hits.sum()
 
@@ -298,7 +299,7 @@ class EagleTrainer(FrozenTargetTrainer):
                 step_embeds[1:] = embed(mask)
             following = feats[-1][:, 1:]  # [B, A, Ht]: the target's state at t+1, whose LM head gives p_{t+2}
             label_top1 = head_rows_map(following.reshape(-1, following.shape[-1]), LinearHead(target_head),
-                                       lambda z, _, __: z.argmax(-1)).view(following.shape[:2])  # [B, A], any token
+                                       lambda z, _, __: first_argmax(z)).view(following.shape[:2])  # [B, A], any token
             draftable = unrolled.t2d[label_top1]  # [B, A]: the target's next token inside the draft vocabulary
             labelled = torch.stack([ttt_anchors(labels, j) for j in range(steps)])  # [K, B, A]
             keep = torch.stack([ttt_anchors(labels, j, draftable) for j in range(steps)])  # [K, B, A] position_mask

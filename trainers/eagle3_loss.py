@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from draftsmith.common.precision import first_argmax
 from draftsmith.trainers.eagle3 import Eagle3TTT, shifted, unrolled_states
 from draftsmith.trainers.losses import LinearHead, head_rows_map, head_soft_cross_entropy
 
@@ -38,7 +39,7 @@ class Eagle3Training(Eagle3TTT):
             total = total + (decay[j] if isinstance(decay, list) else decay ** j) * ce
             ce_sums.append(ce.detach())
             if top1:
-                tops.append(self.to_target(head_rows_map(rows.detach(), draft, lambda z, _, __: z.argmax(-1))))
+                tops.append(self.to_target(head_rows_map(rows.detach(), draft, lambda z, _, __: first_argmax(z))))
         return total, torch.stack(ce_sums), tops
 
 

@@ -9,6 +9,7 @@ import torch
 
 from draftsmith.common.errors import ConfigError, TokenizerMismatchError
 from draftsmith.common.models import lm_head_rows
+from draftsmith.common.precision import first_argmax
 from draftsmith.data.chat import IGNORE_INDEX
 
 # config attributes that make the logits more than `last hidden state @ LM head.T (+ bias)`
@@ -25,9 +26,9 @@ def draft_labels(labels: torch.Tensor, rows: torch.Tensor, vocab_size: int) -> t
 def draft_argmax(logits: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:  # [N, V] -> [N]
     """The token the draft proposes greedily: the argmax over its vocabulary ``rows`` (all tokens when None)."""
     if rows is None:
-        return logits.argmax(-1)
+        return first_argmax(logits)
     rows = rows.to(logits.device)
-    return rows[logits[:, rows].argmax(-1)]
+    return rows[first_argmax(logits[:, rows])]
 
 
 def proposal_logits(logits: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:  # [..., V] -> [..., V]

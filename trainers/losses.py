@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from draftsmith.common.errors import ConfigError
+from draftsmith.common.precision import first_argmax
 from draftsmith.common.sharding import full_shape, partitioned
 from draftsmith.data.chat import IGNORE_INDEX
 from draftsmith.kernels import (
@@ -62,7 +63,7 @@ def acceptance_rows(student: torch.Tensor, teacher: torch.Tensor,
     TVD`` is the expected acceptance of speculative sampling) and whether the draft's greedy token over that
     vocabulary is the target's (greedy acceptance)."""
     tvd = divergence_per_token(proposal_logits(student, draft_ids), teacher, "tvd")  # [C]
-    return torch.stack([tvd, (draft_argmax(student, draft_ids) == teacher.argmax(-1)).to(tvd.dtype)], -1)
+    return torch.stack([tvd, (draft_argmax(student, draft_ids) == first_argmax(teacher)).to(tvd.dtype)], -1)
 
 
 def last_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:  # [B, T, H]

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from draftsmith.common.precision import native_bf16
 from draftsmith.data.zoo import ModelSpec, ZooSpec
 
 # called after every optimizer step with (stage, step); raising from it interrupts the build (tests use it)
@@ -25,17 +26,13 @@ StepHook = Callable[[str, int], None]
 
 
 def autocast_dtype(precision: str, device: str) -> torch.dtype | None:
-    """The autocast dtype for training (``None``: plain fp32); ``auto`` picks bf16 only where it is native."""
+    """The autocast dtype for training (``None``: plain fp32); ``auto`` picks bf16 only where it is native
+    (:func:`~draftsmith.common.precision.native_bf16`, the one probe)."""
     if precision == "fp32":
         return None
     if precision == "bf16":
         return torch.bfloat16
-    if device.startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    try:  # oneDNN reports whether this CPU has native bf16 (AVX512-BF16 or AMX)
-        return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else None
-    except (AttributeError, RuntimeError):
-        return None
+    return torch.bfloat16 if native_bf16(device) else None
 
 
 def lr_at(step: int, total: int, m: ModelSpec) -> float:

@@ -76,7 +76,7 @@ def export_dflash(draft: DFlashDraft, target_config, fmt: str, out: str | os.Pat
     """Write ``draft`` in layout ``fmt`` at ``out``, atomically."""
     if fmt not in DFLASH_FORMATS:
         raise ConfigError(f"DFlash export format {fmt!r} is unknown: choose one of {', '.join(DFLASH_FORMATS)}")
-    return write_export(out, export_tensors(draft), export_config(draft, target_config))
+    return write_export(out, export_tensors(draft), export_config(draft, target_config), fmt)
 
 
 def read_dflash_export(directory: str | os.PathLike, target) -> DFlashDraft:

@@ -189,8 +189,8 @@ def export_eagle(head, target_config, fmt: str, out: str | os.PathLike, speculat
                           "parallel_drafting); the speculators layout written here holds EAGLE-3 heads")
     if fmt == "speculators":
         return write_export(out, eagle_tensors(head, "eagle3"), speculators_config(head, target_config,
-                                                                                 speculative_tokens))
-    return write_export(out, eagle_tensors(head, fmt), layer_config(head, target_config, fmt))
+                                                                                 speculative_tokens), fmt)
+    return write_export(out, eagle_tensors(head, fmt), layer_config(head, target_config, fmt), fmt)
 
 
 def read_eagle_export(directory: str | os.PathLike, target) -> EagleHead | Eagle3Head:

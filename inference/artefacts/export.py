@@ -19,10 +19,10 @@ from draftsmith.inference.artefacts.medusa import describe_medusa_export
 from draftsmith.inference.artefacts.reader import check_target, read_manifest
 
 
-def export_artefact(artefact: str | os.PathLike, fmt: str, out: str | os.PathLike, target_model=None) -> Path:
-    """Export the artefact at ``artefact`` in format ``fmt`` (:func:`draftsmith.common.registry.export_formats`) to ``out``; the artefact is
-    read as every command reads it (:func:`~draftsmith.inference.artefacts.reader.read_manifest`: every file checked
-    against its manifest), and ``target_model``, when given, must be the target it was trained for."""
+def check_export(artefact: str | os.PathLike, fmt: str) -> dict:
+    """The manifest of ``artefact`` once it is known to export as ``fmt``: the format exists, the artefact is read as
+    every command reads it (:func:`~draftsmith.inference.artefacts.reader.read_manifest`: every file checked against
+    its manifest) and is of the format's method. Writes nothing."""
     formats = export_formats()
     if fmt not in formats:
         raise ConfigError(f"export format {fmt!r} is unknown: choose one of {', '.join(formats)}")
@@ -31,6 +31,16 @@ def export_artefact(artefact: str | os.PathLike, fmt: str, out: str | os.PathLik
     if manifest.get("method") != method:
         raise ConfigError(f"--format {fmt} exports {method} artefacts, but {artefact} is a {manifest.get('method')} "
                           "artefact")
+    return manifest
+
+
+def export_artefact(artefact: str | os.PathLike, fmt: str, out: str | os.PathLike, target_model=None) -> Path:
+    """Export the artefact at ``artefact`` in format ``fmt`` (:func:`draftsmith.common.registry.export_formats`) to
+    ``out`` (:func:`check_export`; an existing ``out`` only when it is an earlier export of ``fmt``:
+    :func:`~draftsmith.inference.artefacts.checkpoint.check_replaceable`); ``target_model``, when given, must be the
+    target it was trained for."""
+    manifest = check_export(artefact, fmt)
+    method = manifest["method"]
     if target_model is not None:  # heads of another target would ship with its LM head or layer sizes
         check_target(manifest, target_model, None, escape="leave --target out to use the target its manifest names")
     return resolve(REGISTRY.get(method).export_formats[fmt])(artefact, manifest, fmt, out, target_model)
@@ -45,4 +55,4 @@ def describe(out: str | os.PathLike) -> str:
     return f"{out}: {config['architectures'][0]} draft head, {tensors} tensors"
 
 
-__all__ = ["describe", "export_artefact"]
+__all__ = ["check_export", "describe", "export_artefact"]

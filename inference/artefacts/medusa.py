@@ -57,7 +57,7 @@ def vllm_medusa_tensors(heads: MedusaHeads, lm_head: torch.nn.Module | None) -> 
 
 def export_vllm_medusa(heads: MedusaHeads, lm_head: torch.nn.Module | None, out: str | os.PathLike) -> Path:
     """Write the vLLM Medusa directory (module docstring) at ``out``, atomically."""
-    return write_export(out, vllm_medusa_tensors(heads, lm_head), vllm_medusa_config(heads))
+    return write_export(out, vllm_medusa_tensors(heads, lm_head), vllm_medusa_config(heads), "vllm-medusa")
 
 
 def read_vllm_medusa(directory: str | os.PathLike) -> tuple[MedusaHeads, torch.nn.Linear | None]:

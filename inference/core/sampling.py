@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.common.errors import ConfigError
+from draftsmith.common.precision import first_argmax
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def process_logits(
     that crosses the threshold is kept), then softmax."""
     logits = logits.float()
     if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        return torch.nn.functional.one_hot(first_argmax(logits), logits.shape[-1]).float()
     logits = logits / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]

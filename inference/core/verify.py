@@ -44,6 +44,7 @@ from functools import cached_property
 import torch
 
 from draftsmith.common.errors import ProposerError
+from draftsmith.common.precision import first_argmax
 from draftsmith.inference.core.sampling import draw, residual, sample, uniform
 from draftsmith.inference.core.tree_shape import DeviceTree, TreeShape
 
@@ -348,7 +349,7 @@ def verify_greedy(
     draft: Draft,
 ) -> Verdict:
     """Follow the target's argmax from the root through the tree while a child matches it."""
-    choice = target_logits.argmax(-1)  # [1 + n]
+    choice = first_argmax(target_logits)  # [1 + n]
     device = choice.device
     if len(draft) == 0:
         return empty_verdict(choice[0])

@@ -66,6 +66,6 @@ def test_weights_written_by_safetensors_get_the_umask_mode(tmp_path, umask, mask
         save_file({"w": torch.zeros(2)}, str(tmp_path / name))
     umask_modes(tmp_path / "dir")
     umask_modes(tmp_path / "one.safetensors")
-    export = write_export(tmp_path / "export", {"w": torch.zeros(2)}, {"model_type": "llama"})
+    export = write_export(tmp_path / "export", {"w": torch.zeros(2)}, {"model_type": "llama"}, "eagle")
     for path in (*tmp_path.rglob("*.safetensors"), export / "config.json"):
         assert mode(path) == 0o666 & ~mask, path

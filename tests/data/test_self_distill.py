@@ -256,3 +256,15 @@ def test_answered_by_names_the_target_that_wrote_a_file_and_refuses_any_other(mo
     with pytest.raises(ConfigError, match="no .meta.json of `draftsmith data generate`") as err:
         answered_by(out, model, tok)
     assert "\n" not in str(err.value)
+
+
+def test_the_weights_sample_names_a_target_whatever_precision_it_is_held_in():
+    """Answers written by the bfloat16 target (dtype=auto on a bfloat16 CPU) train a float32 run, and back."""
+    import copy
+
+    from draftsmith.data.tiny_models import random_model
+
+    model = random_model("llama", seed=0)
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    assert weights_sample_sha256(model) == weights_sample_sha256(half)
+    assert weights_sample_sha256(model) != weights_sample_sha256(random_model("llama", seed=1))

@@ -175,3 +175,32 @@ def test_eval_hashes_an_artefact_once(artefacts, tiny_pair, tmp_path, monkeypatc
                         verify(directory, manifest))
     assert main([str(a) for a in evaluate(tiny_pair, artefacts[name], tmp_path)]) == 0
     assert len(calls) == 1
+
+
+def test_export_never_replaces_what_it_did_not_make_and_checks_its_inputs_first(artefacts, tmp_path, capsys):
+    """A directory of other files (even a model's config.json and model.safetensors) is never replaced; an earlier
+    export of the same format only with --overwrite; one of another format never; a refused export creates nothing."""
+    export = ["export", "--artefact", artefacts["medusa"], "--format", "vllm-medusa", "--out"]
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for name, text in (("config.json", "{}"), ("model.safetensors", "weights"), ("notes.txt", "precious\n")):
+        (model_dir / name).write_text(text)
+    refused(capsys, [*export, model_dir, "--overwrite"], "did not export", "pass a new or empty directory")
+    assert sorted(p.name for p in model_dir.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
+    assert (model_dir / "notes.txt").read_text() == "precious\n"
+
+    out = tmp_path / "new" / "medusa"  # an export into a new directory, then over itself
+    assert main([str(a) for a in [*export, out]]) == 0
+    assert (out / "draftsmith-export.json").is_file()
+    refused(capsys, [*export, out], "holds an earlier vllm-medusa export", "--overwrite")
+    assert main([str(a) for a in [*export, out, "--overwrite"]]) == 0
+    refused(capsys, ["export", "--artefact", artefacts["eagle"], "--format", "vllm-eagle", "--out", out, "--overwrite"],
+            "holds a vllm-medusa export, not vllm-eagle")
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    refused(capsys, [*export, a_file], "is a file")
+    for bad in ([*export[:4], "vllm-eagle", "--out", tmp_path / "never"],  # the wrong format for the artefact
+                ["export", "--artefact", tmp_path / "missing", "--format", "vllm-medusa", "--out", tmp_path / "never"]):
+        refused(capsys, bad)
+        assert not (tmp_path / "never").exists() and not list(tmp_path.glob(".never*"))

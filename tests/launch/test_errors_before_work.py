@@ -93,18 +93,6 @@ def test_outputs_of_the_wrong_kind_are_refused_before_models_load(tiny_pair, qfi
     assert "is a directory: pass a file path such as" in one_error(capsys)
     assert main(recipe_argv(tiny_pair, a_file)) == 2  # a file for the output directory
     assert "--output_dir" in (line := one_error(capsys)) and "is a file: pass a directory" in line
-    assert main(["export", "--artefact", str(tmp_path / "missing"), "--format", "vllm-medusa", "--out",
-                 str(a_file)]) == 2
-    assert "--out" in (line := one_error(capsys)) and "is a file" in line
-
-
-def test_export_refuses_to_replace_a_directory_of_other_files(tmp_path, capsys, no_model_loads):
-    mine = tmp_path / "mine"
-    mine.mkdir()
-    (mine / "notes.txt").write_text("precious\n")
-    assert main(["export", "--artefact", str(tmp_path / "art"), "--format", "vllm-medusa", "--out", str(mine)]) == 2
-    assert "not an export" in one_error(capsys)
-    assert (mine / "notes.txt").read_text() == "precious\n"
 
 
 @pytest.mark.parametrize("command", ["eval", "generate", "train"])

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 import transformers
 
 from draftsmith.common.errors import ConfigError
@@ -146,3 +147,30 @@ def test_whole_run_loss_weights_each_log_by_the_steps_it_covers():
     assert whole_run_loss(history, 6, run_loss=3.0, run_start=3) == pytest.approx((4 * 2 + 2 * 2 + 5) / 5)
     assert whole_run_loss([], 5, run_loss=0.7) == 0.7  # nothing logged: the Trainer's own mean
     assert whole_run_loss([{"loss": 0.5, "step": 4}], 4, run_loss=0.5) == 0.5
+
+
+def test_auto_trains_in_bfloat16_where_native_and_a_resume_across_the_dtype_is_refused(tiny_pair, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """On a CPU with native bfloat16, ``dtype=auto`` holds the target in bfloat16 and trains float32 master weights
+    under bfloat16 autocast, and the manifest says so; the same command on a machine without it (auto: float32)
+    refuses to resume that checkpoint in one line naming the dtype to pass."""
+    from safetensors import safe_open
+
+    out = tmp_path / "run"
+    base = ["--config", str(TEST_CONFIG), "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]),
+            "--draft", str(tiny_pair["draft"]), "--output_dir", str(out), "eval_strategy=no", "save_steps=2",
+            "tune=false"]
+    monkeypatch.setenv("DRAFTSMITH_NATIVE_BF16", "1")
+    first = run_recipe("distillspec", [*base, "max_steps=2"], None)
+    config = first.manifest["training"]["config"]
+    assert config["recipe"]["dtype"] == "bfloat16" and config["training_args"]["bf16"] is True
+    weights = next(first.artefact.rglob("*.safetensors"))
+    with safe_open(str(weights), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float32}  # the master weights
+
+    monkeypatch.setenv("DRAFTSMITH_NATIVE_BF16", "0")
+    capsys.readouterr()
+    assert recipe_main("distillspec", [*base, "max_steps=3", "--resume_from_checkpoint", "latest"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "dtype 'bfloat16' -> 'float32'" in err and "resume with dtype=bfloat16" in err
+    assert not (out / "checkpoint-3").exists()
