@@ -118,8 +118,12 @@ def resolve_openers(spec: str | None) -> tuple[str, ...]:
     if not path.is_file():
         raise ConfigError(f"--openers {spec!r} is neither a built-in set ({', '.join(OPENER_SETS)}) nor a file: pass "
                           "one of those or a text file with one opener per line")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"--openers {path} is not UTF-8 text (byte {err.start}): save it as UTF-8") from None
     openers = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -259,6 +259,9 @@ def load_data_target(args: argparse.Namespace):
 def run_generate(args: argparse.Namespace) -> int:
     from draftsmith.data.self_distill import generate_answers
 
+    from draftsmith.launch.engine_eval import refuse_engine_options_without_engine
+
+    refuse_engine_options_without_engine(args)
     batch_size = 1 if args.sequential else args.batch_size
     completer, generator = None, "draftsmith"
     if args.engine is not None:

@@ -40,6 +40,20 @@ def add_engine_options(g) -> None:
                         "(e.g. 1,4,16)")
 
 
+ENGINE_ONLY = {"engine_python": None, "engine_export": "auto", "concurrency": None}  # option -> its default
+
+
+def refuse_engine_options_without_engine(args: argparse.Namespace) -> None:
+    """Options that only mean something with ``--engine`` are refused without it (one line), not ignored."""
+    if getattr(args, "engine", None) is not None:
+        return
+    given = [name for name, default in ENGINE_ONLY.items() if getattr(args, name, default) != default]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ConfigError(f"{flags} {verb} only with --engine: add --engine vllm, or drop {flags}")
+
+
 def concurrency_list(value: str | None) -> list[int]:
     if not value:
         return []
@@ -112,4 +126,5 @@ def run_engine_eval(args: argparse.Namespace, setup: Callable, run_eval: Callabl
     return 0
 
 
-__all__ = ["add_engine_options", "concurrency_list", "engine_setup", "run_engine_eval"]
+__all__ = ["add_engine_options", "concurrency_list", "engine_setup", "refuse_engine_options_without_engine",
+           "run_engine_eval"]

@@ -285,6 +285,9 @@ def run(args: argparse.Namespace) -> int:
     from draftsmith.inference.core.sampling import SamplingParams
     from draftsmith.inference.evaluation.questions import read_questions
 
+    from draftsmith.launch.engine_eval import refuse_engine_options_without_engine
+
+    refuse_engine_options_without_engine(args)
     if args.engine is not None:  # vLLM as the backend (launch/engine_eval.py)
         from draftsmith.launch.engine_eval import run_engine_eval
 

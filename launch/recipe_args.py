@@ -126,6 +126,30 @@ def _normalise_overrides(argv: Sequence[str]) -> list[str]:
     return out
 
 
+class DuplicateKey(Exception):
+    def __init__(self, key: str, first: int, second: int) -> None:
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+def _unique_keys_loader():
+    """yaml's safe loader, refusing a mapping that sets a key twice (plain YAML keeps the last silently)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise DuplicateKey(str(key), seen[key], line)
+                seen[key] = line
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
+
+
 def read_yaml_config(path: str | os.PathLike) -> dict[str, Any]:
     import yaml
 
@@ -133,7 +157,10 @@ def read_yaml_config(path: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist: pass --config with a YAML file (see recipes/configs/)")
     try:
-        values = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+        values = yaml.load(path.read_bytes().decode("utf-8"), Loader=_unique_keys_loader()) or {}
+    except DuplicateKey as err:
+        raise ConfigError(f"config file {path} sets {err.key!r} twice (lines {err.first} and {err.second}): keep "
+                          "one") from None
     except OSError as err:
         raise ConfigError(f"config file {path} cannot be read ({err.strerror}): check its permissions") from None
     except UnicodeDecodeError:

@@ -72,6 +72,11 @@ def parse_question(row: object, where: str) -> Question:
             raise DataError(f"{where}: question {qid} turn {i + 1} is {type(turn).__name__}, expected a string")
         if not turn.strip():
             raise DataError(f"question {qid} ({where}) has an empty turn {i + 1}: give every turn some text or drop it")
+        try:
+            turn.encode("utf-8")
+        except UnicodeEncodeError as err:  # a lone surrogate escape such as "\ud800": no text can hold it
+            raise DataError(f"{where}: question {qid} turn {i + 1} holds {turn[err.start]!r} at character "
+                            f"{err.start}, a lone surrogate that is no text: fix or remove it") from None
     category = row.get("category", DEFAULT_CATEGORY)
     if not isinstance(category, str) or not category.strip():
         raise DataError(f"{where}: question {qid} has category {category!r}, expected a non-empty string")
@@ -101,6 +106,9 @@ def read_questions(path: str | Path | None = None, limit: int | None = None,
     the first ``per_category`` questions of each category (all when None), then the first ``limit`` of those, in
     file order. Any problem is a :class:`DataError` naming the file and line."""
     path = resolve_questions_path(path)
+    if path.is_dir():
+        raise DataError(f"questions file {path} is a directory: pass --questions with a Spec-Bench question.jsonl "
+                        "(such as the one inside it)")
     if not path.is_file():
         raise DataError(f"questions file {path} does not exist: pass --questions with a Spec-Bench question.jsonl")
     for flag, value in (("--limit", limit), ("--per-category", per_category)):

@@ -151,3 +151,13 @@ def test_openers_come_from_a_built_in_set_or_a_file(tmp_path):
     f.write_text("\n  \n")
     with pytest.raises(ConfigError, match="at least one"):
         resolve_openers(str(f))
+
+
+def test_an_openers_file_that_is_not_utf8_is_one_line(tmp_path):
+    from draftsmith.common.errors import ConfigError
+    from draftsmith.data.synthetic_prompts import resolve_openers
+
+    path = tmp_path / "openers.txt"
+    path.write_bytes(b"Translate:\n\xff\xfe latin-1\n")
+    with pytest.raises(ConfigError, match=r"openers.txt is not UTF-8 text \(byte 11\): save it as UTF-8"):
+        resolve_openers(str(path))

@@ -286,3 +286,16 @@ def test_repeatable_options_still_take_lists():
     args = build_parser().parse_args(["data", "generate", "--target", "t", "--prompts", "corpus", "--limit", "3", "--limit", "4",
                                       "--out", "x.jsonl"])
     assert args.limit == [3, 4]
+
+
+@pytest.mark.parametrize("extra", [["--concurrency", "4"], ["--engine-python", "/usr/bin/python3"],
+                                   ["--engine-export", "speculators"]])
+def test_engine_options_without_engine_are_refused_not_ignored(extra, tiny_pair, qfile, tmp_path, capsys,
+                                                               no_model_loads):
+    assert main(eval_argv(tiny_pair, qfile, tmp_path / "r.json", *extra)) == 2
+    line = one_error(capsys)
+    assert f"{extra[0]} applies only with --engine" in line and "add --engine vllm" in line
+    if extra[0] == "--engine-python":  # data generate takes it too
+        assert main(generate_argv(tiny_pair, tmp_path / "a.jsonl", *extra)) == 2
+        assert "--engine-python applies only with --engine" in one_error(capsys)
+        assert not (tmp_path / "a.jsonl").exists()

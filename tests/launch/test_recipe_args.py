@@ -63,3 +63,14 @@ def test_a_16_bit_dtype_trains_under_its_mixed_precision(tmp_path):
     assert recipe.dtype == "bfloat16" and targs.bf16 and targs.mixed_precision == "bf16"
     with pytest.raises(ConfigError, match="dtype=bfloat16 with fp16=true"):
         parse_recipe_args(None, ["--output_dir", str(tmp_path), "dtype=bfloat16", "--fp16", "true"])
+
+
+def test_a_config_that_sets_a_key_twice_is_refused_with_both_lines(tmp_path):
+    from draftsmith.launch.recipe_args import read_yaml_config
+
+    path = tmp_path / "twice.yaml"
+    path.write_text("max_steps: 10\nlearning_rate: 1.0e-3\nmax_steps: 20\n")
+    with pytest.raises(ConfigError, match=r"sets 'max_steps' twice \(lines 1 and 3\): keep one"):
+        read_yaml_config(path)
+    path.write_text("max_steps: 10\nnested: {a: 1, b: 2}\n")
+    assert read_yaml_config(path) == {"max_steps": 10, "nested": {"a": 1, "b": 2}}

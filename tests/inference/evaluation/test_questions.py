@@ -114,3 +114,13 @@ def test_bundled_broad_set_by_name():
                                                "stem", "humanities", "summarization", "qa", "rag", "translation"}
     assert sum(len(q.turns) == 2 for q in questions) == 11
     assert read_questions("dev", limit=3) == read_questions(None, limit=3)
+
+
+def test_a_lone_surrogate_and_a_directory_are_named_for_what_they_are(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question_id": 7, "category": "math", "turns": ["two \\ud800 three"]}\n')
+    with pytest.raises(DataError, match=r"q.jsonl:1: question 7 turn 1 holds '\\ud800' at character 4, a lone "
+                                        r"surrogate"):
+        read_questions(path)
+    with pytest.raises(DataError, match="is a directory: pass --questions with a Spec-Bench question.jsonl"):
+        read_questions(tmp_path)
