@@ -258,7 +258,6 @@ def load_data_target(args: argparse.Namespace):
 
 def run_generate(args: argparse.Namespace) -> int:
     from draftsmith.data.self_distill import generate_answers
-
     from draftsmith.launch.engine_eval import refuse_engine_options_without_engine
 
     refuse_engine_options_without_engine(args)

@@ -284,7 +284,6 @@ def claim_report(args: argparse.Namespace) -> Iterator[None]:
 def run(args: argparse.Namespace) -> int:
     from draftsmith.inference.core.sampling import SamplingParams
     from draftsmith.inference.evaluation.questions import read_questions
-
     from draftsmith.launch.engine_eval import refuse_engine_options_without_engine
 
     refuse_engine_options_without_engine(args)
