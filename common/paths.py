@@ -21,10 +21,11 @@ ZOO_PARTS = ("tokenizer", "target", "draft", "manifest.json")  # what a built zo
 
 
 def draftsmith_home(home: str | os.PathLike | None = None) -> Path:
-    """``home``, else ``$DRAFTSMITH_HOME``, else ``~/.cache/draftsmith`` (user-expanded)."""
+    """``home``, else ``$DRAFTSMITH_HOME``, else ``~/.cache/draftsmith`` (user-expanded, made absolute: a relative
+    one names the same directory in processes that run elsewhere, such as the engine's)."""
     if home is not None:
-        return Path(home).expanduser()
-    return Path(os.environ.get(HOME_ENV) or DEFAULT_HOME).expanduser()
+        return Path(home).expanduser().absolute()
+    return Path(os.environ.get(HOME_ENV) or DEFAULT_HOME).expanduser().absolute()  # the engine runs elsewhere
 
 
 def zoo_dir(size: str = "tiny", home: str | os.PathLike | None = None) -> Path:

@@ -87,7 +87,7 @@ def run_engine_eval(args: argparse.Namespace, setup: Callable, run_eval: Callabl
     """``setup(args) -> (target, tokenizer, info)`` and ``run_eval`` are ``draftsmith eval``'s own; ``options`` its
     method options as given."""
     from draftsmith.inference.core.sampling import SamplingParams
-    from draftsmith.inference.engines.environment import engine_python
+    from draftsmith.inference.engines.environment import engine_python, engine_versions
     from draftsmith.inference.engines.evaluate import engine_evaluate
     from draftsmith.inference.engines.report import parity, parity_table, summary_lines
     from draftsmith.inference.evaluation.questions import read_questions
@@ -96,6 +96,7 @@ def run_engine_eval(args: argparse.Namespace, setup: Callable, run_eval: Callabl
         raise ConfigError("--engine compares greedy answers: use --temperature 0 and no --check-distribution")
     python = engine_python(args.engine_python)  # refused before any model loads when missing
     levels = concurrency_list(args.concurrency)
+    engine_versions(python)  # an interpreter that is not the engine's is refused before any model loads
     out = Path(args.out or default_out)
     out.parent.mkdir(parents=True, exist_ok=True)
     questions = [replace(q, turns=q.turns[:1]) for q in read_questions(args.questions, limit=args.limit,

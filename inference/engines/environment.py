@@ -44,28 +44,51 @@ def vllm_package(cuda: bool) -> str:
 
 
 def engine_python(explicit: str | os.PathLike | None = None, home: str | os.PathLike | None = None) -> Path:
-    """The engine environment's interpreter: ``explicit``, else ``$DRAFTSMITH_VLLM_PYTHON``, else the default
-    environment's; a one-line error naming the fix when there is none."""
+    """The engine environment's interpreter, as an absolute path (the engine runs in another working directory):
+    ``explicit``, else ``$DRAFTSMITH_VLLM_PYTHON``, else the default environment's; a one-line error naming the fix
+    when there is none or it cannot be run."""
     chosen = explicit or os.environ.get(PYTHON_ENV)
-    python = Path(chosen) if chosen else engine_dir(home) / "bin" / "python"
+    python = Path(chosen).expanduser().absolute() if chosen else engine_dir(home).absolute() / "bin" / "python"
+    where = "--engine-python/$" + PYTHON_ENV if chosen else str(engine_dir(home))
     if not python.is_file():
-        where = "--engine-python/$" + PYTHON_ENV if chosen else str(engine_dir(home))
         raise EngineError(f"no vLLM environment at {python} ({where}): {SETUP_HINT}")
+    if not os.access(python, os.X_OK):
+        raise EngineError(f"{python} ({where}) is not executable: chmod +x it, or {SETUP_HINT}")
     return python
 
 
 def engine_versions(python: Path) -> dict:
-    """The versions the engine environment imports (vllm, torch, transformers, python); a one-line error when
-    vLLM does not import there."""
+    """The versions the engine environment imports (vllm, torch, transformers, python), checked: a one-line error
+    when the interpreter cannot run, is not Python, prints nothing or something else, lacks vLLM or has another
+    vLLM than :data:`VLLM_VERSION`."""
     code = ("import json, platform, torch, transformers, vllm; print(json.dumps({'vllm': vllm.__version__, "
             "'torch': torch.__version__, 'transformers': transformers.__version__, "
             "'python': platform.python_version()}))")
-    res = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=engine_env(),
-                         cwd=tempfile.gettempdir())
+    try:
+        res = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=engine_env(),
+                             cwd=tempfile.gettempdir(), timeout=600)
+    except OSError as err:  # no permission, no shebang, not a program for this machine
+        raise EngineError(f"{python} cannot be run ({err.strerror or err}): pass a Python interpreter, or "
+                          f"{SETUP_HINT}") from None
+    except subprocess.TimeoutExpired:
+        raise EngineError(f"{python} did not answer within 10 minutes: {SETUP_HINT}") from None
     if res.returncode != 0:
         last = (res.stderr.strip().splitlines() or ["no output"])[-1]
         raise EngineError(f"vLLM does not import in {python} ({last}): {SETUP_HINT}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    lines = res.stdout.strip().splitlines()
+    try:
+        versions = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        versions = None
+    if not (isinstance(versions, dict) and all(isinstance(versions.get(k), str) and versions[k]
+                                               for k in ("vllm", "torch", "transformers", "python"))):
+        said = repr(lines[-1][:80]) if lines else "nothing"
+        raise EngineError(f"{python} printed {said} where a Python with vLLM reports its versions: pass that "
+                          f"environment's python, or {SETUP_HINT}")
+    if versions["vllm"].split("+")[0] != VLLM_VERSION:
+        raise EngineError(f"{python} has vLLM {versions['vllm']}, and draftsmith's exports are checked against "
+                          f"vLLM {VLLM_VERSION} (0.33 dropped Medusa): {SETUP_HINT}")
+    return versions
 
 
 def engine_env(threads: int | None = None) -> dict[str, str]:
@@ -82,7 +105,7 @@ def setup_engine(directory: str | os.PathLike | None = None, cuda: bool | None =
                  pip_args: tuple[str, ...] = ()) -> dict:
     """Make (or repair) the engine environment at ``directory``: a virtual environment with vLLM, the three
     media packages removed, checked by importing vLLM; its versions recorded in ``RECORD``. Returns the record."""
-    directory = Path(directory) if directory else engine_dir()
+    directory = (Path(directory).expanduser() if directory else engine_dir()).absolute()  # bin/python runs elsewhere
     if cuda is None:
         cuda = shutil.which("nvidia-smi") is not None
     bin_python = directory / "bin" / "python"

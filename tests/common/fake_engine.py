@@ -13,11 +13,13 @@ import stat
 import sys
 from pathlib import Path
 
+from draftsmith.inference.engines.environment import VLLM_VERSION
+
 
 def make_fake_engine(directory: Path) -> Path:
     """An executable that stands in for the engine environment's python."""
     path = directory / "fake-python"
-    versions = '{"vllm": "fake", "torch": "fake", "transformers": "fake", "python": "fake"}'
+    versions = json.dumps({"vllm": VLLM_VERSION, "torch": "fake", "transformers": "fake", "python": "fake"})
     path.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then echo '{versions}'; exit 0; fi\n"  # engine_versions' probe
                     f"exec {sys.executable} {Path(__file__).resolve()} \"$2\" \"$3\"\n")
     path.chmod(path.stat().st_mode | stat.S_IEXEC)

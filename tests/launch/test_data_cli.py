@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from draftsmith.inference.engines.environment import VLLM_VERSION
 from draftsmith.launch.cli import main
 from draftsmith.launch.data_cli import load_prompts
 
@@ -203,4 +204,4 @@ def test_generate_through_the_engine_writes_the_same_rows_and_a_killed_run_resum
     assert "6 rows (4 new)" in capsys.readouterr().out
     assert _rows(theirs) == _rows(ours)  # greedy: the engine's answers are the target's, row for row, in prompt order
     runs = json.loads(Path(f"{theirs}.meta.json").read_text())["runs"]
-    assert [r["generator"] for r in runs] == ["vllm fake", "vllm fake"]
+    assert [r["generator"] for r in runs] == [f"vllm {VLLM_VERSION}"] * 2

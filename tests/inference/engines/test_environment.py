@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from fake_engine import make_fake_engine
 
@@ -57,3 +59,41 @@ def test_local_model_paths_are_made_absolute_for_the_engines_own_folder(tmp_path
     out = absolute_paths({"model": "target", "tokenizer": "org/hub-id", "speculative_config": {"model": "head"}})
     assert out["model"] == str(tmp_path / "target") and out["tokenizer"] == "org/hub-id"  # a hub id stays
     assert out["speculative_config"]["model"] == str(tmp_path / "head")
+
+
+def interpreter(tmp_path, name: str, body: str | None, executable: bool = True):
+    path = tmp_path / name
+    if body is not None:
+        path.write_text(body)
+        path.chmod(0o755 if executable else 0o644)
+    return path
+
+
+@pytest.mark.parametrize("name, body, executable, expected", [
+    ("garbage", "#!/bin/sh\necho 'hello there'\n", True, "printed 'hello there' where a Python with vLLM"),
+    ("silent", "#!/bin/sh\nexit 0\n", True, "printed nothing where a Python with vLLM"),
+    ("a-list", "#!/bin/sh\necho '[1, 2]'\n", True, "printed '[1, 2]' where a Python with vLLM"),
+    ("no-version", "#!/bin/sh\necho '{\"vllm\": \"\", \"torch\": \"2\", \"transformers\": \"5\", \"python\": \"3\"}'\n",
+     True, "where a Python with vLLM reports its versions"),
+    ("old-vllm", "#!/bin/sh\necho '{\"vllm\": \"0.31.0\", \"torch\": \"2\", \"transformers\": \"5\", \"python\": \"3\"}'"
+     "\n", True, "has vLLM 0.31.0, and draftsmith's exports are checked against vLLM"),
+    ("no-shebang", "echo hi\n", True, "cannot be run"),
+    ("fails", "#!/bin/sh\necho 'ModuleNotFoundError: vllm' >&2\nexit 1\n", True, "vLLM does not import"),
+])
+def test_every_way_an_interpreter_fails_is_one_line(tmp_path, name, body, executable, expected):
+    from draftsmith.inference.engines.environment import engine_versions
+
+    with pytest.raises(EngineError, match=re.escape(expected)):
+        engine_versions(engine_python(interpreter(tmp_path, name, body, executable)))
+
+
+def test_a_relative_or_unrunnable_interpreter_is_resolved_or_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fake = make_fake_engine(tmp_path)
+    assert engine_python(fake.name) == fake  # relative: made absolute, the engine runs in a folder of its own
+    with pytest.raises(EngineError, match="is not executable: chmod \\+x it"):
+        engine_python(interpreter(tmp_path, "plain", "#!/bin/sh\n", executable=False))
+    monkeypatch.setenv("DRAFTSMITH_HOME", "relative-home")
+    from draftsmith.common.paths import draftsmith_home
+
+    assert draftsmith_home() == tmp_path / "relative-home"
