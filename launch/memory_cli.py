@@ -10,6 +10,8 @@ from the dominant terms (:mod:`draftsmith.launch.memory_plan`; docs/LAUNCHING.md
 
 from __future__ import annotations
 
+import json
+
 from draftsmith.common.errors import ConfigError
 from draftsmith.launch.memory_plan import METHODS, MODES, PRESETS, count, plan
 
@@ -49,7 +51,36 @@ def model_config(spec: str, flag: str):
     if not (path / "config.json").is_file() and not path.is_file():
         raise ConfigError(f"{flag} {spec}: no config.json there; pass a model directory, a config.json or one of "
                           f"{', '.join(PRESETS)}")
-    return transformers.AutoConfig.from_pretrained(str(path))
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{flag} {file} is not a JSON config ({type(err).__name__}): pass a model's config.json") \
+            from None
+    if not isinstance(raw, dict) or not raw.get("model_type"):
+        raise ConfigError(f"{flag} {file} is not a model config (a JSON object with model_type): pass a model's "
+                          "config.json")
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(path))
+    except Exception as err:  # noqa: BLE001 -- transformers' config classes validate with error types of their own
+        first = " ".join(str(err).split())[-160:]
+        raise ConfigError(f"{flag} {file}: transformers refuses it ({first}): fix the config, or pass one of a model "
+                          "type transformers knows") from None
+    check_shape(config, f"{flag} {file}")
+    return config
+
+
+def check_shape(config, where: str) -> None:
+    """One line for a config whose shape no model has: non-positive sizes, heads that do not divide the width."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    sizes = {k: getattr(text, k, None) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                  "vocab_size")}
+    bad = [f"{k}={v}" for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
+    if bad:
+        raise ConfigError(f"{where}: {', '.join(bad)}: every size must be a whole number >= 1")
+    if getattr(text, "head_dim", None) is None and sizes["hidden_size"] % sizes["num_attention_heads"]:
+        raise ConfigError(f"{where}: hidden_size={sizes['hidden_size']} is not divisible by num_attention_heads="
+                          f"{sizes['num_attention_heads']} (and no head_dim is given): fix the config")
 
 
 def _params(n: int) -> str:
@@ -63,8 +94,11 @@ def _parse(args) -> tuple[list[str], list[str]]:
     if bad:
         raise ConfigError(f"unknown method or mode {', '.join(bad)}: methods {', '.join(METHODS)}; modes "
                           f"{', '.join(MODES)}")
-    if args.gpus < 1 or args.tokens < 1:
-        raise ConfigError(f"--gpus {args.gpus} and --tokens {args.tokens} must be >= 1")
+    if not modes:
+        raise ConfigError(f"--modes {args.modes!r} names no mode: pass some of {', '.join(MODES)}")
+    for flag, value in (("--gpus", args.gpus), ("--tokens", args.tokens), ("--draft-layers", args.draft_layers)):
+        if value < 1:
+            raise ConfigError(f"{flag} {value}: must be >= 1")
     return methods, modes
 
 

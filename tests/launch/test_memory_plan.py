@@ -93,3 +93,32 @@ def test_a_bad_target_or_method_is_one_line(tmp_path, capsys):
     assert len(err) == 2 and all(line.startswith("error:") for line in err)
 
 
+
+
+LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("{not json", "is not a JSON config"),
+    ("", "is not a JSON config"),
+    ("[1, 2]", "is not a model config"),
+    (json.dumps({"hidden_size": 64}), "is not a model config"),
+    (json.dumps({**LLAMA, "model_type": "no-such-model"}), "transformers refuses it"),
+    (json.dumps({**LLAMA, "hidden_size": 0}), "hidden_size=0: every size must be a whole number >= 1"),
+    (json.dumps({**LLAMA, "num_hidden_layers": -2}), "num_hidden_layers=-2"),
+    (json.dumps({**LLAMA, "hidden_size": 66}), "is not a multiple of the number of attention heads (4)"),
+])
+def test_a_broken_config_is_one_line(tmp_path, capsys, text, expected):
+    (tmp_path / "config.json").write_text(text)
+    assert main(["memory", "--target", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and expected in err[0], err
+
+
+@pytest.mark.parametrize("extra, expected", [(["--draft-layers", "0"], "--draft-layers 0: must be >= 1"),
+                                             (["--draft-layers", "-3"], "--draft-layers -3: must be >= 1"),
+                                             (["--modes", ""], "names no mode")])
+def test_non_positive_counts_and_no_modes_are_refused(capsys, extra, expected):
+    assert main(["memory", "--target", "llama-3.2-1b", *extra]) == 2
+    assert expected in capsys.readouterr().err
