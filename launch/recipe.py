@@ -34,6 +34,7 @@ from draftsmith.launch.after_training import after_training
 from draftsmith.launch.recipe_args import RecipeArguments, parse_recipe_args
 from draftsmith.launch.run_settings import (
     RUN_SETTINGS,
+    check_max_steps,
     check_resume_settings,
     checkpoint_step,
     settings_record,
@@ -334,6 +335,7 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
     settings = training_settings(method, method_config, recipe, targs, data_info,
                                  {role: target_identity(model, tokenizer) for role, model in models.items()})
     resume = resolve_resume(targs.resume_from_checkpoint, targs.output_dir)
+    check_max_steps(resume, targs.max_steps)
     changes = check_resume_settings(resume, settings, recipe.allow_changed_settings)
     with write_failures(targs.output_dir, lambda: checkpoint_kept(targs.output_dir)):  # full disk, read-only
         trainer = build_trainer(spec, models, method_config, targs, train, heldout, tokenizer,

@@ -12,10 +12,14 @@ step. :func:`training_settings` is the one place that says what is compared:
   data's sha256 (its name, a path, may move);
 - the identities of the target and the draft (:data:`IDENTITY_KEYS` of
   :func:`draftsmith.common.models.target_identity`; not their paths);
-- the precision (``dtype``) and the global batch (per-device batch x gradient accumulation x processes).
+- the precision (``dtype``) and the global batch (per-device batch x gradient accumulation x processes);
+- the optimizer and its schedule (:data:`OPTIMIZER_SETTINGS`: the learning rate, the scheduler and its warm-up, weight
+  decay, AdamW's betas and epsilon, gradient clipping): the Trainer restores the checkpoint's scheduler, so a new
+  learning rate would be silently ignored.
 
-Nothing else is: the number of steps, learning-rate settings, logging, evaluation cadence, output paths, the
-evaluate/tune flags and dataloader workers may change on resume.
+Nothing else is: the number of steps (a later ``max_steps`` extends the run; one below the checkpoint's step is
+refused by :func:`check_max_steps`), logging, evaluation cadence, output paths, the evaluate/tune flags and
+dataloader workers may change on resume.
 """
 
 from __future__ import annotations
@@ -36,14 +40,16 @@ DATA_SETTINGS = ("dataset_format", "max_length", "max_train_examples", "data_mix
 IDENTITY_KEYS = ("config_sha256", "tokenizer_sha256", "vocab_size")
 METHOD_FIELDS_NOT_COMPARED = ("feature_cache_dir", "feature_cache_budget_gb", "trajectory_dir")
 ALLOW_FLAG = "--allow-changed-settings"
+OPTIMIZER_SETTINGS = ("optim", "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps",
+                      "warmup_ratio", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm")
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 
 
 def training_settings(method: str, method_config, recipe, training_args, data_info: dict,
                       identities: dict[str, dict]) -> dict[str, Any]:
     """The compared settings of a run (see the module docstring), flat and JSON-normalised: ``method``,
-    ``method.<field>``, the data settings, ``seed``, ``data.sha256``, ``<role>.<identity key>``, ``dtype`` and
-    ``global_batch``."""
+    ``method.<field>``, the data settings, ``seed``, ``data.sha256``, ``<role>.<identity key>``, ``dtype``,
+    ``global_batch`` and :data:`OPTIMIZER_SETTINGS`."""
     config = asdict(method_config) if method_config is not None else {}
     settings: dict[str, Any] = {"method": method}
     settings |= {f"method.{k}": v for k, v in config.items() if k not in METHOD_FIELDS_NOT_COMPARED}
@@ -52,6 +58,7 @@ def training_settings(method: str, method_config, recipe, training_args, data_in
     for role, identity in sorted(identities.items()):
         settings |= {f"{role}.{k}": identity.get(k) for k in IDENTITY_KEYS}
     settings["dtype"] = recipe.dtype
+    settings |= {k: getattr(training_args, k, None) for k in OPTIMIZER_SETTINGS}
     settings["global_batch"] = (training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps
                                 * training_args.world_size)
     return json.loads(json.dumps(settings, default=str))
@@ -75,6 +82,18 @@ def checkpoint_step(checkpoint: str | os.PathLike) -> int:
         return state["global_step"]
     match = re.search(r"(\d+)$", Path(checkpoint).name)
     return int(match.group(1)) if match else 0
+
+
+def check_max_steps(checkpoint: str | os.PathLike | None, max_steps: int) -> None:
+    """A resume whose ``max_steps`` lies below the checkpoint's step would write the checkpoint's later model as
+    this run's: refused in one line."""
+    if checkpoint is None or max_steps is None or max_steps <= 0:
+        return
+    step = checkpoint_step(checkpoint)
+    if max_steps < step:
+        raise ConfigError(f"max_steps={max_steps} is below the step of {checkpoint} ({step}), which would be written "
+                          f"as this run's model: pass max_steps >= {step}, resume an earlier checkpoint, or a new "
+                          "--output_dir")
 
 
 def check_resume_settings(checkpoint: str | os.PathLike | None, settings: dict[str, Any],

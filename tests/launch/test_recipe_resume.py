@@ -84,6 +84,13 @@ def test_resume_refuses_changed_settings_and_records_the_allowed_ones(tiny_pair,
     assert len(losses) == 4 and len(set(losses)) == 4
     assert fourth.manifest["metrics"]["train_loss"] == pytest.approx(sum(losses) / 4)
 
+    # the optimizer's settings are compared (the Trainer would restore the old schedule silently), and a max_steps
+    # below the checkpoint's step is refused rather than writing the later model as this run's
+    with pytest.raises(ConfigError, match=r"learning_rate 0\.001 -> 0\.01"):
+        run_recipe("distillspec", [*resume, "max_steps=5", "learning_rate=0.01", "divergence=forward_kl"], None)
+    with pytest.raises(ConfigError, match=r"max_steps=2 is below the step of .*checkpoint-4 \(4\).*max_steps >= 4"):
+        run_recipe("distillspec", [*resume, "max_steps=2", "divergence=forward_kl"], None)
+
     # the recorded settings are now the new ones: the old divergence is the change
     with pytest.raises(ConfigError, match=r"method\.divergence 'forward_kl' -> 'tvd'"):
         run_recipe("distillspec", [*resume, "max_steps=5"], None)
@@ -101,7 +108,7 @@ def settings_of(tmp_path, *argv: str) -> dict:
 
 @pytest.mark.parametrize("argv", [
     ["logging_steps=3"], ["eval_steps=9", "eval_strategy=steps"], ["save_steps=7"], ["max_steps=99"],
-    ["learning_rate=0.5"], ["evaluate=true"], ["tune=true"], ["calibrate_tree=false"], ["eval_limit=3"],
+    ["evaluate=true"], ["tune=true"], ["calibrate_tree=false"], ["eval_limit=3"],
     ["dataloader_num_workers=2"], ["per_device_eval_batch_size=16"], ["report_to=none"], ["run_name=x"], ["--output_dir", "/tmp/elsewhere"],
     ["feature_cache_dir=/tmp/cache"], ["per_device_train_batch_size=4", "gradient_accumulation_steps=2"],
     ["allow_changed_settings=true"],
@@ -116,6 +123,8 @@ def test_settings_that_do_not_shape_training_are_not_compared(tmp_path, argv):
     (["max_train_examples=9"], "max_train_examples"), (["data_mix=balanced"], "data_mix"),
     (["eval_examples=9"], "eval_examples"), (["dataset_format=sharegpt"], "dataset_format"), (["seed=7"], "seed"),
     (["dtype=bfloat16"], "dtype"), (["gradient_accumulation_steps=2"], "global_batch"),
+    (["learning_rate=0.5"], "learning_rate"), (["lr_scheduler_type=constant"], "lr_scheduler_type"),
+    (["warmup_steps=3"], "warmup_steps"), (["weight_decay=0.1"], "weight_decay"), (["max_grad_norm=0.5"], "max_grad_norm"),
 ])
 def test_settings_that_shape_training_are_compared(tmp_path, argv, key):
     old, new = settings_of(tmp_path), settings_of(tmp_path, *argv)
