@@ -127,7 +127,9 @@ class DFlashDraft(nn.Module):
             raise ConfigError(f"DFlash layers {list(layers)}: give hidden-state indices in 1..{n_target - 1} (the "
                               "last layer's output is final-normed)")
         if not 0 <= int(mask_token_id) < int(target.config.vocab_size):
-            raise ConfigError(f"mask_token_id={mask_token_id} is not a token of the target's vocabulary")
+            raise ConfigError(f"mask_token_id={mask_token_id} is not a token of the target's vocabulary (0.."
+                              f"{int(target.config.vocab_size) - 1}): pass one of its ids, or -1 for the tokenizer's "
+                              "mask token")
         config = draft_config(target.config, num_layers)
         return cls(config, layers, int(target.config.hidden_size), block_size, mask_token_id)
 

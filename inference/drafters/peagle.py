@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from draftsmith.common.errors import ConfigError
 from draftsmith.inference.drafters.eagle import Eagle3Head
 
 
@@ -30,6 +31,10 @@ class PEagleHead(Eagle3Head):
     @classmethod
     def for_target(cls, target: nn.Module, d2t: torch.Tensor, t2d: torch.Tensor, layers: tuple[int, ...] | None = None,
                    mask_token_id: int = 0) -> PEagleHead:
+        vocab = int(target.config.vocab_size)
+        if not 0 <= int(mask_token_id) < vocab:
+            raise ConfigError(f"mask_token_id={mask_token_id} is not a token of the target's vocabulary (0..{vocab - 1}):"
+                              " pass one of its ids, or -1 for the tokenizer's mask token")
         head = super().for_target(target, d2t, t2d, layers)
         head.mask_token_id = int(mask_token_id)
         return head

@@ -141,3 +141,12 @@ def test_a_static_tree_over_the_blocks_top_k_is_token_identical():
         ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=24))
         out = generate(adapter, prompt, GenerationConfig(max_new_tokens=24), proposer)
         assert out.output_ids == ar.output_ids
+
+
+def test_a_mask_token_outside_the_vocabulary_is_one_line():
+    from draftsmith.common.errors import ConfigError
+
+    target = random_model("llama", seed=0, vocab_size=128)
+    d2t, t2d = draft_vocab(torch.arange(128), 96)
+    with pytest.raises(ConfigError, match=r"mask_token_id=999999 is not a token of the target's vocabulary \(0..127\)"):
+        PEagleHead.for_target(target, d2t, t2d, mask_token_id=999999)
