@@ -112,6 +112,18 @@ def resolve_option(name: str, declared: dict[str, EvalOption], command_line: dic
     return declared[name].default if value is None else value
 
 
+def option_source(name: str, declared: dict[str, EvalOption], command_line: dict[str, Any],
+                  manifest: dict | None) -> str:
+    """Where :func:`resolve_option`'s value of ``name`` came from, for messages: the flag, the artefact's
+    manifest, or the method's default."""
+    flag = (declared[name].cli_flag if name in declared else None) or "--" + name.replace("_", "-")
+    if command_line.get(name) is not None:
+        return flag
+    if manifest is not None and (manifest.get("proposer") or {}).get(name) is not None:
+        return f"the artefact's manifest.json (proposer.{name}; {flag} overrides it)"
+    return f"the method's default ({flag} overrides it)"
+
+
 # -- options shared by several methods ------------------------------------------------------------------------------
 
 DRAFT_LENGTH = EvalOption("draft_length", int, metavar="K",

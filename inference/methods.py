@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.common.errors import ArtefactError, ConfigError
-from draftsmith.common.eval_options import resolve_option
+from draftsmith.common.eval_options import option_source, resolve_option
 from draftsmith.common.models import load_model
 from draftsmith.common.registry import REGISTRY, resolve
 from draftsmith.inference.artefacts.reader import check_target, read_manifest
@@ -38,6 +38,18 @@ class ProposerContext:
         ``EvalOption`` in the registry entry)."""
         declared = REGISTRY.get(self.method).option_declarations()
         return resolve_option(name, declared, self.options, self.manifest, self.method)
+
+    def option_source(self, name: str) -> str:
+        """Where :meth:`option`'s value came from (the flag, the artefact's manifest, the default), for messages."""
+        return option_source(name, REGISTRY.get(self.method).option_declarations(), self.options, self.manifest)
+
+
+def draft_length(ctx: ProposerContext) -> int:
+    """The ``draft_length`` option, at least 1; a bad value names where it came from."""
+    length = int(ctx.option("draft_length"))
+    if length < 1:
+        raise ConfigError(f"draft length must be at least 1, got {length} from {ctx.option_source('draft_length')}")
+    return length
 
 
 def load_artefact(
@@ -94,9 +106,7 @@ def draft_model_proposer(ctx: ProposerContext):
         raise ConfigError("the draft method needs a draft model: pass --draft PATH (a draft sharing the target's "
                           "tokenizer)")
     check_same_tokenizer(ctx.target_model, draft, draft_name=name)
-    length = int(ctx.option("draft_length"))
-    if length < 1:
-        raise ConfigError(f"draft length must be at least 1, got {length}")
+    length = draft_length(ctx)
     policy = DraftLengthPolicy(length=length, mode=ctx.option("draft_length_mode"),
                                max_length=_max_length(ctx, length), relative_verify=_relative_verify(ctx))
     vocab = ctx.option("draft_vocab")
@@ -138,9 +148,7 @@ def early_exit_proposer(ctx: ProposerContext):
         exit_layer = max(1, ModelAdapter(ctx.target_model).num_layers // 4)
     if exit_layer is None:
         raise ConfigError("early-exit drafts with the target's first E layers: pass --exit-layer E")
-    length = int(ctx.option("draft_length"))
-    if length < 1:
-        raise ConfigError(f"draft length must be at least 1, got {length}")
+    length = draft_length(ctx)
     policy = DraftLengthPolicy(length=length, mode=ctx.option("draft_length_mode"),
                                max_length=_max_length(ctx, length), relative_verify=_relative_verify(ctx))
     return EarlyExitProposer(int(exit_layer), policy)

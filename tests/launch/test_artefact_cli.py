@@ -204,3 +204,10 @@ def test_export_never_replaces_what_it_did_not_make_and_checks_its_inputs_first(
                 ["export", "--artefact", tmp_path / "missing", "--format", "vllm-medusa", "--out", tmp_path / "never"]):
         refused(capsys, bad)
         assert not (tmp_path / "never").exists() and not list(tmp_path.glob(".never*"))
+
+
+def test_a_bad_value_read_from_a_manifest_says_so(copy, tiny_pair, tmp_path, capsys):
+    art = copy("distillspec")
+    edit_manifest(art, proposer={"draft_length": -3, "model_dir": "draft"})
+    refused(capsys, evaluate(tiny_pair, art, tmp_path), "draft length must be at least 1, got -3 from the artefact's "
+            "manifest.json (proposer.draft_length; --draft-length overrides it)")
