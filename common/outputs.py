@@ -342,7 +342,7 @@ def claim_output(path: str | os.PathLike, flag: str, kind: str = "file", *, lock
     """:func:`prepare_output` then, with ``lock``, hold the output's :class:`OutputLock` for the block; yields the
     path (``~`` expanded). Directories it created are removed again when the block fails and leaves them empty."""
     target = output_path(path, flag)
-    created = _first_missing(target if kind == "dir" else target.parent)
+    created = first_missing(target if kind == "dir" else target.parent)
     path = prepare_output(path, flag, kind, **checks)
     try:
         if not lock:
@@ -351,24 +351,24 @@ def claim_output(path: str | os.PathLike, flag: str, kind: str = "file", *, lock
         with OutputLock(path, flag, kind):
             yield path
     except BaseException:
-        _remove_empty(path if kind == "dir" else path.parent, created)
+        remove_empty(path if kind == "dir" else path.parent, created)
         raise
 
 
-def _first_missing(directory: Path) -> Path | None:
+def first_missing(directory: str | os.PathLike) -> Path | None:
     """The highest directory of ``directory``'s chain that does not exist yet (None when it exists)."""
     missing = None
-    current = directory.absolute()
+    current = Path(directory).expanduser().absolute()
     while not current.exists() and current != current.parent:
         missing, current = current, current.parent
     return missing
 
 
-def _remove_empty(directory: Path, top: Path | None) -> None:
+def remove_empty(directory: str | os.PathLike, top: Path | None) -> None:
     """Remove ``directory`` and its parents up to ``top`` while they are empty (best effort)."""
     if top is None:
         return
-    current = directory.absolute()
+    current = Path(directory).expanduser().absolute()
     while True:
         try:
             current.rmdir()
@@ -380,5 +380,6 @@ def _remove_empty(directory: Path, top: Path | None) -> None:
 
 
 __all__ = ["KINDS", "LOCK_NAME", "REASONS", "WRITE_ERRNOS", "OutputLock", "claim", "claim_output", "failure_reason",
+           "first_missing", "remove_empty",
            "is_write_failure", "lock_is_stale", "lock_path", "output_path", "prepare_output", "weights_bytes",
            "write_error", "write_failures"]

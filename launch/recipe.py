@@ -27,7 +27,7 @@ from typing import Any
 from draftsmith.common.errors import ConfigError, DraftsmithError, error_line
 from draftsmith.common.io import sha256_file
 from draftsmith.common.models import load_model, load_tokenizer, target_identity
-from draftsmith.common.outputs import claim, weights_bytes, write_failures
+from draftsmith.common.outputs import claim, first_missing, remove_empty, weights_bytes, write_failures
 from draftsmith.common.precision import trained_dtype
 from draftsmith.common.registry import MethodSpec, get_method, resolve
 from draftsmith.launch.after_training import after_training
@@ -326,48 +326,55 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
     transformers.set_seed(targs.seed)
     with targs.main_process_first(desc="building the zoo"):  # one process builds a missing zoo, the others wait
         paths = resolve_models(recipe, spec)
+    created = first_missing(targs.output_dir)  # what this run creates, removed again if it fails leaving it empty
     output = claim(targs.output_dir, "--output_dir", "dir", lock=targs.process_index == 0,  # before models load
                    need_bytes=weights_bytes(paths.get("draft")), need="the artefact's copy of the draft")
-    tokenizer = load_tokenizer(tokenizer_source(paths["target"], paths["tokenizer"]))
-    models = load_models(paths, recipe, method_config)
-    train, heldout, data_info = load_data(recipe, tokenizer, targs.seed)
-    check_target_answers(recipe, method_config, models["target"], tokenizer, paths["target"], data_info)
-    settings = training_settings(method, method_config, recipe, targs, data_info,
-                                 {role: target_identity(model, tokenizer) for role, model in models.items()})
-    resume = resolve_resume(targs.resume_from_checkpoint, targs.output_dir)
-    check_max_steps(resume, targs.max_steps)
-    changes = check_resume_settings(resume, settings, recipe.allow_changed_settings)
-    with write_failures(targs.output_dir, lambda: checkpoint_kept(targs.output_dir)):  # full disk, read-only
-        trainer = build_trainer(spec, models, method_config, targs, train, heldout, tokenizer,
-                                checkpoint_records={RUN_SETTINGS: settings_record(settings, changes)})
-        result = trainer.train(resume_from_checkpoint=resume)
-    train_loss = whole_run_loss(trainer.state.log_history, trainer.state.global_step, result.training_loss,
-                                run_start=checkpoint_step(resume) if resume else 0)
-    metrics = manifest_metrics(final_eval_metrics(trainer), train_loss)
-    training = {
-        "config": {"recipe": asdict(recipe), method: asdict(method_config),
-                   "training_args": {k: v for k, v in targs.to_dict().items() if "token" not in k}},
-        "seed": targs.seed,
-        "steps": trainer.state.global_step,
-        "tokens": trainer.trained_tokens,
-        "world_size": targs.world_size,
-        "parallelism": trainer.parallelism(),  # zero3, fsdp2, ddp, none
-        **trainer.manifest_training(),
-        "data": data_info,
-        "models": paths,
-        "settings_changes": changes,  # accepted by --allow-changed-settings on resume: {step, changed: {key: [old, new]}}
-    }
-    artefact = Path(targs.output_dir) / "artefact"
-    with write_failures(artefact, lambda: checkpoint_kept(targs.output_dir)):
-        manifest = save_artefact(trainer, spec, artefact, method_config=method_config, target_model=models["target"],
-                                 tokenizer=tokenizer, target_name=paths["target"], training=training, metrics=metrics)
-    reports: dict[str, dict] = {}
-    if trainer.is_world_process_zero():
-        print(f"artefact: {artefact}  (load it with: draftsmith eval --artefact {artefact})")
-        print("metrics: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float))))
-        reports = after_training(artefact, spec, recipe, targs, models["target"], tokenizer, paths,
-                                 sharded=trainer.sharded(),
-                                 load_target=lambda: load_models({"target": paths["target"]}, recipe, method_config)["target"])
+    try:
+        tokenizer = load_tokenizer(tokenizer_source(paths["target"], paths["tokenizer"]))
+        models = load_models(paths, recipe, method_config)
+        train, heldout, data_info = load_data(recipe, tokenizer, targs.seed)
+        check_target_answers(recipe, method_config, models["target"], tokenizer, paths["target"], data_info)
+        settings = training_settings(method, method_config, recipe, targs, data_info,
+                                     {role: target_identity(model, tokenizer) for role, model in models.items()})
+        resume = resolve_resume(targs.resume_from_checkpoint, targs.output_dir)
+        check_max_steps(resume, targs.max_steps)
+        changes = check_resume_settings(resume, settings, recipe.allow_changed_settings)
+        with write_failures(targs.output_dir, lambda: checkpoint_kept(targs.output_dir)):  # full disk, read-only
+            trainer = build_trainer(spec, models, method_config, targs, train, heldout, tokenizer,
+                                    checkpoint_records={RUN_SETTINGS: settings_record(settings, changes)})
+            result = trainer.train(resume_from_checkpoint=resume)
+        train_loss = whole_run_loss(trainer.state.log_history, trainer.state.global_step, result.training_loss,
+                                    run_start=checkpoint_step(resume) if resume else 0)
+        metrics = manifest_metrics(final_eval_metrics(trainer), train_loss)
+        training = {
+            "config": {"recipe": asdict(recipe), method: asdict(method_config),
+                       "training_args": {k: v for k, v in targs.to_dict().items() if "token" not in k}},
+            "seed": targs.seed,
+            "steps": trainer.state.global_step,
+            "tokens": trainer.trained_tokens,
+            "world_size": targs.world_size,
+            "parallelism": trainer.parallelism(),  # zero3, fsdp2, ddp, none
+            **trainer.manifest_training(),
+            "data": data_info,
+            "models": paths,
+            "settings_changes": changes,  # accepted by --allow-changed-settings on resume: {step, changed: {key: [old, new]}}
+        }
+        artefact = Path(targs.output_dir) / "artefact"
+        with write_failures(artefact, lambda: checkpoint_kept(targs.output_dir)):
+            manifest = save_artefact(trainer, spec, artefact, method_config=method_config, target_model=models["target"],
+                                     tokenizer=tokenizer, target_name=paths["target"], training=training, metrics=metrics)
+        reports: dict[str, dict] = {}
+        if trainer.is_world_process_zero():
+            print(f"artefact: {artefact}  (load it with: draftsmith eval --artefact {artefact})")
+            print("metrics: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float))))
+            reports = after_training(artefact, spec, recipe, targs, models["target"], tokenizer, paths,
+                                     sharded=trainer.sharded(),
+                                     load_target=lambda: load_models({"target": paths["target"]}, recipe, method_config)["target"])
+    except BaseException:
+        if output is not None:  # a refusal after the claim leaves no empty output directory behind
+            output.release()
+            remove_empty(targs.output_dir, created)
+        raise
     if output is not None:
         output.release()
     return RecipeResult(method, artefact, manifest, reports)

@@ -299,3 +299,10 @@ def test_engine_options_without_engine_are_refused_not_ignored(extra, tiny_pair,
         assert main(generate_argv(tiny_pair, tmp_path / "a.jsonl", *extra)) == 2
         assert "--engine-python applies only with --engine" in one_error(capsys)
         assert not (tmp_path / "a.jsonl").exists()
+
+
+def test_a_recipe_refused_after_its_output_is_claimed_leaves_no_directory_behind(tiny_pair, tmp_path, capsys):
+    out = tmp_path / "new" / "run"
+    assert main(recipe_argv(tiny_pair, out, "eval_examples=100000")) == 2  # the data cannot hold its held-out rows
+    assert "eval_examples=100000" in one_error(capsys)
+    assert not (tmp_path / "new").exists()
