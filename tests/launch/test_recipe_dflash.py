@@ -5,6 +5,7 @@ read back to the same draft."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,31 @@ def test_every_shipped_dflash_config_parses(path, tmp_path):
 
     recipe, dflash, targs = parse_recipe_args(DFlashConfig, ["--config", str(path), "--output_dir", str(tmp_path)])
     assert recipe.config == str(path) and targs.max_steps > 0 and dflash.block_size >= 2
+
+
+def test_a_resumed_run_gives_the_uninterrupted_runs_losses_and_weights(tiny_pair, tmp_path):
+    """The anchors of each micro-batch come from the seed, the step and the micro-batch, so a run resumed from its
+    step-2 checkpoint repeats the uninterrupted run bit for bit, though other draws used the global generator."""
+    from safetensors.torch import load_file
+
+    torch.set_num_threads(1)
+    target_dir = write_target(tmp_path, 4)
+
+    def run(out, *extra):
+        return run_recipe("dflash", ["--config", str(CONFIG), "--target", str(target_dir), "--dataset",
+                                     str(tiny_pair["dataset"]), "--output_dir", str(out), "max_steps=4", "save_steps=2",
+                                     "logging_steps=1", "eval_strategy=no", "calibrate_tree=false", "report_to=none",
+                                     "gradient_accumulation_steps=2", *extra])
+
+    def losses(out):
+        state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+        return [h["loss"] for h in state["log_history"] if "loss" in h]
+
+    run(tmp_path / "whole")
+    run(tmp_path / "cut")
+    shutil.rmtree(tmp_path / "cut" / "checkpoint-4")  # as if killed after checkpoint-2
+    torch.rand(1000)  # the global generator has moved on
+    run(tmp_path / "cut", "--resume_from_checkpoint", "latest")
+    assert losses(tmp_path / "cut") == losses(tmp_path / "whole") and len(losses(tmp_path / "whole")) == 4
+    whole, cut = (load_file(str(d / "checkpoint-4" / "model.safetensors")) for d in (tmp_path / "whole", tmp_path / "cut"))
+    assert whole.keys() == cut.keys() and all(torch.equal(whole[k], cut[k]) for k in whole)
