@@ -179,3 +179,27 @@ def environment(**extra: Any) -> dict:
     }
     env.update(extra)
     return env
+
+
+SUMS_FILE = "sha256sums.json"  # a directory's files and their sha256, written after them
+
+
+def write_sums(folder: str | os.PathLike) -> dict[str, str]:
+    """Hash every file under ``folder`` (relative paths, but :data:`SUMS_FILE` itself) into :data:`SUMS_FILE`,
+    atomically; returns the sums."""
+    root = Path(folder)
+    sums = {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != SUMS_FILE}
+    atomic_write_json(root / SUMS_FILE, {"format": "draftsmith-sha256sums/1", "files": sums})
+    return sums
+
+
+def changed_files(folder: str | os.PathLike) -> list[str] | None:
+    """The files of :data:`SUMS_FILE` that are missing or differ from their recorded sha256 (``[]``: every file is as
+    written), or None when ``folder`` records no readable sums."""
+    root = Path(folder)
+    record = read_json(root / SUMS_FILE)
+    if not (isinstance(record, dict) and isinstance(record.get("files"), dict)):
+        return None
+    return [name for name, digest in record["files"].items()
+            if not (root / name).is_file() or sha256_file(root / name) != digest]

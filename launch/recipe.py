@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.common.errors import ConfigError, DraftsmithError, error_line
-from draftsmith.common.io import sha256_file
+from draftsmith.common.io import SUMS_FILE, changed_files, sha256_file
 from draftsmith.common.models import load_model, load_tokenizer, target_identity
 from draftsmith.common.outputs import claim, first_missing, remove_empty, weights_bytes, write_failures
 from draftsmith.common.precision import trained_dtype
@@ -162,6 +162,8 @@ def complete_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
             json.loads((sub / TRAINER_STATE).read_text())
         except (json.JSONDecodeError, OSError):
             continue
+        if (sub / RUN_SETTINGS).is_file() and not (sub / SUMS_FILE).is_file():
+            continue  # a recipe's checkpoint whose sums a kill cut off
         found.append((int(m.group(1)), sub))
     return [p for _, p in sorted(found)]
 
@@ -186,6 +188,21 @@ def resolve_resume(value: str | None, output_dir: str | os.PathLike) -> str | No
         raise ConfigError(f"--resume_from_checkpoint {value}: not a complete checkpoint (no {TRAINER_STATE}); pass a "
                           "checkpoint-N directory, or `latest`")
     return str(path)
+
+
+def verify_checkpoint(checkpoint: str | None) -> None:
+    """Every file of a recipe's checkpoint as it was written (:data:`~draftsmith.common.io.SUMS_FILE`), before it is
+    resumed: a changed, truncated or missing file is one line naming it and the fix."""
+    if checkpoint is None:
+        return
+    changed = changed_files(checkpoint)
+    fix = "resume an earlier checkpoint (pass its path to --resume_from_checkpoint), or pass a new --output_dir"
+    if changed is None:
+        raise ConfigError(f"{checkpoint} records no checksums ({SUMS_FILE}), so its files cannot be checked (an older "
+                          f"draftsmith wrote it, or its save was cut short): {fix}")
+    if changed:
+        raise ConfigError(f"{checkpoint}: {', '.join(changed)} changed since the checkpoint was written (corrupted, "
+                          f"truncated or removed): {fix}")
 
 
 def checkpoint_kept(output_dir: str | os.PathLike) -> str:
@@ -337,6 +354,7 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
         settings = training_settings(method, method_config, recipe, targs, data_info,
                                      {role: target_identity(model, tokenizer) for role, model in models.items()})
         resume = resolve_resume(targs.resume_from_checkpoint, targs.output_dir)
+        verify_checkpoint(resume)
         check_max_steps(resume, targs.max_steps)
         changes = check_resume_settings(resume, settings, recipe.allow_changed_settings)
         with write_failures(targs.output_dir, lambda: checkpoint_kept(targs.output_dir)):  # full disk, read-only

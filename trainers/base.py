@@ -35,7 +35,7 @@ import torch
 import transformers
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from draftsmith.common.io import atomic_write_json, umask_modes
+from draftsmith.common.io import atomic_write_json, umask_modes, write_sums
 from draftsmith.data.collate import PadCollator, response_mask
 from draftsmith.data.generation import (
     eos_token_ids,
@@ -341,12 +341,17 @@ class FrozenTargetTrainer(CpuFsdpCheckpoints, transformers.Trainer):
 
     def _save_checkpoint(self, model, trial) -> None:
         """The :attr:`checkpoint_records` first (atomic files), then the Trainer's checkpoint, whose trainer state
-        (written last) marks it complete: a complete checkpoint always holds its records."""
+        marks it complete, then the sha256 of every file (:func:`~draftsmith.common.io.write_sums`), which a resume
+        verifies: a checkpoint with its records counts as complete only once its sums are written."""
+        folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         if self.checkpoint_records and self.args.should_save:
-            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             for name, record in self.checkpoint_records.items():
                 atomic_write_json(folder / name, record)
         super()._save_checkpoint(model, trial)
+        if self.checkpoint_records:
+            self.accelerator.wait_for_everyone()  # every process's shards written (ZeRO's, FSDP's) before they are hashed
+            if self.args.should_save and folder.is_dir():
+                write_sums(folder)
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """Resuming leaves the frozen parameters a checkpoint left out as built, and restores every name of a tied

@@ -183,3 +183,34 @@ def test_auto_trains_in_bfloat16_where_native_and_a_resume_across_the_dtype_is_r
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "dtype 'bfloat16' -> 'float32'" in err and "resume with dtype=bfloat16" in err
     assert not (out / "checkpoint-3").exists()
+
+
+def test_a_checkpoint_is_verified_against_the_sums_written_with_it(tiny_pair, tmp_path, capsys):
+    """Every checkpoint records the sha256 of its files; a resume refuses a flipped bit, a truncated optimizer
+    state or a removed file in one line, and a checkpoint whose sums a kill cut off is not counted complete."""
+    out = tmp_path / "run"
+    base = ["--config", str(TEST_CONFIG), "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]),
+            "--draft", str(tiny_pair["draft"]), "--output_dir", str(out), "eval_strategy=no", "save_steps=2",
+            "tune=false", "save_total_limit=3"]
+    run_recipe("distillspec", [*base, "max_steps=4"], None)
+    sums = json.loads((out / "checkpoint-4" / "sha256sums.json").read_text())["files"]
+    assert {"model.safetensors", "optimizer.pt", "trainer_state.json", RUN_SETTINGS} <= sums.keys()
+
+    def refused(checkpoint: str, *expected: str) -> None:
+        capsys.readouterr()
+        assert recipe_main("distillspec", [*base, "max_steps=5", "--resume_from_checkpoint", checkpoint]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith("error:") and all(e in err for e in expected), err
+
+    model = out / "checkpoint-4" / "model.safetensors"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0x40  # one exponent bit of one weight
+    model.write_bytes(bytes(data))
+    refused(str(out / "checkpoint-4"), "model.safetensors changed since the checkpoint was written",
+            "resume an earlier checkpoint")
+    optimizer = out / "checkpoint-2" / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])
+    refused(str(out / "checkpoint-2"), "optimizer.pt changed")
+    (out / "checkpoint-4" / "sha256sums.json").unlink()  # as if killed before the sums were written
+    refused("latest", "checkpoint-2", "optimizer.pt changed")  # checkpoint-4 is no longer the latest complete one
+    refused(str(out / "checkpoint-4"), "records no checksums")
