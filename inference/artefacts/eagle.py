@@ -184,6 +184,9 @@ def export_eagle(head, target_config, fmt: str, out: str | os.PathLike, speculat
     if fmt not in EAGLE_FORMATS:
         raise ConfigError(f"EAGLE export format {fmt!r} is unknown: choose one of {', '.join(EAGLE_FORMATS)}")
     check_portable(head)
+    if fmt == "speculators" and not isinstance(head, Eagle3Head):
+        raise ConfigError("--format speculators exports EAGLE-3 heads; this artefact is EAGLE-1: use vllm-eagle or "
+                          "sglang-eagle")
     if fmt == "speculators" and isinstance(head, PEagleHead):
         raise ConfigError("a P-EAGLE head exports as --format eagle3 (vLLM serves it as method eagle3 with "
                           "parallel_drafting); the speculators layout written here holds EAGLE-3 heads")

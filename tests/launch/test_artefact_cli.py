@@ -211,3 +211,9 @@ def test_a_bad_value_read_from_a_manifest_says_so(copy, tiny_pair, tmp_path, cap
     edit_manifest(art, proposer={"draft_length": -3, "model_dir": "draft"})
     refused(capsys, evaluate(tiny_pair, art, tmp_path), "draft length must be at least 1, got -3 from the artefact's "
             "manifest.json (proposer.draft_length; --draft-length overrides it)")
+
+
+def test_the_speculators_layout_of_an_eagle1_head_names_the_format_asked_for(artefacts, tiny_pair, tmp_path, capsys):
+    refused(capsys, ["export", "--artefact", artefacts["eagle"], "--format", "speculators", "--out", tmp_path / "out",
+                     "--target", tiny_pair["target"]], "--format speculators exports EAGLE-3 heads", "use vllm-eagle")
+    assert not (tmp_path / "out").exists()
