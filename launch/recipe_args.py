@@ -115,12 +115,12 @@ class RecipeArguments:
 
 
 def _normalise_overrides(argv: Sequence[str]) -> list[str]:
-    """``key=value`` tokens (not starting with ``-``) become ``--key value``."""
+    """``key=value`` tokens (not starting with ``-``) become ``--key=value``: one token, so that a value starting with
+    ``-`` (``layers=-50,1``) is read as the value, not as a flag."""
     out: list[str] = []
     for token in argv:
         if not token.startswith("-") and "=" in token and re.match(r"^[A-Za-z_][\w.]*=", token):
-            key, value = token.split("=", 1)
-            out += [f"--{key}", value]
+            out.append(f"--{token}")
         else:
             out.append(token)
     return out

@@ -74,3 +74,11 @@ def test_a_config_that_sets_a_key_twice_is_refused_with_both_lines(tmp_path):
         read_yaml_config(path)
     path.write_text("max_steps: 10\nnested: {a: 1, b: 2}\n")
     assert read_yaml_config(path) == {"max_steps": 10, "nested": {"a": 1, "b": 2}}
+
+
+def test_a_value_that_starts_with_a_dash_is_a_value(tmp_path):
+    from draftsmith.launch.recipe_args import parse_recipe_args
+    from draftsmith.trainers.dflash import DFlashConfig
+
+    _, method, _ = parse_recipe_args(DFlashConfig, ["layers=-50,1", "--output_dir", str(tmp_path)])
+    assert method.layers == "-50,1"  # refused later, naming the layers, not "expected one argument"
