@@ -16,11 +16,10 @@ embeddings) beside a frozen target, and does once what each of those methods wou
   (the correction transformers applies to its own causal-LM loss since 4.46); subclasses return the *sum* of
   their per-token losses from :meth:`loss_sum`;
 - loss tokens are counted and logged (``trained_tokens``), resumed runs continue the count;
-- evaluation accumulates sums (e.g. TVD and greedy agreement) that :meth:`eval_metrics` turns into metrics,
-  reduced over processes (see :func:`acceptance_metrics`).
+- evaluation accumulates sums (TVD, greedy agreement) that :meth:`eval_metrics` turns into metrics over processes;
+- every checkpoint records the sha256 of its files, which a resume verifies.
 
-The settings and helpers several methods share (target answers, the feature cache, a tuned copy of the target)
-are in :mod:`draftsmith.trainers.mixins`.
+Shared settings and helpers (target answers, the feature cache, a tuned copy of the target): :mod:`.mixins`.
 """
 
 from __future__ import annotations
@@ -340,18 +339,15 @@ class FrozenTargetTrainer(CpuFsdpCheckpoints, transformers.Trainer):
         umask_modes(output_dir or self.args.output_dir)
 
     def _save_checkpoint(self, model, trial) -> None:
-        """The :attr:`checkpoint_records` first (atomic files), then the Trainer's checkpoint, whose trainer state
-        marks it complete, then the sha256 of every file (:func:`~draftsmith.common.io.write_sums`), which a resume
-        verifies: a checkpoint with its records counts as complete only once its sums are written."""
+        """The :attr:`checkpoint_records`, the Trainer's checkpoint, then every file's sha256 (:func:`write_sums`)."""
         folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        if self.checkpoint_records and self.args.should_save:
-            for name, record in self.checkpoint_records.items():
-                atomic_write_json(folder / name, record)
+        save = self.checkpoint_records and self.args.should_save
+        for name, record in self.checkpoint_records.items() if save else ():
+            atomic_write_json(folder / name, record)
         super()._save_checkpoint(model, trial)
-        if self.checkpoint_records:
-            self.accelerator.wait_for_everyone()  # every process's shards written (ZeRO's, FSDP's) before they are hashed
-            if self.args.should_save and folder.is_dir():
-                write_sums(folder)
+        self.accelerator.wait_for_everyone()  # every process's shards written (ZeRO's, FSDP's) before they are hashed
+        if save and folder.is_dir():
+            write_sums(folder)
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """Resuming leaves the frozen parameters a checkpoint left out as built, and restores every name of a tied
