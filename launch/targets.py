@@ -109,14 +109,15 @@ def check_hub_model(name: str, flag: str) -> None:
 def resolve_model_arg(value: str | os.PathLike, flag: str = "--target", role: str = "target", *,
                       check_hub: bool = True) -> str:
     """What ``value`` of option ``flag`` names, checked before anything loads (module docstring): the model directory
-    (a built zoo's directory gives its ``role`` part), the checked ``.gguf`` file, the named target as it is named, or
-    the hub id (its config fetched when ``check_hub``). A one-line :class:`ConfigError` names ``flag`` otherwise."""
+    (a built zoo's directory gives its ``role`` part) or the checked ``.gguf`` file as an absolute path, the named
+    target as it is named, or the hub id (its config fetched when ``check_hub``). A one-line :class:`ConfigError`
+    names ``flag`` otherwise."""
     text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
     if not text.strip() or "\x00" in text:
         raise ConfigError(f"{flag} {text!r} is not a model: pass {KINDS}")
     if text in NAMED_MODELS and not Path(text).exists():
         return text
-    path = Path(text).expanduser()
+    path = Path(text).expanduser().absolute()  # a manifest that records it resolves from any working directory
     shown = path if text.startswith("~") else text
     if path.is_dir():
         if (path / "config.json").is_file():

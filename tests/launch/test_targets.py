@@ -4,6 +4,8 @@ option at fault."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from draftsmith.common.errors import ConfigError
@@ -191,3 +193,14 @@ def test_commands_that_measure_load_their_target_where_and_as_asked(monkeypatch,
         run([])
     assert (got["device"], got["dtype"]) == ("cpu", "float32")  # auto on a machine without CUDA
     assert run(["--device", "tpu9"]) == 2
+
+
+def test_a_relative_model_directory_resolves_to_an_absolute_path(tiny_pair, tmp_path, monkeypatch):
+    """A manifest records the target as resolved, so an export or eval run from another directory finds it."""
+    from draftsmith.launch.targets import resolve_model_arg
+
+    monkeypatch.chdir(tiny_pair["target"].parent)
+    resolved = resolve_model_arg(tiny_pair["target"].name)
+    assert resolved == str(tiny_pair["target"].absolute())
+    monkeypatch.chdir(tmp_path)
+    assert Path(resolved).is_dir()
