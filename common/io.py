@@ -102,7 +102,7 @@ def recover_jsonl(path: str | os.PathLike) -> list[Any]:
             raise write_error(path, err, f"{path} with a torn last line, which the next read cuts off",
                               exact=False) from None
     out = []
-    for line in data[:end].decode("utf-8", errors="replace").splitlines():
+    for line in data[:end].decode("utf-8", errors="replace").split("\n"):  # not splitlines: U+2028 is in rows
         if not line.strip():
             continue
         try:

@@ -15,8 +15,13 @@ hidden state, the input of the LM head). Only the layers the method needs are ke
   (``data_key`` in its manifest) instead of building another: EAGLE-1 reuses EAGLE-3's cache.
 - **Budgeted**: before writing, the size per million tokens and the estimate for these rows are printed, and a
   build whose estimate exceeds the stated disk budget (or the free space) is refused with a one-line error.
-- **Resumable**: rows go to shards in a fixed order and each shard is written to a temporary file and renamed;
-  a killed build rerun skips the shards that exist and writes the rest (no row lost or duplicated).
+- **Resumable**: rows go to shards in a fixed order and each shard is written to a temporary file, hashed (its
+  sha256 beside it, ``shard-00000.sha256``) and renamed; a killed build rerun skips the shards that exist and match
+  their hash and writes the rest (no row lost or duplicated).
+- **Verified**: a complete manifest records every shard's sha256 and size and its own sha256 (``manifest_sha256``).
+  A reader checks the manifest's shape and self-hash and every shard's size when it opens the cache, and each shard's
+  sha256 as it loads it, so a truncated, deleted, flipped or hand-edited part is a one-line :class:`DataError` naming
+  it and the fix (delete the cache; the recipe rebuilds it), never a traceback or a model trained on it.
 - **Shardable**: ``shard_rows`` rows per shard; a reader loads one shard at a time, and training samples the rows
   in shard order (:class:`ShardOrderSampler`: the shards in a shuffled order, the rows of each shuffled), so each
   shard is read once per epoch.
@@ -31,7 +36,6 @@ those, so the cache holds exactly the sequences the head trains on.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -41,12 +45,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
-from draftsmith.common.errors import ConfigError
-from draftsmith.common.io import atomic_write_json, read_json, umask_modes
+from draftsmith.common.errors import ConfigError, DataError
+from draftsmith.common.io import atomic_write_json, read_json
 from draftsmith.common.models import target_identity
 from draftsmith.data.chat import IGNORE_INDEX
+from draftsmith.data.feature_shards import (
+    DTYPES,
+    FORMAT,
+    check_manifest,
+    finish_feature_cache,
+    read_shard,
+    save_shard,
+    shard_name,
+    shard_sum,
+)
 from draftsmith.data.generation import (
     eos_token_ids,
     pad_token_id,
@@ -54,9 +67,6 @@ from draftsmith.data.generation import (
     sequences_from_generations,
     split_prompts,
 )
-
-FORMAT = "draftsmith-features/1"
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -102,9 +112,11 @@ def covering_cache(root: str | os.PathLike, key: str, layers: Sequence[int]) -> 
     of layers ``(2, 15, 27, -1)`` serves EAGLE-1's ``(-1,)`` on the same rows), else ``None``."""
     root = Path(root)
     for manifest_path in sorted(root.glob("*/manifest.json")) if root.is_dir() else ():
-        manifest = read_json(manifest_path)
-        if (manifest and manifest.get("complete") and manifest.get("format") == FORMAT
-                and manifest.get("data_key") == key and set(layers) <= set(manifest.get("layers", ()))):
+        try:
+            manifest = check_manifest(manifest_path.parent)
+        except DataError:
+            continue  # a damaged cache serves nothing (reading it names the problem)
+        if manifest.get("data_key") == key and set(layers) <= set(manifest["layers"]):
             return manifest_path.parent
     return None
 
@@ -133,10 +145,6 @@ def _shards(n: int, per: int) -> list[tuple[int, int]]:
     return [(s, min(n, s + per)) for s in range(0, n, per)]
 
 
-def _shard_name(k: int) -> str:
-    return f"shard-{k:05d}.safetensors"
-
-
 @torch.no_grad()
 def _features(target, rows: Sequence[dict], layers: Sequence[int], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """One batch's features, unpadded and concatenated: ``layer_<i>`` ``[N, H]``."""
@@ -150,7 +158,11 @@ def _features(target, rows: Sequence[dict], layers: Sequence[int], dtype: torch.
 
 
 def stored(hidden: torch.Tensor, dtype: torch.dtype, layer: int) -> torch.Tensor:  # [N, H] -> [N, H] in dtype, CPU
-    """Hidden states in the cache's dtype; float16 refuses values past its range (they would be stored as inf)."""
+    """Hidden states in the cache's dtype; non-finite values are refused, and float16 refuses values past its range
+    (they would be stored as inf)."""
+    if not bool(torch.isfinite(hidden).all()):
+        raise DataError(f"layer {layer}'s hidden states hold nan or inf: the target overflows in its dtype; load it in "
+                        "float32 (dtype=float32) to build the feature cache")
     if dtype == torch.float16:
         peak = float(hidden.abs().max()) if hidden.numel() else 0.0
         if peak > torch.finfo(torch.float16).max:
@@ -174,19 +186,6 @@ def _shard_features(target, rows: Sequence[dict], spec: CacheSpec, bar) -> dict[
     return {f"layer_{i}": torch.cat([row[f"layer_{i}"] for row in per_row]) for i in spec.layers}
 
 
-def _save_shard(tensors: dict, path: Path) -> None:
-    """One shard written whole (beside its place, then renamed); a failed write leaves no temporary behind."""
-    tmp = path.with_suffix(".tmp")
-    try:
-        save_file(tensors, str(tmp))
-        umask_modes(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
 def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, spec: CacheSpec, identity: dict,
                         progress: bool = True, rank: int = 0, world: int = 1) -> Path:
     """The cache of ``rows`` under ``root`` (built, or finished, or reused as it is); see the module docstring. With
@@ -197,7 +196,10 @@ def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, s
     key, shared = cache_key(identity, rows, spec), data_key(identity, rows, spec)
     directory = Path(root) / key
     manifest = read_json(directory / "manifest.json")
-    if manifest is not None and manifest.get("complete"):
+    if isinstance(manifest, dict) and manifest.get("complete"):
+        if "manifest_sha256" not in manifest:  # completed before caches recorded sums: record the shards' now
+            finish_feature_cache(directory)
+        check_manifest(directory)
         return directory
     covering = covering_cache(root, shared, spec.layers)
     if covering is not None:  # the same rows' features with more layers: read the ones needed from there
@@ -221,13 +223,13 @@ def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, s
     shards = _shards(len(rows), spec.shard_rows)
     atomic_write_json(directory / "manifest.json", {  # the same content from every process
         "format": FORMAT, "key": key, "data_key": shared, "target": identity, "layers": list(spec.layers), "dtype": spec.dtype,
-        "rows": len(rows), "tokens": tokens, "shards": [{"file": _shard_name(k), "rows": [a, b]}
+        "rows": len(rows), "tokens": tokens, "shards": [{"file": shard_name(k), "rows": [a, b]}
                                                        for k, (a, b) in enumerate(shards)], "complete": False})
     mine = [(k, a, b) for k, (a, b) in enumerate(shards) if k % world == rank]
     with tqdm(total=sum(b - a for _, a, b in mine), desc="feature cache", disable=not progress, unit="row") as bar:
         for k, a, b in mine:  # closed on errors too
-            path = directory / _shard_name(k)
-            if path.is_file():  # written (atomically) by an earlier, interrupted build
+            path = directory / shard_name(k)
+            if shard_sum(path) is not None:  # written (atomically) by an earlier, interrupted build, and intact
                 bar.update(b - a)
                 continue
             chunk = rows[a:b]
@@ -236,20 +238,10 @@ def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, s
             tensors["input_ids"] = torch.tensor([t for r in chunk for t in r["input_ids"]], dtype=torch.int32)
             tensors["labels"] = torch.tensor([t for r in chunk for t in r["labels"]], dtype=torch.int32)
             tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-            _save_shard(tensors, path)
+            save_shard(tensors, path)
     if world == 1:
         finish_feature_cache(directory)
     return directory
-
-
-def finish_feature_cache(directory: str | os.PathLike) -> None:
-    """Mark a cache complete once every one of its shards is on disk (a ConfigError naming the missing ones else)."""
-    directory = Path(directory)
-    manifest = read_json(directory / "manifest.json")
-    missing = [shard["file"] for shard in manifest["shards"] if not (directory / shard["file"]).is_file()]
-    if missing:
-        raise ConfigError(f"{directory} lacks {len(missing)} shard(s) ({missing[0]}, ...): rerun the build (it resumes)")
-    atomic_write_json(directory / "manifest.json", manifest | {"complete": True})
 
 
 def feature_datasets(target, tokenizer, datasets: Sequence, root: str | os.PathLike, spec: CacheSpec,
@@ -322,9 +314,7 @@ class FeatureDataset(torch.utils.data.Dataset):
 
     def __init__(self, directory: str | os.PathLike, layers: Sequence[int] | None = None) -> None:
         self.directory = Path(directory)
-        manifest = read_json(self.directory / "manifest.json")
-        if manifest is None or manifest.get("format") != FORMAT or not manifest.get("complete"):
-            raise ConfigError(f"{self.directory} is not a complete feature cache: rebuild it (the recipe resumes it)")
+        manifest = check_manifest(self.directory)
         kept = tuple(manifest["layers"])
         missing = sorted(set(layers or ()) - set(kept))
         if missing:
@@ -334,6 +324,7 @@ class FeatureDataset(torch.utils.data.Dataset):
         self._index = [(k, j) for k, shard in enumerate(manifest["shards"])
                        for j in range(shard["rows"][1] - shard["rows"][0])]
         self._files = [shard["file"] for shard in manifest["shards"]]
+        self._sums = [shard["sha256"] for shard in manifest["shards"]]
         self._rows = [shard["rows"][1] - shard["rows"][0] for shard in manifest["shards"]]
         self.loads = 0  # shard files read so far
         self._loaded: tuple[int, dict] | None = None
@@ -348,7 +339,7 @@ class FeatureDataset(torch.utils.data.Dataset):
 
     def _shard(self, k: int) -> dict[str, torch.Tensor]:
         if self._loaded is None or self._loaded[0] != k:
-            self._loaded = (k, load_file(str(self.directory / self._files[k])))
+            self._loaded = (k, read_shard(self.directory / self._files[k], self._sums[k], self._rows[k], self.layers))
             self.loads += 1
         return self._loaded[1]
 
@@ -391,5 +382,5 @@ def features_of(batch: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
 
 
 __all__ = ["CacheSpec", "FeatureCollator", "FeatureDataset", "ShardOrderSampler", "answer_rows", "build_feature_cache",
-           "bytes_per_token", "cache_key", "covering_cache", "data_key", "feature_datasets", "features_of",
+           "bytes_per_token", "cache_key", "check_manifest", "covering_cache", "data_key", "feature_datasets", "features_of",
            "finish_feature_cache", "stored"]

@@ -28,7 +28,6 @@ rows are appended together, so a kill loses at most the batch in flight.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -38,9 +37,17 @@ import torch
 
 from draftsmith.common import __version__
 from draftsmith.common.errors import ConfigError
-from draftsmith.common.io import append_jsonl, atomic_write_json, atomic_write_text, environment, read_json
+from draftsmith.common.io import atomic_write_json, environment, read_json
 from draftsmith.common.models import cache_keyword
-from draftsmith.data.row_files import check_resume, meta_path, recover_rows, row_seed, weights_sample_sha256
+from draftsmith.data.row_files import (
+    append_rows,
+    check_resume,
+    meta_path,
+    recover_rows,
+    rewrite_rows,
+    row_seed,
+    weights_sample_sha256,
+)
 
 META_FORMAT = "draftsmith-jacobi/1"
 SETTINGS = ("block", "max_new_tokens", "seed")
@@ -144,7 +151,7 @@ def complete_rows(out: Path) -> list[dict]:
     done = {r["id"] for r in rows if r.get("last")}
     kept = [r for r in rows if r["id"] in done]
     if len(kept) != len(rows):
-        atomic_write_text(out, "".join(json.dumps(r) + "\n" for r in kept))
+        rewrite_rows(out, kept)
     return kept
 
 
@@ -195,7 +202,7 @@ def collect_trajectories(model, prompts: Sequence[Sequence[int]], ids: Sequence[
             per_prompt = batch_trajectories(model, [ids[i] for i in batch], [prompts[i] for i in batch], block=block,
                                             max_new_tokens=max_new_tokens, eos_ids=eos_ids, seed=seed, pad_id=pad_id)
             rows = [r for prompt_rows in per_prompt for r in prompt_rows]
-            append_jsonl(out, rows)
+            append_rows(out, rows)
             totals["prompts"] += len(batch)
             totals["blocks"] += len(rows)
             totals["updates"] += sum(len(r["states"]) - 1 for r in rows)

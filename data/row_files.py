@@ -2,7 +2,9 @@
 generator of training data (:mod:`~draftsmith.data.self_distill` answers, :mod:`~draftsmith.data.synthetic_prompts`,
 :mod:`~draftsmith.data.jacobi` trajectories).
 
-- :func:`recover_rows`: the complete rows after a kill (a torn last line is cut off);
+- :func:`append_rows` / :func:`rewrite_rows`: rows on disk with their sha256 in ``<file>.sha256`` (one per line,
+  appended before the rows), and :func:`recover_rows`: the complete rows after a kill (a torn last line is cut off),
+  each checked against those sums, so a row edited since it was written is refused with its line;
 - :func:`check_resume` / :func:`open_row_file`: a rerun adds to a file only with the same settings (format ``fmt``
   of the meta, the ``keys`` of its settings) and the same target, else a one-line :class:`ConfigError`;
 - :func:`writer_identity`: what a meta records of the target that wrote the rows (its identity and a sample of its
@@ -14,16 +16,19 @@ generator of training data (:mod:`~draftsmith.data.self_distill` answers, :mod:`
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from draftsmith.common.errors import ConfigError, DataError
-from draftsmith.common.io import read_json, recover_jsonl, sha256_json
+from draftsmith.common.io import append_jsonl, atomic_write_text, read_json, recover_jsonl, sha256_json
 from draftsmith.common.models import target_identity
 from draftsmith.common.sharding import full_tensor
 
 META_SUFFIX = ".meta.json"
+SUMS_SUFFIX = ".sha256"  # the sha256 of every row line, one JSON string a line, appended before the rows
 SETTINGS = ("temperature", "top_p", "seed", "max_new_tokens")  # what must match to resume a sampled file
 TARGET_KEYS = ("config_sha256", "tokenizer_sha256", "vocab_size", "weights_sample_sha256")  # identity, not path
 FIX = "pass a new --out, or --overwrite to start that file again"
@@ -33,13 +38,57 @@ def meta_path(out: str | os.PathLike) -> Path:
     return Path(f"{out}{META_SUFFIX}")
 
 
+def sums_path(out: str | os.PathLike) -> Path:
+    return Path(f"{out}{SUMS_SUFFIX}")
+
+
+def _line(row: dict) -> str:
+    return json.dumps(row, ensure_ascii=False)  # as common.io.append_jsonl writes a row
+
+
+def _digest(line: bytes) -> str:
+    return hashlib.sha256(line).hexdigest()[:32]
+
+
+def _file_lines(out: Path) -> list[bytes]:
+    """The non-empty lines of a row file (split at newlines only, as :func:`~draftsmith.common.io.recover_jsonl`)."""
+    return [line for line in out.read_bytes().split(b"\n") if line.strip()] if out.exists() else []
+
+
+def append_rows(out: str | os.PathLike, rows: Sequence[dict]) -> None:
+    """Append ``rows`` to ``out``, their sha256 first to ``<out>.sha256``: a kill between the two leaves sums of rows
+    that are not on disk, which :func:`recover_rows` ignores, never rows without sums."""
+    append_jsonl(sums_path(out), [_digest(_line(r).encode("utf-8")) for r in rows])
+    append_jsonl(out, rows)
+
+
+def rewrite_rows(out: str | os.PathLike, rows: Sequence[dict]) -> None:
+    """Replace ``out`` by ``rows`` (reordered or fewer rows of it), then its sums, each atomically."""
+    lines = [_line(r) for r in rows]
+    atomic_write_text(out, "".join(f"{line}\n" for line in lines))
+    atomic_write_text(sums_path(out), "".join(json.dumps(_digest(line.encode("utf-8"))) + "\n" for line in lines))
+
+
 def recover_rows(out: str | os.PathLike) -> list[dict]:
     """The complete rows of an output file, in file order. A torn last line (no newline: the run was killed while
-    writing it) is cut off the file; any other unreadable line is a :class:`DataError`."""
+    writing it) is cut off the file; any other unreadable line, or a line whose sha256 is not among those written
+    with the rows (edited since), is a :class:`DataError` naming it. A file written before rows had sums gets them
+    now."""
     rows = recover_jsonl(out)
     for n, row in enumerate(rows, start=1):
         if not isinstance(row, dict) or not isinstance(row.get("id"), str):
             raise DataError(f"{out} line {n} is not a generated row; {FIX}")
+    lines, sums_file = _file_lines(Path(out)), sums_path(out)
+    if rows and not sums_file.exists():
+        rewrite_rows(out, rows)
+        return rows
+    written = Counter(s for s in recover_jsonl(sums_file) if isinstance(s, str))
+    for n, line in enumerate(lines, start=1):
+        digest = _digest(line)
+        if written[digest] < 1:
+            raise DataError(f"{out} line {n} was changed since it was written (its sha256 is not in {sums_file.name}): "
+                            f"restore it, or {FIX}")
+        written[digest] -= 1
     return rows
 
 
@@ -78,8 +127,8 @@ def open_row_file(out_path: str | os.PathLike, settings: Mapping, target: Mappin
     ``target``."""
     out, meta_file = Path(out_path), meta_path(out_path)
     if overwrite:
-        out.unlink(missing_ok=True)
-        meta_file.unlink(missing_ok=True)
+        for path in (out, meta_file, sums_path(out)):
+            path.unlink(missing_ok=True)
     done = recover_rows(out)
     old_meta = read_json(meta_file) if done else None  # no rows yet: start afresh whatever the meta says
     check_resume(old_meta, settings, target, out, has_rows=bool(done), fmt=fmt, keys=keys, fix=fix)
@@ -123,6 +172,6 @@ def row_seed(seed: int, row_id: str) -> int:
     return int(sha256_json(f"{seed}:{row_id}")[:16], 16) & ((1 << 63) - 1)
 
 
-__all__ = ["FIX", "META_SUFFIX", "SETTINGS", "TARGET_KEYS", "check_resume", "check_settings", "meta_path",
-           "open_row_file", "recover_rows", "row_seed", "same_target", "sampling_settings", "weights_sample_sha256",
-           "writer_identity"]
+__all__ = ["FIX", "META_SUFFIX", "SETTINGS", "SUMS_SUFFIX", "TARGET_KEYS", "append_rows", "check_resume",
+           "check_settings", "meta_path", "open_row_file", "recover_rows", "rewrite_rows", "row_seed", "same_target",
+           "sampling_settings", "sums_path", "weights_sample_sha256", "writer_identity"]

@@ -34,7 +34,6 @@ logits). Greedy decoding is the argmax. Both go through ``generate`` as greedy s
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import Counter
@@ -47,9 +46,7 @@ import torch
 from draftsmith.common import __version__
 from draftsmith.common.errors import ConfigError, DataError
 from draftsmith.common.io import (
-    append_jsonl,
     atomic_write_json,
-    atomic_write_text,
     environment,
     read_json,
     sha256_json,
@@ -60,10 +57,12 @@ from draftsmith.data.generation import eos_token_ids, pad_token_id, sample_compl
 from draftsmith.data.row_files import (
     FIX,
     META_SUFFIX,
+    append_rows,
     check_settings,
     meta_path,
     open_row_file,
     recover_rows,
+    rewrite_rows,
     row_seed,
     same_target,
     sampling_settings,
@@ -261,7 +260,7 @@ def _in_prompt_order(out: Path, ids: Sequence[str]) -> None:
     rank = {pid: i for i, pid in enumerate(ids)}
     ordered = sorted(rows, key=lambda r: rank[r["id"]])
     if [r["id"] for r in ordered] != [r["id"] for r in rows]:
-        atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ordered))
+        rewrite_rows(out, ordered)
 
 
 # (batches of prompt ids, per-batch row seeds or None) -> (batch index, completions, seconds), batch by batch
@@ -366,7 +365,7 @@ def generate_answers(
         for b, completions, seconds in answered:
             batch = batches[b]
             rows = [answer_row(ids[i], prompts[i], c, tokenizer, eos_ids) for i, c in zip(batch, completions)]
-            append_jsonl(out, rows)
+            append_rows(out, rows)
             tokens = sum(r["num_tokens"] for r in rows)
             for acc in (run, totals):
                 acc["rows"] += len(rows)

@@ -39,11 +39,12 @@ import torch
 
 from draftsmith.common import __version__
 from draftsmith.common.errors import ConfigError
-from draftsmith.common.io import append_jsonl, atomic_write_json, environment
+from draftsmith.common.io import atomic_write_json, environment
 from draftsmith.data.chat import user_prefix_ids
 from draftsmith.data.generation import eos_token_ids, pad_token_id, sample_completions
 from draftsmith.data.row_files import (
     SETTINGS,
+    append_rows,
     check_settings,
     open_row_file,
     row_seed,
@@ -233,7 +234,7 @@ def synthesize_prompts(
                     rows.append(prompt_row(text, tokens, attempt, k if openers else None))
                 totals["attempts"] = attempt + 1
                 totals["tokens"] += len(tokens)
-            append_jsonl(out, rows)
+            append_rows(out, rows)
             totals["kept"] += len(rows)
             totals["seconds"] += time.perf_counter() - start
             stats()

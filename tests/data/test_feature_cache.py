@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from draftsmith.common.errors import ConfigError
+from draftsmith.common.errors import ConfigError, DataError
 from draftsmith.data.feature_cache import (
     CacheSpec,
     FeatureCollator,
@@ -174,10 +174,10 @@ def test_processes_build_disjoint_shares_and_the_cache_is_complete_only_when_all
     target = random_model("llama", seed=0, layers=3)
     spec = CacheSpec(layers=(1, -1), dtype="float32", shard_rows=2, batch_size=2)
     first = build_feature_cache(target, ROWS, tmp_path / "two", spec, IDENTITY, progress=False, rank=1, world=2)
-    assert sorted(p.name for p in first.glob("shard-*")) == ["shard-00001.safetensors"]
-    with pytest.raises(ConfigError, match="lacks 2 shard"):
+    assert sorted(p.name for p in first.glob("shard-*.safetensors")) == ["shard-00001.safetensors"]
+    with pytest.raises(DataError, match="lacks 2 shard"):
         finish_feature_cache(first)
-    with pytest.raises(ConfigError, match="not a complete feature cache"):
+    with pytest.raises(DataError, match="not a complete draftsmith feature cache"):
         FeatureDataset(first)
     assert build_feature_cache(target, ROWS, tmp_path / "two", spec, IDENTITY, progress=False, rank=0, world=2) == first
     finish_feature_cache(first)
@@ -185,3 +185,86 @@ def test_processes_build_disjoint_shares_and_the_cache_is_complete_only_when_all
     one = FeatureDataset(build_feature_cache(target, ROWS, tmp_path / "one", spec, IDENTITY, progress=False))
     for i in range(len(ROWS)):
         assert two[i]["input_ids"] == one[i]["input_ids"] and torch.equal(two[i]["feat_1"], one[i]["feat_1"])
+
+
+# ------------------------------------------------------------------------------------- verified on every read
+
+
+def built(tmp_path, **kw):
+    target = random_model("llama", seed=0, layers=3)
+    spec = CacheSpec(layers=(1, -1), dtype="bfloat16", shard_rows=2, batch_size=2)
+    return build_feature_cache(target, ROWS, tmp_path, spec, IDENTITY, progress=False), target, spec
+
+
+def flip_byte(path, at=-3):
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x40  # an exponent bit of the last bf16 value
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda d: (d / "shard-00001.safetensors").unlink(), "shard-00001.safetensors is missing"),
+    (lambda d: (d / "shard-00001.safetensors").write_bytes((d / "shard-00001.safetensors").read_bytes()[:-100]),
+     "shard-00001.safetensors has .* bytes, not the .* written"),
+    (lambda d: (d / "manifest.json").write_text("{not json"), "manifest.json is missing or not JSON"),
+    (lambda d: (d / "manifest.json").write_text(
+        (d / "manifest.json").read_text().replace('"rows": 5', '"rows": 4')), "changed since it was written"),
+    (lambda d: (d / "manifest.json").write_text("[]"), "missing or not JSON"),
+], ids=["deleted shard", "truncated shard", "manifest not JSON", "edited manifest", "manifest a list"])
+def test_a_damaged_cache_is_refused_in_one_line_when_opened(tmp_path, damage, match):
+    directory, _, _ = built(tmp_path)
+    damage(directory)
+    with pytest.raises(DataError, match=match) as err:
+        FeatureDataset(directory)
+    assert "\n" not in str(err.value) and f"delete {directory}" in str(err.value)
+
+
+def test_a_flipped_bit_in_a_shard_is_refused_when_the_shard_is_read(tmp_path):
+    directory, _, _ = built(tmp_path)
+    flip_byte(directory / "shard-00002.safetensors")
+    data = FeatureDataset(directory)  # the size is right: opening passes
+    assert data[0]["input_ids"] == ROWS[0]["input_ids"]
+    with pytest.raises(DataError, match=r"shard-00002\.safetensors was changed since it was written"):
+        data[4]
+
+
+def test_a_killed_build_rewrites_a_shard_that_differs_from_its_sum(tmp_path):
+    """A shard changed after it was written (and before the cache was complete) is written again by the rerun;
+    the finished cache equals one that was never interrupted."""
+    directory, target, spec = built(tmp_path / "whole")
+    reference = FeatureDataset(directory)
+    partial = tmp_path / "cut"
+    for rank in (0, 1):  # every shard written, the cache not yet complete
+        cut = build_feature_cache(target, ROWS, partial, spec, IDENTITY, progress=False, rank=rank, world=2)
+    flip_byte(cut / "shard-00002.safetensors")
+    with pytest.raises(DataError, match="shard-00002.safetensors is not what was written"):
+        finish_feature_cache(cut)
+    again = FeatureDataset(build_feature_cache(target, ROWS, partial, spec, IDENTITY, progress=False))
+    for i in range(len(ROWS)):
+        assert torch.equal(again[i]["feat_1"], reference[i]["feat_1"])
+
+
+def test_a_cache_completed_before_shards_had_sums_gets_them_on_its_next_use(tmp_path):
+    import json
+
+    directory, target, spec = built(tmp_path)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    for shard in manifest["shards"]:
+        del shard["sha256"], shard["bytes"]
+    del manifest["manifest_sha256"]
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    for sums in directory.glob("*.sha256"):
+        sums.unlink()
+    with pytest.raises(DataError, match="changed since it was written"):
+        FeatureDataset(directory)
+    assert build_feature_cache(target, ROWS, tmp_path, spec, IDENTITY, progress=False) == directory
+    assert len(FeatureDataset(directory)) == len(ROWS)
+
+
+def test_non_finite_hidden_states_are_refused_at_build(tmp_path):
+    target = random_model("llama", seed=0, layers=3)
+    with torch.no_grad():
+        target.model.norm.weight.fill_(float("inf"))
+    with pytest.raises(DataError, match="layer -1's hidden states hold nan or inf.*dtype=float32"):
+        build_feature_cache(target, ROWS, tmp_path, CacheSpec(layers=(-1,)), IDENTITY, progress=False)
+    assert not list(tmp_path.rglob("*.safetensors"))

@@ -9,6 +9,7 @@ import torch
 from draftsmith.common.errors import ConfigError
 from draftsmith.data import jacobi
 from draftsmith.data.jacobi import collect_trajectories, prompt_trajectory, read_trajectories
+from draftsmith.data.row_files import append_rows
 from draftsmith.data.tiny_models import random_model
 
 IDENTITY = {"name_or_path": "tiny", "config_sha256": "c", "tokenizer_sha256": "t", "vocab_size": 128}
@@ -75,8 +76,9 @@ def test_a_killed_collection_resumes_without_loss_or_duplicates(model, tmp_path,
     other = next(i for i in ids if i not in done)
     first_of_next = prompt_trajectory(model, other, prompts[ids.index(other)], block=4, max_new_tokens=8, eos_ids=(),
                                       seed=0)[0]
+    append_rows(out, [first_of_next])  # as the writer appends: its sum, then the row
     with open(out, "a") as fh:
-        fh.write(json.dumps(first_of_next) + "\n" + '{"id": "q3", "blo')
+        fh.write('{"id": "q3", "blo')
     stats = collect_trajectories(model, prompts, ids, out, target=IDENTITY, block=4, max_new_tokens=8, batch_size=2,
                                  progress=False)
     assert stats["complete"] and stats["prompts"] == 5

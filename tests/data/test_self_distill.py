@@ -12,7 +12,14 @@ from draftsmith.common.errors import ConfigError, DataError
 from draftsmith.common.models import target_identity
 from draftsmith.data.chat import BadRow
 from draftsmith.data.generation import inverse_cdf, nucleus_probs, sample_completions
-from draftsmith.data.row_files import meta_path, recover_rows, row_seed, weights_sample_sha256
+from draftsmith.data.row_files import (
+    append_rows,
+    meta_path,
+    recover_rows,
+    row_seed,
+    sums_path,
+    weights_sample_sha256,
+)
 from draftsmith.data.self_distill import (
     META_FORMAT,
     answer_row,
@@ -147,6 +154,32 @@ def test_recover_rows_cuts_only_a_torn_last_line(tmp_path):
     path.write_text('{"id": "a"}\nnot json\n{"id": "b"}\n')
     with pytest.raises(DataError, match="line 2 .*--overwrite"):
         recover_rows(path)
+
+
+def test_a_row_edited_since_it_was_written_is_refused_on_resume_with_its_line(model, tok, prompts, tmp_path):
+    """Every row's sha256 goes to ``<out>.sha256`` before the row: a resume refuses a row changed since, naming its
+    line; a row removed from the end (as a kill would leave) is answered again."""
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(Killed):
+        generate_answers(model, tok, prompts, out, batch_size=2, on_batch=_kill_after(2), **SETTINGS)
+    lines = out.read_text().splitlines()
+    assert len(lines) == 4 and len(sums_path(out).read_text().splitlines()) == 4
+    edited = lines[:2] + [lines[2].replace('"num_tokens": ', '"num_tokens": 1')] + lines[3:]
+    out.write_text("\n".join(edited) + "\n")
+    with pytest.raises(DataError, match=r"out\.jsonl line 3 was changed since it was written.*--overwrite") as err:
+        generate_answers(model, tok, prompts, out, batch_size=2, **SETTINGS)
+    assert "\n" not in str(err.value)
+    out.write_text("\n".join(lines[:3]) + "\n")  # the edit undone, the last row gone: resumed
+    assert generate_answers(model, tok, prompts, out, batch_size=2, **SETTINGS)["rows"] == 9
+    assert recover_rows(out) and len(sums_path(out).read_text().splitlines()) == 9  # rewritten in prompt order
+
+
+def test_rows_with_line_separators_inside_and_files_without_sums_are_read(tmp_path):
+    path = tmp_path / "r.jsonl"
+    append_rows(path, [{"id": "a", "text": "one\u2028two\x85three"}, {"id": "b"}])
+    assert [r["id"] for r in recover_rows(path)] == ["a", "b"]
+    sums_path(path).unlink()  # written before rows had sums: they get them
+    assert len(recover_rows(path)) == 2 and len(sums_path(path).read_text().splitlines()) == 2
 
 
 def test_resume_refuses_other_settings_or_target(model, tok, prompts, tmp_path):
