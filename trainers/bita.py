@@ -49,7 +49,7 @@ from draftsmith.inference.drafters.bita import (
 from draftsmith.inference.proposers.bita import TREES
 from draftsmith.trainers.base import FrozenTargetTrainer
 from draftsmith.trainers.losses import LinearHead, head_cross_entropy, head_rows_map
-from draftsmith.trainers.mixins import TargetAnswers
+from draftsmith.trainers.mixins import SeededBatches, TargetAnswers
 from draftsmith.trainers.mixins import help_text as _help
 
 POINTS_KEY = "bita_points"  # [B, G] insertion points of a prepared batch (-1 = none)
@@ -178,7 +178,7 @@ def chain_tau(accuracy: list[float]) -> float:
     return tau
 
 
-class BitaTrainer(FrozenTargetTrainer):
+class BitaTrainer(SeededBatches, FrozenTargetTrainer):
     """Trains :class:`BitaTraining` (``model``) beside the frozen target (module docstring)."""
 
     config_class = BitaConfig
@@ -193,7 +193,8 @@ class BitaTrainer(FrozenTargetTrainer):
 
     def prepare_training_batch(self, model, inputs):
         batch = self.answers_batch(inputs)
-        return {**batch, POINTS_KEY: insertion_points(batch["labels"], int(self.method_config.groups))}
+        return {**batch, POINTS_KEY: insertion_points(batch["labels"], int(self.method_config.groups),
+                                                      self.batch_generator())}
 
     def count_loss_tokens(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The mask targets of the batch (what the loss sums over)."""

@@ -116,10 +116,15 @@ def prompt_key(prompt: list[int]) -> str:
 
 class TrajectoryDataset(torch.utils.data.Dataset):
     """One item per block: the context, a state drawn at random from its trajectory (never the fixed point, unless
-    the guess was the fixed point already), the state after it and the fixed point."""
+    the guess was the fixed point already), the state after it and the fixed point. The draw is a function of
+    ``seed``, the epoch (``set_epoch``, which the Trainer's data loader calls) and the item, not of the global
+    generator, which the loader's prefetch moves before a checkpoint saves it: a resumed run draws the same states."""
 
-    def __init__(self, rows: list[dict]) -> None:
-        self.rows = rows
+    def __init__(self, rows: list[dict], seed: int = 0) -> None:
+        self.rows, self.seed, self.epoch = rows, int(seed), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -127,7 +132,8 @@ class TrajectoryDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict:
         row = self.rows[index]
         states = row["states"]
-        j = random.randrange(len(states) - 1) if len(states) > 1 else 0
+        draw = random.Random(f"{self.seed}:{self.epoch}:{index}")
+        j = draw.randrange(len(states) - 1) if len(states) > 1 else 0
         return {"prefix": row["prefix"], "state": states[j], "next": states[min(j + 1, len(states) - 1)],
                 "fixed": row["fixed_point"]}
 
@@ -262,7 +268,7 @@ class CllmTrainer(FrozenTargetTrainer):
                                          batch_size=int(config.trajectory_batch_size),
                                          pad_id=pad_token_id(tokenizer, target.config),
                                          progress=not training_args.disable_tqdm)
-                out.append(TrajectoryDataset(read_trajectories(path)))
+                out.append(TrajectoryDataset(read_trajectories(path), seed=training_args.seed))
         return out[0], out[1], TrajectoryCollator(pad_token_id(tokenizer, target.config), tuple(eos))
 
     def __init__(self, *args, **kwargs):

@@ -37,7 +37,7 @@ from draftsmith.inference.drafters.dflash import DFlashDraft, block_visibility, 
 from draftsmith.inference.drafters.peagle import mask_token
 from draftsmith.trainers.eagle import EagleTrainer
 from draftsmith.trainers.losses import LinearHead, head_cross_entropy, head_rows_map
-from draftsmith.trainers.mixins import FeatureCache, TargetAnswers
+from draftsmith.trainers.mixins import FeatureCache, SeededBatches, TargetAnswers
 from draftsmith.trainers.mixins import help_text as _help
 
 IGNORE = -100
@@ -168,14 +168,7 @@ def block_inputs(input_ids: torch.Tensor, labels: torch.Tensor, anchors: torch.T
     return ids, positions, targets
 
 
-def anchor_generator(seed: int, step: int, micro_batch: int, process: int) -> torch.Generator:
-    """The CPU generator of one micro-batch's anchors: a function of the run's seed, the optimizer step it trains,
-    its index within the step and the process (so resumes repeat it, and processes draw apart)."""
-    mixed = (((int(seed) * 1_000_003 + int(step)) * 1_009 + int(micro_batch)) * 9_176 + int(process)) % (2**63 - 1)
-    return torch.Generator().manual_seed(mixed)
-
-
-class DFlashTrainer(EagleTrainer):
+class DFlashTrainer(SeededBatches, EagleTrainer):
     """Trains a :class:`DFlashTraining` draft on the frozen target's hidden states (module docstring); the features
     (online or cached) and the target's answers as :class:`~draftsmith.trainers.eagle.EagleTrainer` gets them."""
 
@@ -190,16 +183,12 @@ class DFlashTrainer(EagleTrainer):
 
     def prepare_training_batch(self, model, inputs, generator: torch.Generator | None = None):
         """The target's answers (unless cached), then the batch's anchors, drawn once (the loss and the count of its
-        slots read the same ones). In training they are drawn from :func:`anchor_generator` of the run's seed, the
-        step, the micro-batch and the process, not from the global generator: a resumed run draws exactly the
-        anchors the uninterrupted one drew, whatever else consumed random numbers before it."""
+        slots read the same ones). In training they are drawn from the micro-batch's own generator
+        (:class:`~draftsmith.trainers.mixins.SeededBatches`): a resumed run draws exactly the anchors the
+        uninterrupted one drew."""
         inputs = super().prepare_training_batch(model, inputs)
         cfg = self.method_config
-        if generator is None:
-            step = self.state.global_step
-            last_step, index = getattr(self, "_anchor_draw", (None, -1))  # micro-batches of one step count up
-            self._anchor_draw = (step, index + 1 if last_step == step else 0)
-            generator = anchor_generator(self.args.seed, step, self._anchor_draw[1], self.args.process_index)
+        generator = self.batch_generator() if generator is None else generator
         anchors, valid = sample_anchors(inputs["labels"], int(cfg.anchors), generator)
         ids, positions, targets = block_inputs(inputs["input_ids"], inputs["labels"], anchors, valid,
                                                int(cfg.block_size), self._draft(model).mask_token_id)
@@ -272,5 +261,5 @@ class DFlashTrainer(EagleTrainer):
         return {"slot1_top1": self.top1, "predicted_tau": self.block_tau}
 
 
-__all__ = ["DFlashConfig", "DFlashTrainer", "DFlashTraining", "anchor_generator", "block_inputs", "build_dflash",
+__all__ = ["DFlashConfig", "DFlashTrainer", "DFlashTraining", "block_inputs", "build_dflash",
            "sample_anchors"]

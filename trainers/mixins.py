@@ -6,7 +6,9 @@ settings with its check, and the helpers that act on them.
 - :class:`FeatureCache` where the frozen target's hidden states come from (EAGLE, DistillSpec), and
   :func:`offline_feature_datasets`, the cache of :mod:`draftsmith.data.feature_cache` as the training set;
 - :class:`TunableCopy` how a method tunes its copy of the target (LayerSkip, CLLM): :func:`tunable_copy` builds it
-  (full or LoRA) and :func:`merged_model` gives the adapted-target artefact.
+  (full or LoRA) and :func:`merged_model` gives the adapted-target artefact;
+- :class:`SeededBatches` (a trainer mixin) the random draws a method makes per training micro-batch (DFlash's
+  anchors, BiTA's insertion points) from :func:`micro_batch_generator`, so a resumed run repeats them exactly.
 
 A method config is a dataclass deriving from the mixins it needs; its ``__post_init__`` calls their checks. A
 config is written to the artefact manifest with :func:`dataclasses.asdict`.
@@ -17,6 +19,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import torch
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.sharding import whole_copy
@@ -179,3 +183,24 @@ def merged_model(model):
 __all__ = ["ANSWER_MODES", "FEATURE_MODES", "FINETUNE_MODES", "AnswerTokens", "FeatureCache", "TargetAnswers",
            "TunableCopy", "check_choice", "check_finetune", "help_text", "merged_model", "offline_feature_datasets",
            "tunable_copy"]
+
+
+def micro_batch_generator(seed: int, step: int, micro_batch: int, process: int) -> torch.Generator:
+    """The CPU generator of one training micro-batch's draws: a function of the run's seed, the optimizer step it
+    trains, its index within the step and the process (so resumes repeat it, and processes draw apart)."""
+    mixed = (((int(seed) * 1_000_003 + int(step)) * 1_009 + int(micro_batch)) * 9_176 + int(process)) % (2**63 - 1)
+    return torch.Generator().manual_seed(mixed)
+
+
+class SeededBatches:
+    """A trainer mixin: :meth:`batch_generator` gives the micro-batch being prepared its own generator
+    (:func:`micro_batch_generator`), not the global one, which a resumed run finds elsewhere (the data loader's
+    prefetch, the checkpoint's restored state): a run resumed from a checkpoint draws exactly what the uninterrupted
+    one drew."""
+
+    def batch_generator(self) -> torch.Generator:
+        """The generator of the next micro-batch of the current optimizer step (call once per micro-batch)."""
+        step = self.state.global_step
+        last_step, index = getattr(self, "_batch_draw", (None, -1))  # micro-batches of one step count up
+        self._batch_draw = (step, index + 1 if last_step == step else 0)
+        return micro_batch_generator(self.args.seed, step, self._batch_draw[1], self.args.process_index)

@@ -82,6 +82,34 @@ def cache_result(out: Path) -> dict:
     return {str(p.relative_to(cache)): _digest(p) for p in sorted(cache.rglob("*.safetensors"))}
 
 
+# every recipe and variant the kill test breaks: (method, settings of the variant, target layers; 0 = the pair's)
+RECIPES = {
+    "distillspec": ("distillspec", [], 0), "medusa1": ("medusa", [], 0), "medusa2": ("medusa", ["variant=medusa2"], 0),
+    "eagle1": ("eagle", [], 0), "eagle3": ("eagle", ["variant=eagle3", "ttt_steps=2", "draft_vocab_size=64"], 4),
+    "peagle": ("eagle", ["variant=peagle", "ttt_steps=3", "draft_length=3", "tree_depth=3"], 4),
+    "dflash": ("dflash", [], 4), "layerskip": ("layerskip", [], 0), "bita": ("bita", [], 0), "cllm": ("cllm", [], 0),
+}
+
+
+def recipe_scenario(name: str) -> Scenario:
+    """The training scenario of one recipe of :data:`RECIPES` (its test config, 4 steps, checkpoints at 2 and 4)."""
+    method, extra, layers = RECIPES[name]
+
+    def argv(harness, pair, out):
+        from tiny_pair import write_target
+
+        target = pair["target"]
+        if layers:
+            target = pair["target"].parent / f"target{layers}"
+            if not (target / "config.json").is_file():
+                write_target(pair["target"].parent, layers)
+        return ["train", method, *harness.recipe_argv(pair | {"target": target}, out, method), "max_steps=4",
+                "save_steps=2", "eval_strategy=no", "report_to=none", "seed=42", "evaluate=false", "tune=false",
+                "calibrate_tree=false", "--resume_from_checkpoint", "auto", *extra]
+
+    return Scenario(f"training {name}", argv, artefact_result, lambda r: set(r["losses"]))
+
+
 SCENARIOS = {
     "data generate": Scenario("data generate", generate_argv, generated_rows, lambda r: set(r["rows"])),
     "eval": Scenario("eval", eval_argv, report_numbers, lambda r: {json.dumps(q) for q in r["questions"]}),

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+RECIPES = tuple(sys.modules["draftsmith_reliability_scenarios"].RECIPES)  # conftest.py loaded scenarios.py
 KILLS = int(os.environ.get("DRAFTSMITH_RELIABILITY_KILLS", "1"))
 SEED = int(os.environ.get("DRAFTSMITH_RELIABILITY_SEED", str(random.SystemRandom().randrange(10**6))))
 
@@ -97,15 +98,18 @@ def kill_points(name: str, rng: random.Random) -> list[tuple[str, object, float]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["training", "data generate", "feature cache", "eval"])
+@pytest.mark.parametrize("name", ["training", "data generate", "feature cache", "eval",
+                                  *(f"training {recipe}" for recipe in RECIPES)])
 def test_a_rerun_after_kill_9_finishes_as_if_never_killed(harness, pair, scenarios, name):
+    """Every recipe and variant (``training <recipe>``), data generation, the feature cache and evaluation."""
     run = launch_helpers().run
-    scenario = scenarios.SCENARIOS[name]
+    scenario = scenarios.recipe_scenario(name.split()[1]) if name.startswith("training ") else scenarios.SCENARIOS[name]
+    kind = "training" if name.startswith("training") else name
     rng = random.Random(f"{SEED}:{name}")
     ref_out = harness.fresh(f"kill-{name}-reference".replace(" ", "-")) / "out"
     run(command(scenario.argv(harness, pair, ref_out)))
     expected = scenario.result(ref_out)
-    for label, ready, delay in kill_points(name, rng):
+    for label, ready, delay in kill_points(kind, rng):
         out = harness.fresh(f"kill-{name}".replace(" ", "-")) / "out"
         argv = scenario.argv(harness, pair, out)
         killed = kill_when(command(argv), lambda ready=ready, out=out: ready(out), delay)
@@ -121,7 +125,7 @@ def test_a_rerun_after_kill_9_finishes_as_if_never_killed(harness, pair, scenari
             found += [("half-written file", d) for d in harness.half_written(out, finished=True)]
             got = scenario.result(out)
             lost = len(scenario.units(expected) - scenario.units(got))
-            if name == "training":
+            if kind == "training":
                 harness.ledger.steps_lost += lost
             else:
                 harness.ledger.rows_lost += lost

@@ -39,8 +39,15 @@ def test_collator_against_a_hand_built_batch():
 
 def test_dataset_draws_intermediate_states_only():
     rows = [{"prefix": [1], "states": [[5, 5], [3, 5], [3, 4]], "fixed_point": [3, 4]}]
-    seen = {tuple(TrajectoryDataset(rows)[0]["state"]) for _ in range(50)}
+    seen = {tuple(TrajectoryDataset(rows, seed=seed)[0]["state"]) for seed in range(50)}
     assert seen == {(5, 5), (3, 5)}
+    data = TrajectoryDataset(rows, seed=3)  # a function of the seed, the epoch and the item: repeated on resume
+    by_epoch = []
+    for epoch in range(20):
+        data.set_epoch(epoch)
+        by_epoch.append(data[0]["state"])
+        assert data[0]["state"] == by_epoch[-1]
+    assert len({tuple(s) for s in by_epoch}) == 2
     single = TrajectoryDataset([{"prefix": [1], "states": [[3, 4]], "fixed_point": [3, 4]}])[0]
     assert single["state"] == [3, 4] and single["next"] == [3, 4]
 
