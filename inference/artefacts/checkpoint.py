@@ -3,7 +3,8 @@ atomically: every export format ends here.
 
 An export never replaces what it did not make: the directory it writes holds :data:`EXPORT_RECORD` (its format and
 draftsmith's version), and an existing directory is replaced only when it is empty or holds the record of an
-export of the same format (:func:`check_replaceable`; the command line asks for ``--overwrite`` besides).
+export of the same format and nothing but the files an export writes (:data:`EXPORT_FILES`; a file a user added
+there is never deleted) (:func:`check_replaceable`; the command line asks for ``--overwrite`` besides).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from draftsmith.common.io import atomic_write_json, umask_modes
 
 EXPORT_RECORD = "draftsmith-export.json"
 RECORD_FORMAT = "draftsmith-export/1"
+EXPORT_FILES = frozenset({"model.safetensors", "config.json", EXPORT_RECORD})  # all an export writes
 
 
 def export_record(out: str | os.PathLike) -> dict | None:
@@ -38,6 +40,8 @@ def check_replaceable(out: str | os.PathLike, fmt: str, overwrite: bool, flag: s
     """Refuse (one line) to write an export of ``fmt`` over ``out`` unless it is absent, an empty directory, or, with
     ``overwrite``, an earlier export of the same format; a file, or a directory holding anything else, never."""
     out = Path(out)
+    if out.is_symlink():
+        raise OutputError(f"{flag} {out} is a symbolic link: pass the directory itself ({out.resolve()})")
     if not out.exists():
         return
     if not out.is_dir():
@@ -51,6 +55,11 @@ def check_replaceable(out: str | os.PathLike, fmt: str, overwrite: bool, flag: s
     if record.get("export_format") != fmt:
         raise OutputError(f"{flag} {out} holds a {record.get('export_format')} export, not {fmt}: pass a new or "
                           "empty directory")
+    others = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES)
+    if others:
+        raise OutputError(f"{flag} {out} holds an earlier {fmt} export and files it did not write ({others[0]}"
+                          f"{', ...' if len(others) > 1 else ''}), which replacing it would delete: move them, or pass "
+                          "a new directory")
     if not overwrite:
         raise OutputError(f"{flag} {out} holds an earlier {fmt} export: pass --overwrite to replace it, or a new "
                           "directory")
@@ -79,4 +88,4 @@ def write_export(out: str | os.PathLike, tensors: dict[str, torch.Tensor], confi
     return out
 
 
-__all__ = ["EXPORT_RECORD", "check_replaceable", "export_record", "write_export"]
+__all__ = ["EXPORT_FILES", "EXPORT_RECORD", "check_replaceable", "export_record", "write_export"]

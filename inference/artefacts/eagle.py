@@ -30,12 +30,11 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from draftsmith.common.errors import ArtefactError, ConfigError
 from draftsmith.common.io import read_json
 from draftsmith.inference.artefacts.checkpoint import write_export
-from draftsmith.inference.artefacts.reader import config_misfit
+from draftsmith.inference.artefacts.reader import config_misfit, read_weights
 from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, aux_layers
 from draftsmith.inference.drafters.peagle import PEagleHead
 
@@ -206,7 +205,7 @@ def read_eagle_export(directory: str | os.PathLike, target) -> EagleHead | Eagle
     arch = (config.get("architectures") or [None])[0]
     if arch not in ARCHITECTURES.values():
         raise ArtefactError(f"{directory} is not an EAGLE export (config.json architectures {arch!r})")
-    tensors = load_file(str(directory / "model.safetensors"))
+    tensors = read_weights(directory / "model.safetensors")
     if arch == ARCHITECTURES["eagle3"]:
         layers = config.get("eagle_aux_hidden_state_layer_ids") or aux_layers(int(target.config.num_hidden_layers))
         if "d2t" not in tensors:  # a full-vocabulary head: the identity map
@@ -233,7 +232,7 @@ def load_eagle_head(directory, target: torch.nn.Module) -> EagleHead | Eagle3Hea
     config = read_json(directory / "heads_config.json")
     if not isinstance(config, dict) or config.get("method") != "eagle":
         raise ArtefactError(f"{directory}/heads_config.json is missing or not an EAGLE head: pass an EAGLE artefact")
-    tensors = load_file(str(directory / "heads.safetensors"))
+    tensors = read_weights(directory / "heads.safetensors")
     try:
         if config.get("variant", "eagle1") == "peagle":
             head = PEagleHead.for_target(target, tensors["d2t"], tensors["t2d"], tuple(config["layers"]),

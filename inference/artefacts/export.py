@@ -11,12 +11,10 @@ import json
 import os
 from pathlib import Path
 
-from safetensors.torch import load_file
-
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.registry import REGISTRY, export_formats, resolve
 from draftsmith.inference.artefacts.medusa import describe_medusa_export
-from draftsmith.inference.artefacts.reader import check_target, read_manifest
+from draftsmith.inference.artefacts.reader import check_target, read_manifest, read_weights
 
 
 def check_export(artefact: str | os.PathLike, fmt: str) -> dict:
@@ -49,7 +47,7 @@ def export_artefact(artefact: str | os.PathLike, fmt: str, out: str | os.PathLik
 def describe(out: str | os.PathLike) -> str:
     """One line: what an export directory holds."""
     config = json.loads((Path(out) / "config.json").read_text())
-    tensors = len(load_file(str(Path(out) / "model.safetensors")))
+    tensors = len(read_weights(Path(out) / "model.safetensors"))
     if config.get("model_type") == "medusa":
         return describe_medusa_export(out, config, tensors)
     return f"{out}: {config['architectures'][0]} draft head, {tensors} tensors"

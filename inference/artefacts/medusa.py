@@ -20,14 +20,13 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from draftsmith.common.errors import ArtefactError, ConfigError
 from draftsmith.common.io import read_json
 from draftsmith.common.models import load_tokenizer, tokenizer_dir_for
 from draftsmith.inference.artefacts.checkpoint import write_export
 from draftsmith.inference.artefacts.manifest import adapted_target
-from draftsmith.inference.artefacts.reader import config_misfit
+from draftsmith.inference.artefacts.reader import config_misfit, load_weights, read_weights
 from draftsmith.inference.drafters.medusa import MedusaHeads
 
 
@@ -66,7 +65,7 @@ def read_vllm_medusa(directory: str | os.PathLike) -> tuple[MedusaHeads, torch.n
     config = read_json(directory / "config.json")
     if not isinstance(config, dict) or config.get("model_type") != "medusa":
         raise ArtefactError(f"{directory} is not a vLLM Medusa export (config.json with model_type medusa)")
-    tensors = load_file(str(directory / "model.safetensors"))
+    tensors = read_weights(directory / "model.safetensors")
     shared = bool(config.get("original_lm_head"))
     heads = MedusaHeads(hidden=config["hidden_size"], vocab=config["vocab_size"], heads=config["num_heads"],
                         layers=config["num_hidden_layers"], shared_lm_head=shared)
@@ -96,7 +95,7 @@ def load_heads_artefact(directory: str | os.PathLike) -> MedusaHeads:
         raise ArtefactError(f"{directory}/heads_config.json is missing or not Medusa heads: pass a Medusa artefact")
     try:
         heads = MedusaHeads.from_artefact_config(config)
-        heads.load_state_dict(load_file(str(directory / "heads.safetensors")))
+        load_weights(heads, directory / "heads.safetensors")
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         raise config_misfit(directory / "heads_config.json", err) from None
     return heads

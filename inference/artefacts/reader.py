@@ -285,6 +285,25 @@ def check_target(manifest: dict, model, tokenizer, allow_mismatch: bool = False,
     return problems
 
 
-__all__ = ["FORMAT", "MANIFEST", "PICKLE_SUFFIXES", "PREVIOUS_FORMAT", "TARGET_ADAPTER", "WEIGHT_PATHS",
+def read_weights(path: str | Path) -> dict:
+    """The tensors of an artefact's (or export's) safetensors file; a one-line ArtefactError when the file is not one
+    (truncated, garbled: caught here even when a manifest was re-hashed to match it)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise ArtefactError(f"{path} is not a readable safetensors file ({str(err).splitlines()[0][:120]}): re-run the "
+                            "training (or export) that wrote it") from None
+
+
+def load_weights(module, path: str | Path) -> None:
+    """``module``'s state from :func:`read_weights` of ``path`` (other tensors or shapes raise load_state_dict's
+    RuntimeError, which the caller turns into :func:`config_misfit`)."""
+    module.load_state_dict(read_weights(path))
+
+
+__all__ = ["load_weights", "read_weights", "FORMAT", "MANIFEST", "PICKLE_SUFFIXES", "PREVIOUS_FORMAT", "TARGET_ADAPTER", "WEIGHT_PATHS",
            "artefact_files", "check_kind", "check_target", "config_misfit", "hash_files", "load_manifest_json", "read_manifest", "refuse_pickles",
            "validate_manifest", "verify_files"]

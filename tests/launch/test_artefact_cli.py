@@ -196,6 +196,11 @@ def test_export_never_replaces_what_it_did_not_make_and_checks_its_inputs_first(
     assert main([str(a) for a in [*export, out, "--overwrite"]]) == 0
     refused(capsys, ["export", "--artefact", artefacts["eagle"], "--format", "vllm-eagle", "--out", out, "--overwrite"],
             "holds a vllm-medusa export, not vllm-eagle")
+    (out / "README.md").write_text("my notes\n")  # a user's file inside an earlier export: never deleted
+    refused(capsys, [*export, out, "--overwrite"], "files it did not write (README.md)", "move them")
+    assert (out / "README.md").read_text() == "my notes\n" and (out / "draftsmith-export.json").is_file()
+    (tmp_path / "link").symlink_to(model_dir)
+    refused(capsys, [*export, tmp_path / "link", "--overwrite"], "is a symbolic link")
 
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
@@ -204,6 +209,28 @@ def test_export_never_replaces_what_it_did_not_make_and_checks_its_inputs_first(
                 ["export", "--artefact", tmp_path / "missing", "--format", "vllm-medusa", "--out", tmp_path / "never"]):
         refused(capsys, bad)
         assert not (tmp_path / "never").exists() and not list(tmp_path.glob(".never*"))
+
+
+@pytest.mark.parametrize("name, fmt", [("medusa", "vllm-medusa"), ("eagle", "vllm-eagle")])
+@pytest.mark.parametrize("keep", [7, 100, 0.5])
+def test_a_truncated_weight_file_with_a_rehashed_manifest_is_one_line(copy, tiny_pair, tmp_path, capsys, name, fmt,
+                                                                       keep):
+    """The manifest's sums cannot catch a weight file cut short by someone who also re-hashed it: reading it is one
+    line naming the file, for export and eval alike (it was safetensors' traceback)."""
+    import hashlib
+
+    art = copy(name)
+    weights = art / "heads.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: int(keep * len(data)) if keep < 1 else keep])
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    manifest = json.loads((art / "manifest.json").read_text())
+    edit_manifest(art, weights={**manifest["weights"], "heads.safetensors": digest},
+                  files={**manifest["files"], "heads.safetensors": digest})
+    expected = ("heads.safetensors is not a readable safetensors file", "re-run the training")
+    refused(capsys, ["export", "--artefact", art, "--format", fmt, "--out", tmp_path / "export"], *expected)
+    refused(capsys, evaluate(tiny_pair, art, tmp_path), *expected)
+    assert not (tmp_path / "export").exists()
 
 
 def test_a_bad_value_read_from_a_manifest_says_so(copy, tiny_pair, tmp_path, capsys):

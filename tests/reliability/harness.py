@@ -341,6 +341,18 @@ def file_recipe(path: Path, data: bytes, limit: int = 600) -> str:
     return f"printf %s {shlex.quote(data.decode('latin-1'))} > {shlex.quote(str(path))}"
 
 
+def junk():
+    """Hypothesis values of any JSON shape: odd scalars, paths, small lists and objects."""
+    from hypothesis import strategies as st
+
+    scalars = st.one_of(st.integers(-2, 2), st.sampled_from([2**63, -(2**31), 10**100]), st.floats(allow_nan=True),
+                        st.text(max_size=8), st.booleans(), st.none(),
+                        st.sampled_from(["", "draft", "../draft", "/etc", "draft/model.safetensors", "a" * 300]))
+    return st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=2),
+                                                         st.dictionaries(st.text(max_size=6), inner, max_size=2)),
+                        max_leaves=4)
+
+
 class Harness:
     """Runs commands in process and holds their outcomes to the promises (one :class:`Ledger` per pytest run)."""
 

@@ -14,20 +14,12 @@ import struct
 from pathlib import Path
 
 import pytest
+from draftsmith_reliability_harness import junk  # noqa: F401 - conftest.py loaded it
 from hypothesis import given
 from hypothesis import strategies as st
 
 KINDS = ("draft_model", "heads", "lora_adapter", "adapted_target", "embeddings", "none", "", "model")
 METHOD_NAMES = ("distillspec", "medusa", "eagle", "dflash", "bita", "layerskip", "cllm", "draft-verify", "ar", "nope", "")
-
-
-def junk():
-    scalars = st.one_of(st.integers(-2, 2), st.sampled_from([2**63, -(2**31), 10**100]), st.floats(allow_nan=True),
-                        st.text(max_size=8), st.booleans(), st.none(),
-                        st.sampled_from(["", "draft", "../draft", "/etc", "draft/model.safetensors", "a" * 300]))
-    return st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=2),
-                                                         st.dictionaries(st.text(max_size=6), inner, max_size=2)),
-                        max_leaves=4)
 
 
 def paths_of(tree, prefix=()):
