@@ -75,12 +75,17 @@ def check_shape(config, where: str) -> None:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     sizes = {k: getattr(text, k, None) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                                   "vocab_size")}
+    optional = {k: getattr(text, k, None) for k in ("head_dim", "intermediate_size", "num_key_value_heads")}
+    sizes |= {k: v for k, v in optional.items() if v is not None}
     bad = [f"{k}={v}" for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
     if bad:
         raise ConfigError(f"{where}: {', '.join(bad)}: every size must be a whole number >= 1")
     if getattr(text, "head_dim", None) is None and sizes["hidden_size"] % sizes["num_attention_heads"]:
         raise ConfigError(f"{where}: hidden_size={sizes['hidden_size']} is not divisible by num_attention_heads="
                           f"{sizes['num_attention_heads']} (and no head_dim is given): fix the config")
+    if sizes["num_attention_heads"] % sizes.get("num_key_value_heads", 1):
+        raise ConfigError(f"{where}: num_attention_heads={sizes['num_attention_heads']} is not divisible by "
+                          f"num_key_value_heads={sizes['num_key_value_heads']}: fix the config")
 
 
 def _params(n: int) -> str:

@@ -3,8 +3,9 @@ atomically: every export format ends here.
 
 An export never replaces what it did not make: the directory it writes holds :data:`EXPORT_RECORD` (its format and
 draftsmith's version), and an existing directory is replaced only when it is empty or holds the record of an
-export of the same format and nothing but the files an export writes (:data:`EXPORT_FILES`; a file a user added
-there is never deleted) (:func:`check_replaceable`; the command line asks for ``--overwrite`` besides).
+export of the same format holding nothing but the files an export writes (:data:`EXPORT_FILES`), each as it was
+written (the record holds their sha256): a file a user added or edited there is never deleted
+(:func:`check_replaceable`; the command line asks for ``--overwrite`` besides).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from safetensors.torch import save_file
 
 from draftsmith.common import __version__
 from draftsmith.common.errors import OutputError
-from draftsmith.common.io import atomic_write_json, umask_modes
+from draftsmith.common.io import atomic_write_json, sha256_file, umask_modes
 
 EXPORT_RECORD = "draftsmith-export.json"
 RECORD_FORMAT = "draftsmith-export/1"
@@ -60,6 +61,12 @@ def check_replaceable(out: str | os.PathLike, fmt: str, overwrite: bool, flag: s
         raise OutputError(f"{flag} {out} holds an earlier {fmt} export and files it did not write ({others[0]}"
                           f"{', ...' if len(others) > 1 else ''}), which replacing it would delete: move them, or pass "
                           "a new directory")
+    written = record.get("files") if isinstance(record.get("files"), dict) else {}  # an older record: none
+    edited = sorted(name for name, digest in written.items() if name in EXPORT_FILES and (out / name).is_file()
+                    and sha256_file(out / name) != digest)
+    if edited:
+        raise OutputError(f"{flag} {out} holds an earlier {fmt} export whose {edited[0]} was changed since it was "
+                          "written, which replacing it would lose: move the directory, or pass a new one")
     if not overwrite:
         raise OutputError(f"{flag} {out} holds an earlier {fmt} export: pass --overwrite to replace it, or a new "
                           "directory")
@@ -78,8 +85,9 @@ def write_export(out: str | os.PathLike, tensors: dict[str, torch.Tensor], confi
         save_file(tensors, str(staging / "model.safetensors"))
         umask_modes(staging / "model.safetensors")
         atomic_write_json(staging / "config.json", config)
+        files = {name: sha256_file(staging / name) for name in ("model.safetensors", "config.json")}
         atomic_write_json(staging / EXPORT_RECORD, {"format": RECORD_FORMAT, "export_format": fmt,
-                                                    "draftsmith_version": __version__})
+                                                    "draftsmith_version": __version__, "files": files})
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)

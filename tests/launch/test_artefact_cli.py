@@ -199,6 +199,10 @@ def test_export_never_replaces_what_it_did_not_make_and_checks_its_inputs_first(
     (out / "README.md").write_text("my notes\n")  # a user's file inside an earlier export: never deleted
     refused(capsys, [*export, out, "--overwrite"], "files it did not write (README.md)", "move them")
     assert (out / "README.md").read_text() == "my notes\n" and (out / "draftsmith-export.json").is_file()
+    (out / "README.md").unlink()
+    (out / "config.json").write_text('{"edited": "by hand"}')  # an export file edited since: never replaced
+    refused(capsys, [*export, out, "--overwrite"], "whose config.json was changed since it was written")
+    assert (out / "config.json").read_text() == '{"edited": "by hand"}'
     (tmp_path / "link").symlink_to(model_dir)
     refused(capsys, [*export, tmp_path / "link", "--overwrite"], "is a symbolic link")
 

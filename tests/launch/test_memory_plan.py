@@ -105,9 +105,11 @@ LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "nu
     ("[1, 2]", "is not a model config"),
     (json.dumps({"hidden_size": 64}), "is not a model config"),
     (json.dumps({**LLAMA, "model_type": "no-such-model"}), "transformers refuses it"),
-    (json.dumps({**LLAMA, "hidden_size": 0}), "hidden_size=0: every size must be a whole number >= 1"),
+    (json.dumps({**LLAMA, "hidden_size": 0}), "hidden_size=0"),
     (json.dumps({**LLAMA, "num_hidden_layers": -2}), "num_hidden_layers=-2"),
     (json.dumps({**LLAMA, "hidden_size": 66}), "is not a multiple of the number of attention heads (4)"),
+    (json.dumps({**LLAMA, "head_dim": 0}), "head_dim=0: every size must be a whole number >= 1"),
+    (json.dumps({**LLAMA, "num_key_value_heads": 3}), "not divisible by num_key_value_heads=3"),
 ])
 def test_a_broken_config_is_one_line(tmp_path, capsys, text, expected):
     (tmp_path / "config.json").write_text(text)

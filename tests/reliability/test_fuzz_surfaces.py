@@ -80,9 +80,9 @@ def damage_cache(root: Path, cuts: list[tuple]) -> None:
         kind, manifest = cut[0], (root / cut[1]).parent / "manifest.json"
         if kind in ("delete", "truncate", "garble"):
             path = root / cut[1]
-            if not path.exists():
+            data = path.read_bytes() if path.exists() else b""
+            if not data:
                 continue
-            data = path.read_bytes()
             if kind == "delete":
                 path.unlink()
             elif kind == "truncate":
