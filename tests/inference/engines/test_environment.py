@@ -97,3 +97,26 @@ def test_a_relative_or_unrunnable_interpreter_is_resolved_or_refused(tmp_path, m
     from draftsmith.common.paths import draftsmith_home
 
     assert draftsmith_home() == tmp_path / "relative-home"
+
+
+def test_setup_checks_before_the_install(tmp_path, monkeypatch):
+    """An environment that already imports vLLM 0.32.0 is kept (no pip run); an interpreter vLLM does not install on
+    is refused in one line before anything is created or downloaded."""
+    import subprocess
+
+    from draftsmith.inference.engines import environment
+
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    make_fake_engine(env / "bin").rename(env / "bin" / "python")
+    ran = []
+    real = subprocess.run
+    monkeypatch.setattr(environment.subprocess, "run", lambda argv, **kw: ran.append(argv) or real(argv, **kw))
+    record = environment.setup_engine(env, cuda=False)
+    assert record["versions"]["vllm"] == environment.VLLM_VERSION
+    assert not any("pip" in argv for argv in ran)  # the version was checked, nothing installed
+
+    old = interpreter(tmp_path, "python3.9", "#!/bin/sh\necho 3 9\n")
+    with pytest.raises(EngineError, match=r"reports 3\.9, and vLLM 0\.32\.0 installs on Python 3\.11-3\.14"):
+        environment.setup_engine(tmp_path / "new", cuda=False, python=str(old))
+    assert not (tmp_path / "new").exists() and not any("pip" in argv for argv in ran)
