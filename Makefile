@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.draftsmith-installed
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: help install demo test test-slow test-engine test-gpu gpu-bundle engine lint zoo bench bench-grid clean
+.PHONY: help install demo test test-slow test-engine test-gpu gpu-bundle engine lint zoo bench bench-grid bench-peers clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ bench: install ## the side-by-side figures of docs/BENCHMARKS.md (~35 min once t
 	$(PY) tests/benchmarks/bench_gkd.py --steps 100 --repeats 2 --json runs/bench/gkd.json
 	$(PY) tests/benchmarks/bench_kernel_memory.py --json runs/bench/kernel_memory.json
 	$(PY) tests/benchmarks/bench_precision.py --threads 1 --json runs/bench/precision.json
+
+bench-peers: engine zoo ## draftsmith's EAGLE-3 against speculators' trainer: same data, steps, vLLM (~30 min)
+	$(PY) tests/benchmarks/bench_peers.py setup
+	$(PY) tests/benchmarks/bench_peers.py run --steps 300 --out runs/bench/peers
 
 bench-grid: install ## the DistillSpec divergence x data grid (~45 min)
 	$(PY) tests/benchmarks/bench_distillspec_grid.py --out-dir runs/distillspec_grid --steps 300 --jobs 2

@@ -193,15 +193,15 @@ def fill_after(monkeypatch, module, calls: int, root: Path):
 
 def test_a_full_disk_while_generating_keeps_the_rows_written_and_a_rerun_finishes(tiny_pair, tmp_path, capsys,
                                                                                   monkeypatch):
-    from draftsmith.data import self_distill
+    from draftsmith.data import row_files
 
     clean = tmp_path / "clean" / "a.jsonl"
     assert main(generate_argv(tiny_pair, clean)) == 0
     out = tmp_path / "full" / "a.jsonl"
-    fill_after(monkeypatch, self_distill, 2, out.parent)
+    fill_after(monkeypatch, row_files, 4, out.parent)  # two batches: each row's sum, then the row
     assert main(generate_argv(tiny_pair, out)) == 2
     line = one_error(capsys)
-    assert f"cannot write {out}: no space left" in line and f"kept: the 2 complete rows in {out}" in line
+    assert f"cannot write {out}.sha256: no space left" in line and f"kept: the 2 complete rows in {out}" in line
     assert len(out.read_text().splitlines()) == 2
     monkeypatch.undo()
     assert main(generate_argv(tiny_pair, out)) == 0

@@ -1,0 +1,257 @@
+"""Against the peers: draftsmith's EAGLE-3 head and vllm-project/speculators' trainer on the same rows, the same
+hidden states, the same draft vocabulary, steps, schedule and seed, both heads judged by the same vLLM.
+
+    python tests/benchmarks/bench_peers.py setup                      # the peer's own environment, pinned, recorded
+    python tests/benchmarks/bench_peers.py run --steps 300 --out runs/bench/peers   # the tiny zoo, one budget
+
+``setup`` makes ``DRAFTSMITH_HOME/peers/speculators`` (a venv: torch and transformers inside speculators' pins,
+speculators without its CUDA-only extras) and records the versions it imports in ``draftsmith-peer.json``. ``run``:
+
+1. trains draftsmith's EAGLE-3 (``recipes/configs/eagle3_tiny.yaml``, features cached offline) for ``--steps``;
+2. converts that cache, unchanged, to speculators' offline format (``peers/to_speculators.py``) and writes the
+   draftsmith head's draft vocabulary as speculators' ``d2t``/``t2d``;
+3. trains speculators' EAGLE-3 on it through ``peers/speculators_cpu.py`` (its CPU adaptation) with the same steps,
+   learning rate, warm-up, cosine schedule, seed, training-time-test depth and tokens per step (speculators packs
+   rows into one sequence per step: ``--total-seq-len`` is draftsmith's batch of rows times their mean length);
+4. exports draftsmith's head for vLLM (``--format eagle3``) and serves both heads with vLLM 0.32.0's ``eagle3`` on the
+   same held-out dev questions: acceptance by position, tau and identity to vLLM's AR;
+5. reports each trainer's training tokens/s (the rows' tokens over the training's own runtime, the feature cache
+   excluded on both sides) and peak RSS, one thread each, one after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PEERS_DIR = Path(__file__).with_name("peers")
+SPECULATORS = {  # what `setup` installs: the peer without its CUDA-only dependencies (torchaudio, torchvision)
+    "speculators": "0.9.0", "hs-connectors": "0.9.0", "torch": "2.13.0", "transformers": "5.19.0"}
+SPECULATORS_DEPS = ("aiohttp", "click", "datasets<=5.1.0,>=4.0.0", "httpx", "huggingface-hub", "loguru<=0.7.3,>=0.7.2",
+                    "numpy<=2.5.4,>=2.0.0", "openai>=2.0.0", "protobuf", "psutil", "pydantic>=2.0.0",
+                    "pydantic-settings>=2.0.0", "rich", "safetensors", "tqdm<=4.70.1,>=4.66.3", "typer>=0.12.0")
+RECORD = "draftsmith-peer.json"
+
+
+def peer_dir(name: str = "speculators") -> Path:
+    from draftsmith.common.paths import draftsmith_home
+
+    return draftsmith_home() / "peers" / name
+
+
+def peer_python(name: str = "speculators") -> Path:
+    python = peer_dir(name) / "bin" / "python"
+    if not python.is_file():
+        raise SystemExit(f"no {name} environment at {python.parent.parent}: run `python {__file__} setup`")
+    return python
+
+
+def setup(directory: Path) -> dict:
+    """The speculators environment at ``directory`` (kept when it already imports the pinned version)."""
+    python = directory / "bin" / "python"
+    if not python.is_file():
+        subprocess.run([sys.executable, "-m", "venv", str(directory)], check=True)
+    pins = [f"{name}=={version}" for name, version in SPECULATORS.items()]
+    steps = [[str(python), "-m", "pip", "install", "--quiet", pins[2], pins[3]],
+             [str(python), "-m", "pip", "install", "--quiet", "--no-deps", pins[0], pins[1]],
+             [str(python), "-m", "pip", "install", "--quiet", *SPECULATORS_DEPS]]
+    for step in steps:
+        subprocess.run(step, check=True)
+    probe = ("import json, importlib.metadata as m; print(json.dumps({p: m.version(p) for p in "
+             f"{sorted(SPECULATORS)!r}}}))")
+    versions = json.loads(subprocess.run([str(python), "-c", probe], check=True, capture_output=True,
+                                         text=True).stdout)
+    record = {"peer": "speculators", "versions": versions, "python": str(python),
+              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (directory / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def timed(argv: list[str], log: Path, env: dict | None = None) -> dict:
+    """Run ``argv`` (output to ``log``); its wall seconds and peak RSS (MiB, the process and what it waited for)."""
+    start = time.perf_counter()
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+                                     **(env or {})})
+        _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{argv[:4]} failed: see {log}")
+    return {"seconds": time.perf_counter() - start, "peak_rss_mib": usage.ru_maxrss / 1024}
+
+
+def once(path: Path, make) -> dict:
+    """``make()``'s result, kept in ``path`` so that a rerun of the bench does not train again."""
+    if path.is_file():
+        return json.loads(path.read_text())
+    result = make()
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return result
+
+
+def train_draftsmith(out: Path, steps: int, examples: int | None = None) -> dict:
+    run = out / "draftsmith"
+    argv = [str(ROOT / ".venv" / "bin" / "draftsmith"), "train", "eagle", "--config",
+            str(ROOT / "recipes" / "configs" / "eagle3_tiny.yaml"), "features=offline",
+            f"feature_cache_dir={out / 'cache'}", f"output_dir={run}", f"max_steps={steps}", "evaluate=false",
+            "calibrate_tree=false", "tune=false", "report_to=none", f"save_steps={steps}", f"eval_steps={steps}",
+            *([f"max_train_examples={examples}", f"draft_vocab_prompts={min(examples, 512)}"] if examples else [])]
+    process = timed(argv, out / "draftsmith_train.log")
+    state = json.loads((run / f"checkpoint-{steps}" / "trainer_state.json").read_text())
+    ended = re.findall(r"'train_runtime': '([0-9.]+)'", (out / "draftsmith_train.log").read_text())  # the Trainer's
+    return {"process": process, "train_runtime": float(ended[-1]), "epochs": state["epoch"],
+            "artefact": str(run / "artefact")}
+
+
+def train_cache(out: Path) -> Path:
+    """The training rows' cache (the larger of the run's two: training and held-out rows)."""
+    manifests = [(json.loads(p.read_text())["rows"], p.parent) for p in (out / "cache").glob("*/manifest.json")]
+    return max(manifests)[1]
+
+
+def convert(out: Path, artefact: Path) -> dict:
+    """The cache and the head's draft vocabulary in speculators' formats; the rows' count and mean length."""
+    import numpy as np
+    from safetensors.torch import load_file
+
+    cache, data = train_cache(out), out / "speculators_data"
+    if not (data / "dataset_info.json").is_file():
+        subprocess.run([str(peer_python()), str(PEERS_DIR / "to_speculators.py"), str(cache), str(tiny_target()),
+                        str(data)], check=True, cwd=ROOT)
+    heads = load_file(str(artefact / "heads.safetensors"))
+    np.save(out / "d2t.npy", heads["d2t"].numpy())
+    np.save(out / "t2d.npy", heads["t2d"].numpy())
+    manifest = json.loads((cache / "manifest.json").read_text())
+    return {"rows": manifest["rows"], "tokens": manifest["tokens"], "mean_length": manifest["tokens"] / manifest["rows"],
+            "draft_vocab": int(heads["d2t"].numel())}
+
+
+def tiny_target() -> Path:
+    from draftsmith.common.paths import zoo_dir
+
+    return zoo_dir("tiny") / "target"
+
+
+def train_speculators(out: Path, steps: int, data: dict, config: dict) -> dict:
+    """speculators' EAGLE-3 with draftsmith's settings (``config``: eagle3_tiny.yaml's)."""
+    from transformers import AutoConfig
+
+    from draftsmith.inference.drafters.eagle import aux_layers
+
+    layers = aux_layers(AutoConfig.from_pretrained(tiny_target()).num_hidden_layers)
+    save = out / "speculators"
+    metrics = out / "speculators_metrics.jsonl"
+    metrics.unlink(missing_ok=True)
+    per_step = round(int(config["per_device_train_batch_size"]) * data["mean_length"])
+    argv = [str(peer_python()), str(PEERS_DIR / "speculators_cpu.py"), "--speculator-type", "eagle3",
+            "--verifier-name-or-path", str(tiny_target()), "--data-path", str(out / "speculators_data"),
+            "--hidden-states-path", str(out / "speculators_data" / "hidden_states"), "--on-missing", "raise",
+            "--target-layer-ids", *map(str, layers), "--draft-vocab-size", str(data["draft_vocab"]),
+            "--d2t-path", str(out / "d2t.npy"), "--t2d-path", str(out / "t2d.npy"), "--num-layers", "1",
+            "--full-attention-indices", "0", "--no-norm-before-fc", "--no-norm-output",
+            "--total-seq-len", str(per_step), "--optimizer", "adamw", "--lr", str(config["learning_rate"]),
+            "--weight-decay", str(config["weight_decay"]), "--scheduler-type", "cosine",
+            "--scheduler-warmup-ratio", str(min(int(config["warmup_steps"]) / steps, 0.99)), "--epochs", "1",
+            "--max-steps", str(steps), "--ttt-steps", str(config["ttt_steps"]), "--seed", str(config["seed"]),
+            "--save-path", str(save), "--no-resume-from-checkpoint", "--loss-implementation", "eager",
+            "--draft-attn-impl", "sdpa", "--hidden-states-dtype", "bfloat16", "--num-workers", "0",
+            "--train-data-ratio", "0.98", "--mask-token-id", "0", "--log-freq", "10"]
+    process = timed(argv, out / "speculators_train.log", env={"METRICS_JSONL": str(metrics)})
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+    rates = [r["profile"]["tokens_per_s"] for r in records if isinstance(r.get("profile"), dict)
+             and r["profile"].get("tokens_per_s")]
+    checkpoint = max((p for p in save.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    return {"process": process, "tokens_per_s": sum(rates) / len(rates) if rates else None,
+            "tokens_per_step": per_step, "checkpoint": str(checkpoint)}
+
+
+def judge(heads: dict[str, str], limit: int, max_new_tokens: int, k: int) -> dict:
+    """Each head served by vLLM (``eagle3``, ``k`` tokens) on the same dev questions' first turns."""
+    from dataclasses import replace
+
+    import transformers
+
+    from draftsmith.inference.engines.environment import engine_python, engine_versions
+    from draftsmith.inference.engines.evaluate import engine_evaluate
+    from draftsmith.inference.engines.vllm import EngineMethod
+    from draftsmith.inference.evaluation.questions import read_questions
+
+    python = engine_python()
+    versions = engine_versions(python)
+    target = transformers.AutoModelForCausalLM.from_pretrained(tiny_target()).eval()
+    tokenizer_dir = tiny_target().parent / "tokenizer"  # the zoo keeps its tokenizer beside the models
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    questions = [replace(q, turns=q.turns[:1]) for q in read_questions("dev", limit=limit)]
+    out = {"vllm": versions}
+    for name, model in heads.items():
+        method = EngineMethod({"method": "eagle3", "model": model, "num_speculative_tokens": k}, {})
+        report = engine_evaluate(target, tokenizer, questions, method, python=python, model_dir=str(tiny_target()),
+                                 tokenizer_dir=str(tokenizer_dir), max_new_tokens=max_new_tokens, threads=1)
+        out[name] = report["summary"]
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    import yaml
+
+    out = Path(args.out) / f"steps{args.steps}"
+    out.mkdir(parents=True, exist_ok=True)
+    config = yaml.safe_load((ROOT / "recipes" / "configs" / "eagle3_tiny.yaml").read_text())
+    ours = once(out / "draftsmith.json", lambda: train_draftsmith(out, args.steps, args.examples))
+    data = convert(out, Path(ours["artefact"]))
+    theirs = once(out / "speculators.json", lambda: train_speculators(out, args.steps, data, config))
+    ours["tokens_per_s"] = data["tokens"] * ours["epochs"] / ours["train_runtime"]
+    export = out / "draftsmith_eagle3"
+    if not (export / "config.json").is_file():
+        subprocess.run([str(ROOT / ".venv" / "bin" / "draftsmith"), "export", "--artefact", ours["artefact"],
+                        "--format", "eagle3", "--out", str(export)], check=True, cwd=ROOT)
+    served = judge({"draftsmith": str(export), "speculators": theirs["checkpoint"]}, args.limit, args.max_new_tokens,
+                   args.draft_length)
+    result = {"steps": args.steps, "data": data, "draftsmith": ours, "speculators": theirs, "served": served,
+              "peer": json.loads((peer_dir() / RECORD).read_text()) if (peer_dir() / RECORD).is_file() else None}
+    (out / "result.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return result
+
+
+def table(result: dict) -> str:
+    rows = ["| trainer | tau (vLLM) | acceptance by position (vLLM) | identical to AR | training tokens/s | peak RSS |",
+            "|---|---|---|---|---|---|"]
+    for name in ("draftsmith", "speculators"):
+        s = result["served"][name]
+        by_pos = " / ".join(f"{a:.3f}" for a in s.get("acceptance_by_position") or [])
+        rows.append(f"| {name} | {s.get('mean_acceptance_length') or float('nan'):.3f} | {by_pos} | "
+                    f"{s.get('identical_to_engine_ar')} | "
+                    f"{result[name]['tokens_per_s'] or float('nan'):.0f} | "
+                    f"{result[name]['process']['peak_rss_mib']:.0f} MiB |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("setup", help="make the speculators environment (pinned versions, recorded)")
+    r = sub.add_parser("run", help="train both, serve both, compare")
+    r.add_argument("--steps", type=int, default=300, help="optimizer steps of each trainer (eagle3_tiny.yaml's: 300)")
+    r.add_argument("--examples", type=int, default=None, help="training rows (default: eagle3_tiny.yaml's 4,000)")
+    r.add_argument("--limit", type=int, default=40, help="held-out dev questions vLLM answers")
+    r.add_argument("--max-new-tokens", type=int, default=64)
+    r.add_argument("--draft-length", type=int, default=5, help="vLLM's num_speculative_tokens")
+    r.add_argument("--out", default="runs/bench/peers")
+    args = parser.parse_args(argv)
+    if args.command == "setup":
+        print(json.dumps(setup(peer_dir()), indent=1))
+        return 0
+    result = run(args)
+    print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
