@@ -22,6 +22,7 @@ speculators without its CUDA-only extras) and records the versions it imports in
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -37,6 +38,10 @@ SPECULATORS = {  # what `setup` installs: the peer without its CUDA-only depende
 SPECULATORS_DEPS = ("aiohttp", "click", "datasets<=5.1.0,>=4.0.0", "httpx", "huggingface-hub", "loguru<=0.7.3,>=0.7.2",
                     "numpy<=2.5.4,>=2.0.0", "openai>=2.0.0", "protobuf", "psutil", "pydantic>=2.0.0",
                     "pydantic-settings>=2.0.0", "rich", "safetensors", "tqdm<=4.70.1,>=4.66.3", "typer>=0.12.0")
+SPECFORGE = {"specforge": "0.2.0", "torch": "2.11.0", "transformers": "5.8.1"}  # its pins; sglang left out
+SPECFORGE_DEPS = ("datasets", "tqdm", "accelerate", "huggingface-hub", "numpy", "pydantic", "psutil", "pyyaml",
+                  "safetensors", "requests", "tensorboard", "typing-extensions")
+PEERS = {"speculators": (SPECULATORS, SPECULATORS_DEPS), "specforge": (SPECFORGE, SPECFORGE_DEPS)}
 RECORD = "draftsmith-peer.json"
 
 
@@ -53,22 +58,23 @@ def peer_python(name: str = "speculators") -> Path:
     return python
 
 
-def setup(directory: Path) -> dict:
-    """The speculators environment at ``directory`` (kept when it already imports the pinned version)."""
+def setup(name: str) -> dict:
+    """The environment of peer ``name`` under DRAFTSMITH_HOME/peers: a venv with the peer's own pins (the peer
+    installed without its dependencies, which pull CUDA-only or serving packages, then the plain ones); the versions
+    it imports recorded in ``draftsmith-peer.json``."""
+    pins, deps = PEERS[name]
+    directory = peer_dir(name)
     python = directory / "bin" / "python"
     if not python.is_file():
         subprocess.run([sys.executable, "-m", "venv", str(directory)], check=True)
-    pins = [f"{name}=={version}" for name, version in SPECULATORS.items()]
-    steps = [[str(python), "-m", "pip", "install", "--quiet", pins[2], pins[3]],
-             [str(python), "-m", "pip", "install", "--quiet", "--no-deps", pins[0], pins[1]],
-             [str(python), "-m", "pip", "install", "--quiet", *SPECULATORS_DEPS]]
-    for step in steps:
-        subprocess.run(step, check=True)
-    probe = ("import json, importlib.metadata as m; print(json.dumps({p: m.version(p) for p in "
-             f"{sorted(SPECULATORS)!r}}}))")
+    framework = [f"{p}=={v}" for p, v in pins.items() if p in ("torch", "transformers")]
+    own = [f"{p}=={v}" for p, v in pins.items() if p not in ("torch", "transformers")]
+    for step in (framework, ["--no-deps", *own], list(deps)):
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *step], check=True)
+    probe = f"import json, importlib.metadata as m; print(json.dumps({{p: m.version(p) for p in {sorted(pins)!r}}}))"
     versions = json.loads(subprocess.run([str(python), "-c", probe], check=True, capture_output=True,
                                          text=True).stdout)
-    record = {"peer": "speculators", "versions": versions, "python": str(python),
+    record = {"peer": name, "versions": versions, "python": str(python),
               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (directory / RECORD).write_text(json.dumps(record, indent=1) + "\n")
     return record
@@ -172,6 +178,68 @@ def train_speculators(out: Path, steps: int, data: dict, config: dict) -> dict:
             "tokens_per_step": per_step, "checkpoint": str(checkpoint)}
 
 
+def specforge_inputs(out: Path, artefact: Path, export: Path) -> Path:
+    """What SpecForge reads besides the features: the target with the weight index it requires, the draft's config
+    (draftsmith's exported head config: one Llama layer of the target's shape, the aux layers vLLM reads) and the
+    draft vocabulary of draftsmith's head. Returns the folder holding them."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    root = out / "specforge_inputs"
+    target = root / "target"
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        if (tiny_target() / name).exists() and not (target / name).exists():
+            (target / name).symlink_to(tiny_target() / name)
+    with safe_open(str(tiny_target() / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    (target / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: "model.safetensors" for n in names}}))
+    draft = json.loads((export / "config.json").read_text())
+    draft["target_hidden_size"] = draft["hidden_size"]
+    (root / "draft.json").write_text(json.dumps(draft, indent=1))
+    heads = load_file(str(artefact / "heads.safetensors"))
+    torch.save({"d2t": heads["d2t"], "t2d": heads["t2d"]}, root / "vocab_mapping.pt")
+    return root
+
+
+def train_specforge(out: Path, steps: int, config: dict, inputs: Path) -> dict:
+    """SpecForge's EAGLE-3 with draftsmith's settings on the converted features; exported for vLLM."""
+    import yaml
+
+    features = out / "specforge_data"
+    if not (features / "rows").is_dir():
+        subprocess.run([str(peer_python("specforge")), str(PEERS_DIR / "to_specforge.py"), str(train_cache(out)),
+                        str(features)], check=True, cwd=ROOT)
+    run_config = {
+        "run_id": "bench", "output_dir": str(out / "specforge"),
+        "model": {"target_model_path": str(inputs / "target"), "draft_model_config": str(inputs / "draft.json"),
+                  "lm_head_key": "model.embed_tokens.weight", "vocab_mapping_path": str(inputs / "vocab_mapping.pt"),
+                  "torch_dtype": "bfloat16"},
+        "data": {"hidden_states_path": str(features), "max_length": int(config["max_length"]),
+                 "dataloader_num_workers": 0, "cache_dir": str(out / "specforge_cache")},
+        "training": {"strategy": "eagle3", "attention_backend": "sdpa", "fsdp_sharding": "NO_SHARD",
+                     "batch_size": int(config["per_device_train_batch_size"]), "accumulation_steps": 1,
+                     "learning_rate": float(config["learning_rate"]), "lr_scheduler": "cosine",
+                     "warmup_ratio": min(int(config["warmup_steps"]) / steps, 0.99), "num_epochs": 1,
+                     "max_steps": steps, "ttt_length": int(config["ttt_steps"]), "seed": int(config["seed"]),
+                     "log_interval": min(10, steps), "save_interval": 0}}
+    (out / "specforge_run.yaml").write_text(yaml.safe_dump(run_config))
+    launcher = [str(peer_python("specforge")), str(PEERS_DIR / "specforge_cpu.py")]
+    process = timed([*launcher, "train", "--config", str(out / "specforge_run.yaml")], out / "specforge_train.log")
+    logged = [ast.literal_eval(m) for m in re.findall(r"step \d+: (\{.*\})",
+                                                                      (out / "specforge_train.log").read_text())]
+    rates = [r["perf/global_samples_per_second"] for r in logged if r.get("perf/global_samples_per_second")]
+    checkpoint = max((p for p in (out / "specforge").glob("bench-step*") if p.is_dir()),
+                     key=lambda p: int(p.name.rsplit("step", 1)[1]))
+    export = out / "specforge_export"
+    timed([*launcher, "export", "--to", "sglang", "--checkpoint", str(checkpoint), "--draft-config",
+           str(inputs / "draft.json"), "--output-dir", str(export)], out / "specforge_export.log")
+    return {"process": process, "samples_per_s": sum(rates) / len(rates) if rates else None,
+            "checkpoint": str(export), "logged": logged[-1:] if logged else []}
+
+
 def judge(heads: dict[str, str], limit: int, max_new_tokens: int, k: int) -> dict:
     """Each head served by vLLM (``eagle3``, ``k`` tokens) on the same dev questions' first turns."""
     from dataclasses import replace
@@ -207,15 +275,22 @@ def run(args: argparse.Namespace) -> dict:
     ours = once(out / "draftsmith.json", lambda: train_draftsmith(out, args.steps, args.examples))
     data = convert(out, Path(ours["artefact"]))
     theirs = once(out / "speculators.json", lambda: train_speculators(out, args.steps, data, config))
+    args.peers = args.peers.split(",") if isinstance(args.peers, str) else args.peers
     ours["tokens_per_s"] = data["tokens"] * ours["epochs"] / ours["train_runtime"]
     export = out / "draftsmith_eagle3"
     if not (export / "config.json").is_file():
         subprocess.run([str(ROOT / ".venv" / "bin" / "draftsmith"), "export", "--artefact", ours["artefact"],
                         "--format", "eagle3", "--out", str(export)], check=True, cwd=ROOT)
-    served = judge({"draftsmith": str(export), "speculators": theirs["checkpoint"]}, args.limit, args.max_new_tokens,
-                   args.draft_length)
-    result = {"steps": args.steps, "data": data, "draftsmith": ours, "speculators": theirs, "served": served,
-              "peer": json.loads((peer_dir() / RECORD).read_text()) if (peer_dir() / RECORD).is_file() else None}
+    heads = {"draftsmith": str(export), "speculators": theirs["checkpoint"]}
+    result = {"steps": args.steps, "data": data, "draftsmith": ours, "speculators": theirs}
+    if "specforge" in args.peers:
+        inputs = specforge_inputs(out, Path(ours["artefact"]), export)
+        forge = once(out / "specforge.json", lambda: train_specforge(out, args.steps, config, inputs))
+        forge["tokens_per_s"] = forge["samples_per_s"] and forge["samples_per_s"] * data["mean_length"]
+        result["specforge"], heads["specforge"] = forge, forge["checkpoint"]
+    result["served"] = judge(heads, args.limit, args.max_new_tokens, args.draft_length)
+    result["peers"] = {name: json.loads((peer_dir(name) / RECORD).read_text()) for name in PEERS
+                       if (peer_dir(name) / RECORD).is_file()}
     (out / "result.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     return result
 
@@ -223,7 +298,7 @@ def run(args: argparse.Namespace) -> dict:
 def table(result: dict) -> str:
     rows = ["| trainer | tau (vLLM) | acceptance by position (vLLM) | identical to AR | training tokens/s | peak RSS |",
             "|---|---|---|---|---|---|"]
-    for name in ("draftsmith", "speculators"):
+    for name in (n for n in ("draftsmith", "speculators", "specforge") if n in result["served"]):
         s = result["served"][name]
         by_pos = " / ".join(f"{a:.3f}" for a in s.get("acceptance_by_position") or [])
         rows.append(f"| {name} | {s.get('mean_acceptance_length') or float('nan'):.3f} | {by_pos} | "
@@ -236,7 +311,8 @@ def table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("setup", help="make the speculators environment (pinned versions, recorded)")
+    st = sub.add_parser("setup", help="make the peers' environments (pinned versions, recorded)")
+    st.add_argument("peer", nargs="?", choices=(*PEERS, "all"), default="all")
     r = sub.add_parser("run", help="train both, serve both, compare")
     r.add_argument("--steps", type=int, default=300, help="optimizer steps of each trainer (eagle3_tiny.yaml's: 300)")
     r.add_argument("--examples", type=int, default=None, help="training rows (default: eagle3_tiny.yaml's 4,000)")
@@ -244,9 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--max-new-tokens", type=int, default=64)
     r.add_argument("--draft-length", type=int, default=5, help="vLLM's num_speculative_tokens")
     r.add_argument("--out", default="runs/bench/peers")
+    r.add_argument("--peers", default="speculators,specforge", help="which peers train besides draftsmith")
     args = parser.parse_args(argv)
     if args.command == "setup":
-        print(json.dumps(setup(peer_dir()), indent=1))
+        for name in PEERS if args.peer == "all" else [args.peer]:
+            print(json.dumps(setup(name), indent=1))
         return 0
     result = run(args)
     print(table(result))

@@ -1,5 +1,5 @@
-"""bench_peers.py at a toy budget (slow): both trainers train, both heads are served by vLLM and the table is made.
-Skips, with the reason, where the peer's or vLLM's environment is not installed."""
+"""bench_peers.py at a toy budget (slow): the three trainers train, vLLM serves every head and the table is made.
+Skips, with the reason, where a peer's or vLLM's environment is not installed."""
 
 from __future__ import annotations
 
@@ -19,14 +19,15 @@ def bench():
     return module
 
 
-def test_both_trainers_train_and_vllm_serves_both_heads(tmp_path):
+def test_every_trainer_trains_and_vllm_serves_every_head(tmp_path):
     from draftsmith.common.errors import EngineError
     from draftsmith.common.paths import zoo_dir
     from draftsmith.inference.engines.environment import engine_python, engine_versions
 
     module = bench()
-    if not (module.peer_dir() / "bin" / "python").is_file():
-        pytest.skip(f"no speculators environment at {module.peer_dir()}: `python {HERE / 'bench_peers.py'} setup`")
+    for peer in module.PEERS:
+        if not (module.peer_dir(peer) / "bin" / "python").is_file():
+            pytest.skip(f"no {peer} environment at {module.peer_dir(peer)}: `python {HERE / 'bench_peers.py'} setup`")
     try:
         engine_versions(engine_python())
     except EngineError as err:
@@ -38,7 +39,7 @@ def test_both_trainers_train_and_vllm_serves_both_heads(tmp_path):
     import json
 
     result = json.loads((tmp_path / "steps4" / "result.json").read_text())
-    for name in ("draftsmith", "speculators"):
+    for name in ("draftsmith", *module.PEERS):
         served = result["served"][name]
         assert served["drafts"] > 0 and len(served["acceptance_by_position"]) == 2
         assert result[name]["tokens_per_s"] > 0 and result[name]["process"]["peak_rss_mib"] > 0
