@@ -240,8 +240,9 @@ def train_specforge(out: Path, steps: int, config: dict, inputs: Path) -> dict:
             "checkpoint": str(export), "logged": logged[-1:] if logged else []}
 
 
-def judge(heads: dict[str, str], limit: int, max_new_tokens: int, k: int) -> dict:
-    """Each head served by vLLM (``eagle3``, ``k`` tokens) on the same dev questions' first turns."""
+def judge(heads: dict[str, str], limit: int, max_new_tokens: int, k: int, concurrency: list[int]) -> dict:
+    """Each head served by vLLM (``eagle3``, ``k`` tokens) on the same dev questions' first turns, and its output
+    tokens/s against vLLM's AR in waves of each ``concurrency``."""
     from dataclasses import replace
 
     import transformers
@@ -261,8 +262,9 @@ def judge(heads: dict[str, str], limit: int, max_new_tokens: int, k: int) -> dic
     for name, model in heads.items():
         method = EngineMethod({"method": "eagle3", "model": model, "num_speculative_tokens": k}, {})
         report = engine_evaluate(target, tokenizer, questions, method, python=python, model_dir=str(tiny_target()),
-                                 tokenizer_dir=str(tokenizer_dir), max_new_tokens=max_new_tokens, threads=1)
-        out[name] = report["summary"]
+                                 tokenizer_dir=str(tokenizer_dir), max_new_tokens=max_new_tokens, threads=1,
+                                 concurrency=concurrency)
+        out[name] = report["summary"] | {"throughput": report["throughput"]}
     return out
 
 
@@ -288,7 +290,8 @@ def run(args: argparse.Namespace) -> dict:
         forge = once(out / "specforge.json", lambda: train_specforge(out, args.steps, config, inputs))
         forge["tokens_per_s"] = forge["samples_per_s"] and forge["samples_per_s"] * data["mean_length"]
         result["specforge"], heads["specforge"] = forge, forge["checkpoint"]
-    result["served"] = judge(heads, args.limit, args.max_new_tokens, args.draft_length)
+    levels = [int(c) for c in args.concurrency.split(",") if c.strip()] if args.concurrency else []
+    result["served"] = judge(heads, args.limit, args.max_new_tokens, args.draft_length, levels)
     result["peers"] = {name: json.loads((peer_dir(name) / RECORD).read_text()) for name in PEERS
                        if (peer_dir(name) / RECORD).is_file()}
     (out / "result.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
@@ -305,6 +308,15 @@ def table(result: dict) -> str:
                     f"{s.get('identical_to_engine_ar')} | "
                     f"{result[name]['tokens_per_s'] or float('nan'):.0f} | "
                     f"{result[name]['process']['peak_rss_mib']:.0f} MiB |")
+    measured = [v["throughput"] for v in result["served"].values() if isinstance(v, dict) and v.get("throughput")]
+    levels = [t["concurrency"] for t in measured[0]] if measured else []
+    if levels:
+        rows += ["", "| head | " + " | ".join(f"speedup at concurrency {c}" for c in levels) + " |",
+                 "|---|" + "---|" * len(levels)]
+        for name, served in result["served"].items():
+            if isinstance(served, dict) and served.get("throughput"):
+                rows.append(f"| {name} | " + " | ".join(f"{t['speedup']:.3f}" if t.get("speedup") else "-"
+                                                        for t in served["throughput"]) + " |")
     return "\n".join(rows)
 
 
@@ -321,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--draft-length", type=int, default=5, help="vLLM's num_speculative_tokens")
     r.add_argument("--out", default="runs/bench/peers")
     r.add_argument("--peers", default="speculators,specforge", help="which peers train besides draftsmith")
+    r.add_argument("--concurrency", default="", help="also vLLM's output tokens/s with each head against its AR "
+                   "at these concurrencies, e.g. 1,4,16")
     args = parser.parse_args(argv)
     if args.command == "setup":
         for name in PEERS if args.peer == "all" else [args.peer]:

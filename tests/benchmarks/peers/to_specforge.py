@@ -6,7 +6,8 @@ rows, loss tokens and hidden states, written once, one ``rows/data_<i>.ckpt`` (`
 Each file: ``input_ids`` [T] int64; ``loss_mask`` [T] int64 (1 where draftsmith's labels train the token);
 ``hidden_state`` [T, H] bfloat16, the last layer after the final norm (what the LM head reads: the cache's
 ``layer_-1`` as it is); ``aux_hidden_state`` [T, 3H] bfloat16, the cache's three auxiliary layers in ascending order,
-concatenated. SpecForge reads bfloat16 (its target head is bfloat16 and casts nothing).
+concatenated. SpecForge reads bfloat16 (its target head is bfloat16 and casts nothing). Every tensor is a copy:
+``torch.save`` of a slice writes the whole shard's storage.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def convert(cache: Path, out: Path) -> int:
         for a, b in zip(offsets, offsets[1:]):
             torch.save({"input_ids": tensors["input_ids"][a:b].long(),
                         "loss_mask": (tensors["labels"][a:b] != -100).long(),
-                        "hidden_state": tensors["layer_-1"][a:b].bfloat16().contiguous(),
+                        "hidden_state": tensors["layer_-1"][a:b].bfloat16().clone(),  # a view saves its shard
                         "aux_hidden_state": torch.cat([tensors[f"layer_{i}"][a:b] for i in aux], -1).bfloat16()},
                        out / "rows" / f"data_{row}.ckpt")
             row += 1
