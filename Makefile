@@ -57,7 +57,7 @@ bench: install ## the side-by-side figures of docs/BENCHMARKS.md (~35 min once t
 
 bench-peers: engine zoo ## draftsmith's EAGLE-3 against speculators' trainer: same data, steps, vLLM (~30 min)
 	$(PY) tests/benchmarks/bench_peers.py setup
-	$(PY) tests/benchmarks/bench_peers.py run --steps 300 --out runs/bench/peers
+	$(PY) tests/benchmarks/bench_peers.py run --steps 300 --concurrency 1,4,16 --out runs/bench/peers
 
 bench-grid: install ## the DistillSpec divergence x data grid (~45 min)
 	$(PY) tests/benchmarks/bench_distillspec_grid.py --out-dir runs/distillspec_grid --steps 300 --jobs 2
