@@ -7,7 +7,7 @@ from pathlib import Path
 
 from draftsmith.common.errors import ArtefactError
 from draftsmith.common.io import read_json
-from draftsmith.inference.artefacts.reader import config_misfit, load_weights
+from draftsmith.inference.artefacts.reader import config_misfit, read_weights
 from draftsmith.inference.drafters.bita import CONFIG_FILE, WEIGHTS_FILE, BitaEmbeddings
 
 
@@ -19,7 +19,7 @@ def load_bita_artefact(directory: str | os.PathLike) -> BitaEmbeddings:
         raise ArtefactError(f"{directory}/{CONFIG_FILE} is missing or not BiTA's: pass an artefact of recipes/bita.py")
     try:
         module = BitaEmbeddings.from_artefact_config(config)
-        load_weights(module, directory / WEIGHTS_FILE)
+        module.load_state_dict(read_weights(directory / WEIGHTS_FILE))
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         raise config_misfit(directory / CONFIG_FILE, err) from None
     return module

@@ -85,7 +85,7 @@ def write_export(out: str | os.PathLike, tensors: dict[str, torch.Tensor], confi
         save_file(tensors, str(staging / "model.safetensors"))
         umask_modes(staging / "model.safetensors")
         atomic_write_json(staging / "config.json", config)
-        files = {name: sha256_file(staging / name) for name in ("model.safetensors", "config.json")}
+        files = {name: sha256_file(staging / name) for name in sorted(EXPORT_FILES - {EXPORT_RECORD})}
         atomic_write_json(staging / EXPORT_RECORD, {"format": RECORD_FORMAT, "export_format": fmt,
                                                     "draftsmith_version": __version__, "files": files})
         if out.exists():

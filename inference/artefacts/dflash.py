@@ -21,7 +21,7 @@ from draftsmith.common.errors import ArtefactError, ConfigError
 from draftsmith.common.io import read_json
 from draftsmith.inference.artefacts.checkpoint import write_export
 from draftsmith.inference.artefacts.eagle import ascending_fc
-from draftsmith.inference.artefacts.reader import config_misfit, load_weights
+from draftsmith.inference.artefacts.reader import config_misfit, read_weights
 from draftsmith.inference.drafters.dflash import DFlashDraft
 
 DFLASH_FORMATS = ("vllm-dflash",)
@@ -40,7 +40,7 @@ def load_dflash_draft(directory, target: torch.nn.Module) -> DFlashDraft:
     try:
         draft = DFlashDraft.for_target(target, int(config["draft_layers"]), tuple(config["layers"]),
                                        int(config["block_size"]), int(config["mask_token_id"]))
-        load_weights(draft, directory / "heads.safetensors")
+        draft.load_state_dict(read_weights(directory / "heads.safetensors"))
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         raise config_misfit(directory / "heads_config.json", err) from None
     return draft
@@ -89,7 +89,7 @@ def read_dflash_export(directory: str | os.PathLike, target) -> DFlashDraft:
     draft = DFlashDraft.for_target(target, int(config["num_hidden_layers"]),
                                    tuple(i + 1 for i in spec["target_layer_ids"]), int(config["block_size"]),
                                    int(spec["mask_token_id"]))
-    load_weights(draft, directory / "model.safetensors")
+    draft.load_state_dict(read_weights(directory / "model.safetensors"))
     return draft
 
 

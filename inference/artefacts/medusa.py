@@ -26,7 +26,7 @@ from draftsmith.common.io import read_json
 from draftsmith.common.models import load_tokenizer, tokenizer_dir_for
 from draftsmith.inference.artefacts.checkpoint import write_export
 from draftsmith.inference.artefacts.manifest import adapted_target
-from draftsmith.inference.artefacts.reader import config_misfit, load_weights, read_weights
+from draftsmith.inference.artefacts.reader import config_misfit, read_weights
 from draftsmith.inference.drafters.medusa import MedusaHeads
 
 
@@ -95,7 +95,7 @@ def load_heads_artefact(directory: str | os.PathLike) -> MedusaHeads:
         raise ArtefactError(f"{directory}/heads_config.json is missing or not Medusa heads: pass a Medusa artefact")
     try:
         heads = MedusaHeads.from_artefact_config(config)
-        load_weights(heads, directory / "heads.safetensors")
+        heads.load_state_dict(read_weights(directory / "heads.safetensors"))
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         raise config_misfit(directory / "heads_config.json", err) from None
     return heads

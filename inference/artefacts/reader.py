@@ -298,12 +298,6 @@ def read_weights(path: str | Path) -> dict:
                             "training (or export) that wrote it") from None
 
 
-def load_weights(module, path: str | Path) -> None:
-    """``module``'s state from :func:`read_weights` of ``path`` (other tensors or shapes raise load_state_dict's
-    RuntimeError, which the caller turns into :func:`config_misfit`)."""
-    module.load_state_dict(read_weights(path))
-
-
-__all__ = ["load_weights", "read_weights", "FORMAT", "MANIFEST", "PICKLE_SUFFIXES", "PREVIOUS_FORMAT", "TARGET_ADAPTER", "WEIGHT_PATHS",
-           "artefact_files", "check_kind", "check_target", "config_misfit", "hash_files", "load_manifest_json", "read_manifest", "refuse_pickles",
-           "validate_manifest", "verify_files"]
+__all__ = ["FORMAT", "MANIFEST", "PICKLE_SUFFIXES", "PREVIOUS_FORMAT", "TARGET_ADAPTER", "WEIGHT_PATHS",
+           "artefact_files", "check_kind", "check_target", "config_misfit", "hash_files", "load_manifest_json",
+           "read_manifest", "read_weights", "refuse_pickles", "validate_manifest", "verify_files"]

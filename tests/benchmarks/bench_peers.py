@@ -277,7 +277,6 @@ def run(args: argparse.Namespace) -> dict:
     ours = once(out / "draftsmith.json", lambda: train_draftsmith(out, args.steps, args.examples))
     data = convert(out, Path(ours["artefact"]))
     theirs = once(out / "speculators.json", lambda: train_speculators(out, args.steps, data, config))
-    args.peers = args.peers.split(",") if isinstance(args.peers, str) else args.peers
     ours["tokens_per_s"] = data["tokens"] * ours["epochs"] / ours["train_runtime"]
     export = out / "draftsmith_eagle3"
     if not (export / "config.json").is_file():
@@ -285,7 +284,7 @@ def run(args: argparse.Namespace) -> dict:
                         "--format", "eagle3", "--out", str(export)], check=True, cwd=ROOT)
     heads = {"draftsmith": str(export), "speculators": theirs["checkpoint"]}
     result = {"steps": args.steps, "data": data, "draftsmith": ours, "speculators": theirs}
-    if "specforge" in args.peers:
+    if "specforge" in args.peers.split(","):
         inputs = specforge_inputs(out, Path(ours["artefact"]), export)
         forge = once(out / "specforge.json", lambda: train_specforge(out, args.steps, config, inputs))
         forge["tokens_per_s"] = forge["samples_per_s"] and forge["samples_per_s"] * data["mean_length"]
