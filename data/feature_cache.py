@@ -12,7 +12,9 @@ hidden state, the input of the LM head). Only the layers the method needs are ke
 - **Keyed**: the directory name is a hash of the target's identity, the rows (their tokens, hence the data and
   the answers), the layers and the dtype, so a run reuses a cache exactly when all of them match; a run whose
   layers are a subset of a complete cache's on the same target, rows and dtype reads them from that cache
-  (``data_key`` in its manifest) instead of building another: EAGLE-1 reuses EAGLE-3's cache.
+  (``data_key`` in its manifest) instead of building another: EAGLE-1 reuses EAGLE-3's cache. A cache of the
+  target's own answers also records what they were answered from (``answered_from``: :func:`source_key`, the rows
+  before answering, the answer settings and the target's weights), so a rerun finds it without answering again.
 - **Budgeted**: before writing, the size per million tokens and the estimate for these rows are printed, and a
   build whose estimate exceeds the stated disk budget (or the free space) is refused with a one-line error.
 - **Resumable**: rows go to shards in a fixed order and each shard is written to a temporary file, hashed (its
@@ -52,6 +54,7 @@ from draftsmith.common.models import target_identity
 from draftsmith.data.chat import IGNORE_INDEX
 from draftsmith.data.feature_shards import (
     DTYPES,
+    add_answered_source,
     FORMAT,
     check_manifest,
     finish_feature_cache,
@@ -107,16 +110,45 @@ def data_key(identity: dict, rows: Sequence[dict], spec: CacheSpec) -> str:
     return _rows_hash({"target": identity, "dtype": spec.dtype}, rows)
 
 
+def weights_fingerprint(model) -> str:
+    """sha256 of the model's parameters (names, dtypes, shapes and bytes): what its greedy answers depend on beyond
+    its config. Parameters on an accelerator are read to the host one at a time."""
+    h = hashlib.sha256()
+    for name, param in model.named_parameters():
+        data = param.detach().contiguous().cpu()
+        h.update(f"{name}:{data.dtype}:{list(data.shape)}".encode())
+        h.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return h.hexdigest()
+
+
+def source_key(identity: dict, weights: str, rows: Sequence[dict], answer: dict, dtype: str) -> str:
+    """The hash of what a cache of the target's own answers was made from: the target (identity and weights), the
+    rows before answering, the answer settings (``max_new_tokens``, ``prompt_tokens``) and the cache's dtype."""
+    return _rows_hash({"target": identity, "weights": weights, "answer": dict(sorted(answer.items())),
+                       "dtype": dtype}, rows)
+
+
+def answered_cache(root: str | os.PathLike, source: str, layers: Sequence[int]) -> Path | None:
+    """A complete cache under ``root`` that holds the answers made from ``source`` (:func:`source_key`) and keeps
+    every one of ``layers``, else ``None``: the run reads it without answering its rows again."""
+    return _find_cache(root, lambda m: source in m.get("answered_from", ()) and set(layers) <= set(m["layers"]))
+
+
 def covering_cache(root: str | os.PathLike, key: str, layers: Sequence[int]) -> Path | None:
     """A complete cache under ``root`` with data key ``key`` that keeps every one of ``layers`` (EAGLE-3's cache
     of layers ``(2, 15, 27, -1)`` serves EAGLE-1's ``(-1,)`` on the same rows), else ``None``."""
+    return _find_cache(root, lambda m: m.get("data_key") == key and set(layers) <= set(m["layers"]))
+
+
+def _find_cache(root: str | os.PathLike, wanted) -> Path | None:
+    """The first complete, sound cache under ``root`` whose manifest ``wanted(manifest)`` accepts, else ``None``."""
     root = Path(root)
     for manifest_path in sorted(root.glob("*/manifest.json")) if root.is_dir() else ():
         try:
             manifest = check_manifest(manifest_path.parent)
         except DataError:
             continue  # a damaged cache serves nothing (reading it names the problem)
-        if manifest.get("data_key") == key and set(layers) <= set(manifest["layers"]):
+        if wanted(manifest):
             return manifest_path.parent
     return None
 
@@ -255,9 +287,15 @@ def feature_datasets(target, tokenizer, datasets: Sequence, root: str | os.PathL
 
     rank, world = (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
     identity = target_identity(target, tokenizer)
+    weights = weights_fingerprint(target) if answer is not None else None
     out = []
     for dataset in datasets:
         rows = [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in dataset]
+        source = source_key(identity, weights, rows, answer, spec.dtype) if answer is not None else None
+        found = answered_cache(root, source, spec.layers) if source is not None else None
+        if found is not None:  # these rows answered by this target before: no answering, no build
+            out.append(FeatureDataset(found, spec.layers))
+            continue
         if answer is not None:
             mine = answer_rows(target, rows[rank::world], max_new_tokens=int(answer["max_new_tokens"]),
                                prompt_tokens=int(answer["prompt_tokens"]),
@@ -270,6 +308,8 @@ def feature_datasets(target, tokenizer, datasets: Sequence, root: str | os.PathL
             if rank == 0 and not read_json(directory / "manifest.json").get("complete"):
                 finish_feature_cache(directory)
             dist.barrier(group)
+        if source is not None and rank == 0:
+            add_answered_source(directory, source)
         out.append(FeatureDataset(directory, spec.layers))
     return out
 

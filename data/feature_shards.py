@@ -77,6 +77,18 @@ def finish_feature_cache(directory: str | os.PathLike) -> None:
     atomic_write_json(directory / "manifest.json", manifest | {"manifest_sha256": sha256_json(manifest)})
 
 
+def add_answered_source(directory: str | os.PathLike, source: str) -> None:
+    """Record in the complete cache ``directory``'s manifest (re-signed) that it holds the target's answers to the
+    rows whose :func:`~draftsmith.data.feature_cache.source_key` is ``source`` (``answered_from``, a list: a cache of
+    several layers serves every run whose answered rows it holds)."""
+    manifest = check_manifest(directory)
+    sources = list(manifest.get("answered_from", []))
+    if source in sources:
+        return
+    manifest = {k: v for k, v in manifest.items() if k != "manifest_sha256"} | {"answered_from": [*sources, source]}
+    atomic_write_json(Path(directory) / "manifest.json", manifest | {"manifest_sha256": sha256_json(manifest)})
+
+
 def _manifest_problem(manifest, directory: Path) -> str | None:
     """What is wrong with a complete cache's manifest (its shape, its self-hash, its shards' files), or None."""
     if not isinstance(manifest, dict):

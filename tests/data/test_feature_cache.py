@@ -268,3 +268,30 @@ def test_non_finite_hidden_states_are_refused_at_build(tmp_path):
     with pytest.raises(DataError, match="layer -1's hidden states hold nan or inf.*dtype=float32"):
         build_feature_cache(target, ROWS, tmp_path, CacheSpec(layers=(-1,)), IDENTITY, progress=False)
     assert not list(tmp_path.rglob("*.safetensors"))
+
+
+# ------------------------------------------------------------------------------- the target's own answers, once
+
+
+def test_a_cache_of_the_targets_answers_is_found_again_without_answering(tmp_path, monkeypatch):
+    import draftsmith.data.feature_cache as feature_cache
+
+    target = random_model("llama", seed=0, layers=3)
+    spec = CacheSpec(layers=(1, -1), dtype="float32", shard_rows=2, batch_size=2)
+    answer = {"max_new_tokens": 4, "prompt_tokens": 2}
+    calls = []
+    real = feature_cache.answer_rows
+    monkeypatch.setattr(feature_cache, "answer_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    (first,) = feature_cache.feature_datasets(target, None, [ROWS], tmp_path, spec, answer)
+    assert calls == [1] and len(first) == len(ROWS)
+    (again,) = feature_cache.feature_datasets(target, None, [ROWS], tmp_path, spec, answer)
+    assert calls == [1] and again.directory == first.directory  # found by what it was answered from
+    (subset,) = feature_cache.feature_datasets(target, None, [ROWS], tmp_path, CacheSpec(layers=(-1,), dtype="float32"),
+                                               answer)
+    assert calls == [1] and subset.directory == first.directory  # fewer layers of the same answers
+    feature_cache.feature_datasets(target, None, [ROWS], tmp_path, spec, answer | {"max_new_tokens": 3})
+    assert calls == [1, 1]  # other answer settings: answered again
+    with torch.no_grad():
+        next(target.parameters()).add_(1e-3)
+    feature_cache.feature_datasets(target, None, [ROWS], tmp_path, spec, answer)
+    assert calls == [1, 1, 1]  # other weights (same config): answered again
