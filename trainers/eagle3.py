@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from draftsmith.inference.drafters.eagle import Eagle3Head, GrowingCache
+from draftsmith.inference.drafters.eagle import Eagle3Head
 
 
 class Eagle3TTT(nn.Module):
@@ -65,9 +65,10 @@ def unrolled_states(head: Eagle3Head, features: torch.Tensor, step_embeds: torch
     the true prefix up to the anchor, and the anchor's own shallower depths).
 
     ``recompute`` (with gradients on): each step runs under activation checkpointing, so the forward keeps only a
-    step's output and its new keys and values, and the backward recomputes one step's attention at a time — the
-    attention over keys that grow to ``K x A`` is otherwise held for every step at once (``K(K+1)/2 x A^2`` scores).
-    The gradients are the same."""
+    step's output and its new keys and values, and the backward recomputes one step at a time — every step's
+    activations (its ``A x A`` scores among them, :func:`ttt_attention`) are otherwise held at once. The gradients
+    are the same; it costs a third more head compute, worth it where those activations do not fit (long rows, wide
+    heads), not at SmolLM2's or the tiny zoo's shapes."""
     steps, b, a = step_embeds.shape[:3]
     hidden = head.fc(features)  # [B, A, H]: g
     placeholder = head.mask_state().expand(b, a, -1) if hasattr(head, "mask_hidden") else None  # P-EAGLE: [B, A, H]
@@ -78,18 +79,57 @@ def unrolled_states(head: Eagle3Head, features: torch.Tensor, step_embeds: torch
         pos = (torch.arange(a, device=features.device) + j)[None].expand(b, a)  # [B, A]
         if placeholder is not None and j > 0:  # P-EAGLE: every later depth reads the shared placeholder state
             hidden = placeholder
-        hidden, key, value = run(step_embeds[j], hidden, pos, ttt_visibility(a, j, features.device), *past)
+        hidden, key, value = run(step_embeds[j], hidden, pos, *past)
         past += [key, value]
         yield hidden
 
 
 def _unrolled_step(head: Eagle3Head, embeds: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
-                   visible: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One unrolled step as a function of its inputs (so it can be recomputed): ``past`` the earlier steps' keys and
-    values, alternating -> ``(h^j [B, A, H], keys [B, KV, A, D], values [B, KV, A, D])`` of this step."""
-    cache = GrowingCache(torch.cat(past[0::2], dim=2), torch.cat(past[1::2], dim=2)) if past else GrowingCache()
-    out = head(embeds, hidden, pos, cache, visible=visible)
-    return (out, *cache.new)
+                   *past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One unrolled step of the head's layer as a function of its inputs (so it can be recomputed): ``embeds``,
+    ``hidden`` ``[B, A, H]``, ``pos`` ``[B, A]``, ``past`` the earlier steps' keys and values (``[B, KV, A, D]``,
+    alternating) -> ``(h^j [B, A, H], keys [B, KV, A, D], values [B, KV, A, D])`` of this step. The same layer as
+    :meth:`Eagle3Head.forward` under :func:`ttt_visibility`, with the attention computed as :func:`ttt_attention`."""
+    layer = head.midlayer
+    attn = layer.self_attn
+    b, a, _ = hidden.shape
+    x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, A, 2H]
+    q, k, v = (proj(x).view(b, a, -1, attn.head_dim) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    if hasattr(attn, "q_norm"):  # Qwen3 and OLMo2 layers normalise each head's query and key before RoPE
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    cos, sin = head.rotary(hidden, pos)  # [B, A, D] each
+    q, k = (rotated(t.transpose(1, 2), cos, sin) for t in (q, k))  # [B, N, A, D], [B, KV, A, D]
+    v = v.transpose(1, 2)
+    out = ttt_attention(q, [*past[0::2], k], [*past[1::2], v], float(attn.scaling))  # [B, N, A, D]
+    h = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, a, -1))
+    return h + layer.mlp(layer.post_attention_layernorm(h)), k, v
+
+
+def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # [B, N, A, D] -> same
+    """RoPE (Su et al. 2021, eq. 34 in the half-split layout of Llama's checkpoints): ``x cos + rotate_half(x) sin``
+    with ``cos``, ``sin`` ``[B, A, D]``."""
+    half = x.shape[-1] // 2
+    return x * cos[:, None] + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin[:, None]
+
+
+def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                  scale: float) -> torch.Tensor:  # q [B, N, A, D]; keys, values [B, KV, A, D] per step -> [B, N, A, D]
+    """Step ``j``'s attention in the training-time test without a ``[A, (j+1)A]`` mask: step 0's keys causally
+    (``[A, A]`` scores) and each later step's key only at the query's own anchor (one score per anchor: ``q_t .
+    k^i_t``), one softmax over both — :func:`ttt_visibility`'s view at ``(j+1)/2`` of its cost (the diagonal scores
+    of the reference implementations' ``cache_hidden`` attention). Grouped-query heads share their key."""
+    b, n, a, d = q.shape
+    kv = keys[0].shape[1]
+    qg = q.view(b, kv, n // kv, a, d)  # [B, KV, G, A, D]
+    causal = (qg @ keys[0][:, :, None].transpose(-1, -2)) * scale  # [B, KV, G, A, A]
+    future = torch.ones(a, a, dtype=torch.bool, device=q.device).triu(1)
+    scores = [causal.masked_fill(future, torch.finfo(causal.dtype).min)]
+    scores += [((qg * k[:, :, None]).sum(-1) * scale)[..., None] for k in keys[1:]]  # [B, KV, G, A, 1] each
+    probs = torch.cat(scores, dim=-1).softmax(dim=-1, dtype=torch.float32).to(q.dtype)  # [B, KV, G, A, A + j]
+    out = probs[..., :a] @ values[0][:, :, None]  # [B, KV, G, A, D]
+    for i, v in enumerate(values[1:]):
+        out = out + probs[..., a + i, None] * v[:, :, None]
+    return out.reshape(b, n, a, d)
 
 
 def ttt_visibility(anchors: int, step: int, device=None) -> torch.Tensor:  # [A, (step + 1) * A] bool
@@ -119,4 +159,4 @@ def shifted(x: torch.Tensor, by: int, fill: float = 0) -> torch.Tensor:  # [B, A
     return torch.cat([x[:, by:], x.new_full((x.shape[0], by, *x.shape[2:]), fill)], dim=1)
 
 
-__all__ = ["Eagle3TTT", "shifted", "ttt_anchors", "ttt_visibility", "unrolled_states"]
+__all__ = ["Eagle3TTT", "shifted", "ttt_anchors", "ttt_attention", "ttt_visibility", "unrolled_states"]

@@ -26,8 +26,9 @@ class EagleConfig(TargetAnswers, FeatureCache):
     ttt_steps: int = field(default=7, metadata=_help("EAGLE-3: unrolled steps of the training-time test."))
     ttt_recompute: bool = field(default=True, metadata=_help("EAGLE-3: recompute each unrolled step's activations in "
                                                              "the backward (activation checkpointing): one step's "
-                                                             "attention held at a time instead of all of them, the "
-                                                             "same gradients, about a third more head compute."))
+                                                             "activations held at a time instead of all of them, "
+                                                             "the same gradients, about a sixth more training time "
+                                                             "(eagle3_tiny: 20.5 -> 24.1 s for 30 steps)."))
     step_decay: float = field(default=0.8, metadata=_help("EAGLE-3: weight decay**j of unrolled step j's loss."))
     depth_r: float = field(default=0.7, metadata=_help("P-EAGLE: depth j's loss weight max(r**j, r_min), the share of "
                                                        "anchors the reference's conditional drop-token sampling keeps "

@@ -628,3 +628,25 @@ def test_peagle_trains_its_placeholder_with_the_depth_weights_of_the_reference(t
 def test_peagle_draft_length_is_capped_by_its_trained_depths():
     with pytest.raises(ConfigError, match="P-EAGLE drafts at most its trained depths"):
         EagleConfig(variant="peagle", ttt_steps=3, draft_length=5)
+
+
+@pytest.mark.parametrize("step", [0, 1, 4])
+def test_ttt_attention_equals_attention_under_the_visibility_mask(step):
+    """The training-time test's structured attention (step 0's keys causally, each later step's key at its own anchor)
+    equals SDPA over every step's keys under :func:`ttt_visibility`, grouped-query heads included, in value and
+    gradient."""
+    from draftsmith.trainers.eagle3 import ttt_attention, ttt_visibility
+
+    gen = torch.Generator().manual_seed(step)
+    q = torch.randn(2, 4, 6, 8, generator=gen, requires_grad=True)  # [B, N, A, D]
+    keys = [torch.randn(2, 2, 6, 8, generator=gen, requires_grad=True) for _ in range(step + 1)]  # [B, KV, A, D]
+    values = [torch.randn(2, 2, 6, 8, generator=gen, requires_grad=True) for _ in range(step + 1)]
+    ours = ttt_attention(q, keys, values, 8**-0.5)
+    expand = lambda ts: torch.cat(ts, dim=2).repeat_interleave(2, dim=1)  # noqa: E731  [B, N, (j+1)A, D]
+    ref = torch.nn.functional.scaled_dot_product_attention(q, expand(keys), expand(values),
+                                                          attn_mask=ttt_visibility(6, step))
+    assert torch.allclose(ours, ref, atol=1e-5)
+    weights = torch.randn(ours.shape, generator=gen)
+    grads = torch.autograd.grad((ours * weights).sum(), [q, *keys, *values])
+    ref_grads = torch.autograd.grad((ref * weights).sum(), [q, *keys, *values])
+    assert all(torch.allclose(g, r, atol=1e-5) for g, r in zip(grads, ref_grads))
