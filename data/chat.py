@@ -345,12 +345,9 @@ def user_prefix_ids(tokenizer: Any, opener: str = "") -> list[int]:
     Rendered with a sentinel content and cut at the sentinel, so the ids are the template's own, not a guess."""
     _require_template(tokenizer)
     sentinel = "\u2063draftsmith-user-content\u2063"
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": sentinel}], tokenize=False, add_generation_prompt=False
-    )
+    text = tokenizer.apply_chat_template([{"role": "user", "content": sentinel}], tokenize=False,
+                                         add_generation_prompt=False)
     if sentinel not in text:
-        raise DataError(
-            "the chat template does not render a user turn's content verbatim, so the text before it "
-            "cannot be found; pass prompts instead of synthesizing them"
-        )
+        raise DataError("the chat template does not render a user turn's content verbatim, so the text before it "
+                        "cannot be found; pass prompts instead of synthesizing them")
     return list(tokenizer(text[: text.index(sentinel)] + opener, add_special_tokens=False)["input_ids"])

@@ -37,6 +37,7 @@ class PadCollator:
         return out
 
 
+
 def response_mask(labels: torch.Tensor) -> torch.Tensor:  # [B, T] -> [B, T-1] bool
     """Which logits positions are trained: position ``t`` predicts token ``t + 1``, which counts when labelled."""
     return labels[:, 1:] != IGNORE_INDEX

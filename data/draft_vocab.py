@@ -22,9 +22,8 @@ from collections.abc import Sequence
 import torch
 
 
-def draft_vocabulary(
-    counts: torch.Tensor, size: int, always: Sequence[int] = (), current: torch.Tensor | None = None, min_count: int = 1
-) -> torch.Tensor:  # [V] -> [K] int64, ascending
+def draft_vocabulary(counts: torch.Tensor, size: int, always: Sequence[int] = (), current: torch.Tensor | None = None,
+                     min_count: int = 1) -> torch.Tensor:  # [V] -> [K] int64, ascending
     """The ``size`` token ids a draft proposes among, ascending, from token ``counts`` ``[V]``.
 
     Ranking: the ids of ``always`` (special tokens; out-of-range ones dropped) first; then the ids counted at least

@@ -124,9 +124,8 @@ def weights_fingerprint(model) -> str:
 def source_key(identity: dict, weights: str, rows: Sequence[dict], answer: dict, dtype: str) -> str:
     """The hash of what a cache of the target's own answers was made from: the target (identity and weights), the
     rows before answering, the answer settings (``max_new_tokens``, ``prompt_tokens``) and the cache's dtype."""
-    return _rows_hash(
-        {"target": identity, "weights": weights, "answer": dict(sorted(answer.items())), "dtype": dtype}, rows
-    )
+    return _rows_hash({"target": identity, "weights": weights, "answer": dict(sorted(answer.items())),
+                       "dtype": dtype}, rows)
 
 
 def answered_cache(root: str | os.PathLike, source: str, layers: Sequence[int]) -> Path | None:
@@ -154,32 +153,22 @@ def _find_cache(root: str | os.PathLike, wanted) -> Path | None:
     return None
 
 
-def answer_rows(
-    target,
-    rows: Sequence[dict],
-    *,
-    max_new_tokens: int,
-    prompt_tokens: int,
-    pad_token_id: int,
-    eos_ids: Sequence[int],
-    batch_size: int = 8,
-    progress: bool = True,
-) -> list[dict]:
+def answer_rows(target, rows: Sequence[dict], *, max_new_tokens: int, prompt_tokens: int, pad_token_id: int,
+                eos_ids: Sequence[int], batch_size: int = 8, progress: bool = True) -> list[dict]:
     """``rows`` with their answers replaced by the target's own greedy answers to the same prompts (the shared
     self-distillation, batched)."""
     from tqdm.auto import tqdm
 
     out: list[dict] = []
     for start in tqdm(range(0, len(rows), batch_size), desc="target answers", disable=not progress, unit="batch"):
-        batch = rows[start : start + batch_size]
+        batch = rows[start: start + batch_size]
         width = max(len(r["input_ids"]) for r in batch)
         ids = torch.tensor([list(r["input_ids"]) + [pad_token_id] * (width - len(r["input_ids"])) for r in batch])
         labels = torch.tensor([list(r["labels"]) + [IGNORE_INDEX] * (width - len(r["labels"])) for r in batch])
         mask = torch.tensor([[1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"])) for r in batch])
         prompts = split_prompts(ids, labels, mask, prompt_tokens)
-        completions = sample_completions(
-            target, prompts, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, eos_ids=eos_ids
-        )
+        completions = sample_completions(target, prompts, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
+                                         eos_ids=eos_ids)
         out.extend(sequences_from_generations(prompts, completions))
     return out
 
@@ -204,17 +193,13 @@ def stored(hidden: torch.Tensor, dtype: torch.dtype, layer: int) -> torch.Tensor
     """Hidden states in the cache's dtype; non-finite values are refused, and float16 refuses values past its range
     (they would be stored as inf)."""
     if not bool(torch.isfinite(hidden).all()):
-        raise DataError(
-            f"layer {layer}'s hidden states hold nan or inf: the target overflows in its dtype; load it in "
-            "float32 (dtype=float32) to build the feature cache"
-        )
+        raise DataError(f"layer {layer}'s hidden states hold nan or inf: the target overflows in its dtype; load it in "
+                        "float32 (dtype=float32) to build the feature cache")
     if dtype == torch.float16:
         peak = float(hidden.abs().max()) if hidden.numel() else 0.0
         if peak > torch.finfo(torch.float16).max:
-            raise ConfigError(
-                f"layer {layer}'s hidden states reach {peak:.3g}, past float16's 65,504: build the "
-                "feature cache in bfloat16 (feature_cache_dtype=bfloat16, the default)"
-            )
+            raise ConfigError(f"layer {layer}'s hidden states reach {peak:.3g}, past float16's 65,504: build the "
+                              "feature cache in bfloat16 (feature_cache_dtype=bfloat16, the default)")
     return hidden.to(dtype).cpu()
 
 
@@ -224,7 +209,7 @@ def _shard_features(target, rows: Sequence[dict], spec: CacheSpec, bar) -> dict[
     order = sorted(range(len(rows)), key=lambda r: len(rows[r]["input_ids"]))
     per_row: list[dict[str, torch.Tensor]] = [{} for _ in rows]
     for s in range(0, len(order), spec.batch_size):
-        picked = order[s : s + spec.batch_size]
+        picked = order[s: s + spec.batch_size]
         lengths = [len(rows[r]["input_ids"]) for r in picked]
         for name, value in _features(target, [rows[r] for r in picked], spec.layers, DTYPES[spec.dtype]).items():
             for r, part in zip(picked, value.split(lengths)):
@@ -233,16 +218,8 @@ def _shard_features(target, rows: Sequence[dict], spec: CacheSpec, bar) -> dict[
     return {f"layer_{i}": torch.cat([row[f"layer_{i}"] for row in per_row]) for i in spec.layers}
 
 
-def build_feature_cache(
-    target,
-    rows: Sequence[dict],
-    root: str | os.PathLike,
-    spec: CacheSpec,
-    identity: dict,
-    progress: bool = True,
-    rank: int = 0,
-    world: int = 1,
-) -> Path:
+def build_feature_cache(target, rows: Sequence[dict], root: str | os.PathLike, spec: CacheSpec, identity: dict,
+                        progress: bool = True, rank: int = 0, world: int = 1) -> Path:
     """The cache of ``rows`` under ``root`` (built, or finished, or reused as it is); see the module docstring. With
     ``world`` > 1 this process writes the shards ``k`` with ``k % world == rank`` and leaves the cache incomplete:
     :func:`finish_feature_cache` marks it complete once every process has written its share."""
@@ -265,38 +242,21 @@ def build_feature_cache(
     per_token = bytes_per_token(hidden, spec)
     need = tokens * per_token
     if rank == 0:
-        print(
-            f"feature cache: {per_token * 1e6 / 1e9:.2f} GB per million tokens ({len(spec.layers)} layers x "
-            f"{hidden} x {spec.dtype}); {tokens:,} tokens -> {need / 1e9:.3f} GB in {directory}"
-        )
+        print(f"feature cache: {per_token * 1e6 / 1e9:.2f} GB per million tokens ({len(spec.layers)} layers x "
+              f"{hidden} x {spec.dtype}); {tokens:,} tokens -> {need / 1e9:.3f} GB in {directory}")
     if need > spec.budget_gb * 1e9:
-        raise ConfigError(
-            f"the feature cache needs {need / 1e9:.2f} GB, over its budget of {spec.budget_gb:g} GB: "
-            "raise feature_cache_budget_gb, keep fewer rows (max_train_examples) or train online"
-        )
+        raise ConfigError(f"the feature cache needs {need / 1e9:.2f} GB, over its budget of {spec.budget_gb:g} GB: "
+                          "raise feature_cache_budget_gb, keep fewer rows (max_train_examples) or train online")
     directory.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(directory).free
     if need > free:
-        raise ConfigError(
-            f"the feature cache needs {need / 1e9:.2f} GB and {directory} has {free / 1e9:.2f} GB free: "
-            "free space, or point feature_cache_dir elsewhere"
-        )
+        raise ConfigError(f"the feature cache needs {need / 1e9:.2f} GB and {directory} has {free / 1e9:.2f} GB free: "
+                          "free space, or point feature_cache_dir elsewhere")
     shards = _shards(len(rows), spec.shard_rows)
-    atomic_write_json(
-        directory / "manifest.json",
-        {  # the same content from every process
-            "format": FORMAT,
-            "key": key,
-            "data_key": shared,
-            "target": identity,
-            "layers": list(spec.layers),
-            "dtype": spec.dtype,
-            "rows": len(rows),
-            "tokens": tokens,
-            "shards": [{"file": shard_name(k), "rows": [a, b]} for k, (a, b) in enumerate(shards)],
-            "complete": False,
-        },
-    )
+    atomic_write_json(directory / "manifest.json", {  # the same content from every process
+        "format": FORMAT, "key": key, "data_key": shared, "target": identity, "layers": list(spec.layers), "dtype": spec.dtype,
+        "rows": len(rows), "tokens": tokens, "shards": [{"file": shard_name(k), "rows": [a, b]}
+                                                       for k, (a, b) in enumerate(shards)], "complete": False})
     mine = [(k, a, b) for k, (a, b) in enumerate(shards) if k % world == rank]
     with tqdm(total=sum(b - a for _, a, b in mine), desc="feature cache", disable=not progress, unit="row") as bar:
         for k, a, b in mine:  # closed on errors too
@@ -316,15 +276,8 @@ def build_feature_cache(
     return directory
 
 
-def feature_datasets(
-    target,
-    tokenizer,
-    datasets: Sequence,
-    root: str | os.PathLike,
-    spec: CacheSpec,
-    answer: dict | None = None,
-    group=None,
-) -> list[FeatureDataset]:
+def feature_datasets(target, tokenizer, datasets: Sequence, root: str | os.PathLike, spec: CacheSpec,
+                     answer: dict | None = None, group=None) -> list[FeatureDataset]:
     """Each of ``datasets`` (rows with ``input_ids`` and ``labels``) as a :class:`FeatureDataset` over its cache under
     ``root`` (built, finished or reused). ``answer`` (``max_new_tokens``, ``prompt_tokens``) first replaces the rows'
     answers by the target's own greedy ones (:func:`answer_rows`). ``group``: a ``torch.distributed`` process group
@@ -344,14 +297,10 @@ def feature_datasets(
             out.append(FeatureDataset(found, spec.layers))
             continue
         if answer is not None:
-            mine = answer_rows(
-                target,
-                rows[rank::world],
-                max_new_tokens=int(answer["max_new_tokens"]),
-                prompt_tokens=int(answer["prompt_tokens"]),
-                pad_token_id=pad_token_id(tokenizer, target.config),
-                eos_ids=eos_token_ids(tokenizer, target.config),
-            )
+            mine = answer_rows(target, rows[rank::world], max_new_tokens=int(answer["max_new_tokens"]),
+                               prompt_tokens=int(answer["prompt_tokens"]),
+                               pad_token_id=pad_token_id(tokenizer, target.config),
+                               eos_ids=eos_token_ids(tokenizer, target.config))
             rows = _interleaved(mine, group, world)
         directory = build_feature_cache(target, rows, root, spec, identity, rank=rank, world=world)
         if world > 1:
@@ -409,14 +358,11 @@ class FeatureDataset(torch.utils.data.Dataset):
         kept = tuple(manifest["layers"])
         missing = sorted(set(layers or ()) - set(kept))
         if missing:
-            raise ConfigError(
-                f"{self.directory} keeps layers {list(kept)}, not {missing}: build a cache of those "
-                "layers (the recipe does, with features=offline)"
-            )
+            raise ConfigError(f"{self.directory} keeps layers {list(kept)}, not {missing}: build a cache of those "
+                              "layers (the recipe does, with features=offline)")
         self.layers = tuple(layers) if layers else kept
-        self._index = [
-            (k, j) for k, shard in enumerate(manifest["shards"]) for j in range(shard["rows"][1] - shard["rows"][0])
-        ]
+        self._index = [(k, j) for k, shard in enumerate(manifest["shards"])
+                       for j in range(shard["rows"][1] - shard["rows"][0])]
         self._files = [shard["file"] for shard in manifest["shards"]]
         self._sums = [shard["sha256"] for shard in manifest["shards"]]
         self._rows = [shard["rows"][1] - shard["rows"][0] for shard in manifest["shards"]]
@@ -458,9 +404,8 @@ class FeatureCollator:
     def __call__(self, rows: Sequence[dict]) -> dict[str, torch.Tensor]:
         from draftsmith.data.collate import PadCollator
 
-        out = PadCollator(self.pad_token_id)(
-            [{k: r[k] for k in ("input_ids", "labels", "attention_mask")} for r in rows]
-        )
+        out = PadCollator(self.pad_token_id)([{k: r[k] for k in ("input_ids", "labels", "attention_mask")}
+                                              for r in rows])
         width = out["input_ids"].shape[1]
         for key in (k for k in rows[0] if k.startswith("feat_")):
             feats = [r[key] for r in rows]
@@ -476,20 +421,6 @@ def features_of(batch: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
     return {int(k.removeprefix("feat_")): v for k, v in batch.items() if k.startswith("feat_")}
 
 
-__all__ = [
-    "CacheSpec",
-    "FeatureCollator",
-    "FeatureDataset",
-    "ShardOrderSampler",
-    "answer_rows",
-    "build_feature_cache",
-    "bytes_per_token",
-    "cache_key",
-    "check_manifest",
-    "covering_cache",
-    "data_key",
-    "feature_datasets",
-    "features_of",
-    "finish_feature_cache",
-    "stored",
-]
+__all__ = ["CacheSpec", "FeatureCollator", "FeatureDataset", "ShardOrderSampler", "answer_rows", "build_feature_cache",
+           "bytes_per_token", "cache_key", "check_manifest", "covering_cache", "data_key", "feature_datasets", "features_of",
+           "finish_feature_cache", "stored"]

@@ -59,22 +59,19 @@ def finish_feature_cache(directory: str | os.PathLike) -> None:
     directory = Path(directory)
     manifest = read_json(directory / "manifest.json")
     if not (isinstance(manifest, dict) and isinstance(manifest.get("shards"), list)):
-        raise DataError(
-            f"{directory / 'manifest.json'} is missing or not a feature cache's: delete {directory} and rerun the build"
-        )
+        raise DataError(f"{directory / 'manifest.json'} is missing or not a feature cache's: delete {directory} and "
+                        "rerun the build")
     missing = [shard["file"] for shard in manifest["shards"] if not (directory / shard["file"]).is_file()]
     if missing:
         raise DataError(f"{directory} lacks {len(missing)} shard(s) ({missing[0]}, ...): rerun the build (it resumes)")
     for shard in manifest["shards"]:
         path = directory / shard["file"]
-        record = (
-            shard_sum(path) if _sum_path(path).exists() else {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-        )
+        record = shard_sum(path) if _sum_path(path).exists() else {"sha256": sha256_file(path),
+                                                                    "bytes": path.stat().st_size}
         if record is None:
             _sum_path(path).unlink()  # the rerun rewrites the shard
-            raise DataError(
-                f"{path} is not what was written (its sha256 or size differs): rerun the build (it rewrites that shard)"
-            )
+            raise DataError(f"{path} is not what was written (its sha256 or size differs): rerun the build (it "
+                            "rewrites that shard)")
         shard.update(sha256=record["sha256"], bytes=record["bytes"])
     manifest = {k: v for k, v in manifest.items() if k != "manifest_sha256"} | {"complete": True}
     atomic_write_json(directory / "manifest.json", manifest | {"manifest_sha256": sha256_json(manifest)})
@@ -102,21 +99,15 @@ def _manifest_problem(manifest, directory: Path) -> str | None:
     if manifest.get("manifest_sha256") != sha256_json(body):
         return "manifest.json was changed since it was written (its sha256 differs)"
     layers, shards, rows = manifest.get("layers"), manifest.get("shards"), manifest.get("rows")
-    if (
-        not isinstance(layers, list)
-        or not layers
-        or not all(type(x) is int for x in layers)
-        or manifest.get("dtype") not in DTYPES
-        or type(rows) is not int
-        or not isinstance(shards, list)
-    ):
+    if (not isinstance(layers, list) or not layers or not all(type(x) is int for x in layers)
+            or manifest.get("dtype") not in DTYPES or type(rows) is not int or not isinstance(shards, list)):
         return "manifest.json lacks its layers, dtype, rows or shards"
     start = 0
     for k, shard in enumerate(shards):
         span = shard.get("rows") if isinstance(shard, dict) else None
         if (shard.get("file") if span else None) != shard_name(k) or not (
-            isinstance(span, list) and len(span) == 2 and span[0] == start and type(span[1]) is int and span[1] > start
-        ):
+                isinstance(span, list) and len(span) == 2 and span[0] == start and type(span[1]) is int
+                and span[1] > start):
             return f"manifest.json's shard {k} is not shard-{k:05d} of rows from {start}"
         start = span[1]
         path = directory / shard["file"]
@@ -150,24 +141,12 @@ def read_shard(path: Path, sha256: str, rows: int, layers: Sequence[int]) -> dic
         raise DataError(f"feature cache shard {path} was changed since it was written (its sha256 differs); {fix}")
     shard = load(data)  # [N] ids and labels, [rows + 1] offsets, [N, H] per layer
     n = int(shard["offsets"][-1]) if shard.get("offsets", torch.empty(0)).numel() == rows + 1 else -1
-    if n < 0 or any(
-        shard.get(name, torch.empty(0)).shape[0] != n
-        for name in ("input_ids", "labels", *(f"layer_{i}" for i in layers))
-    ):
-        raise DataError(
-            f"feature cache shard {path} does not hold the {rows} rows of layers "
-            f"{list(layers)} its manifest names; {fix}"
-        )
+    if n < 0 or any(shard.get(name, torch.empty(0)).shape[0] != n
+                    for name in ("input_ids", "labels", *(f"layer_{i}" for i in layers))):
+        raise DataError(f"feature cache shard {path} does not hold the {rows} rows of layers "
+                        f"{list(layers)} its manifest names; {fix}")
     return shard
 
 
-__all__ = [
-    "DTYPES",
-    "FORMAT",
-    "check_manifest",
-    "finish_feature_cache",
-    "read_shard",
-    "save_shard",
-    "shard_name",
-    "shard_sum",
-]
+__all__ = ["DTYPES", "FORMAT", "check_manifest", "finish_feature_cache", "read_shard", "save_shard", "shard_name",
+           "shard_sum"]

@@ -33,17 +33,15 @@ def split_prompts(
     return prompts
 
 
-def left_pad(
-    prompts: Sequence[Sequence[int]], pad_token_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded ``input_ids`` and ``attention_mask`` ``[B, P]`` for ``generate``."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
         if p:
-            ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-            mask[i, width - len(p) :] = 1
+            ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            mask[i, width - len(p):] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -62,13 +60,8 @@ def sequences_from_generations(prompts: Sequence[Sequence[int]], completions: Se
     rows = []
     for prompt, completion in zip(prompts, completions):
         ids = list(prompt) + list(completion)
-        rows.append(
-            {
-                "input_ids": ids,
-                "labels": [IGNORE_INDEX] * len(prompt) + list(completion),
-                "attention_mask": [1] * len(ids),
-            }
-        )
+        rows.append({"input_ids": ids, "labels": [IGNORE_INDEX] * len(prompt) + list(completion),
+                     "attention_mask": [1] * len(ids)})
     return rows
 
 
@@ -102,9 +95,7 @@ def inverse_cdf(
     cdf = probs.cumsum(-1)  # [B, V]
     target = (u.to(cdf) * cdf[:, -1]).unsqueeze(-1)  # [B, 1]
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # [B]
-    last = (
-        probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)
-    )  # [B] last token with mass (u * total rounding up)
+    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)  # [B] last token with mass (u * total rounding up)
     return torch.minimum(tokens, last)
 
 
@@ -127,17 +118,9 @@ class RowSampler(transformers.LogitsProcessor):
 def generation_config(max_new_tokens: int, pad_id: int, eos_ids: Sequence[int]) -> transformers.GenerationConfig:
     """Greedy search with the processors a model's own ``generation_config`` could switch on set neutral."""
     return transformers.GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        num_beams=1,
-        pad_token_id=pad_id,
-        eos_token_id=list(eos_ids) or None,
-        use_cache=True,
-        repetition_penalty=1.0,
-        encoder_repetition_penalty=1.0,
-        no_repeat_ngram_size=0,
-        encoder_no_repeat_ngram_size=0,
-        min_length=0,
+        max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, pad_token_id=pad_id,
+        eos_token_id=list(eos_ids) or None, use_cache=True, repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0, min_length=0,
     )
 
 
@@ -171,25 +154,17 @@ def sample_completions(
     model.eval()
     try:
         with torch.no_grad():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                logits_processor=processors,
-                generation_config=generation_config(max_new_tokens, pad_token_id, eos_ids),
-                synced_gpus=synced_gpus,
-            )  # [B, P + <= max_new_tokens]
+            out = model.generate(input_ids=ids, attention_mask=mask, logits_processor=processors,
+                                 generation_config=generation_config(max_new_tokens, pad_token_id, eos_ids),
+                                 synced_gpus=synced_gpus)  # [B, P + <= max_new_tokens]
     finally:
         model.train(was_training)
-    return [cut_at_eos(row, eos_ids) for row in out[:, ids.shape[1] :].tolist()]
+    return [cut_at_eos(row, eos_ids) for row in out[:, ids.shape[1]:].tolist()]
 
 
 def pad_token_id(tokenizer, config) -> int:
-    for value in (
-        getattr(tokenizer, "pad_token_id", None),
-        getattr(config, "pad_token_id", None),
-        getattr(tokenizer, "eos_token_id", None),
-        getattr(config, "eos_token_id", None),
-    ):
+    for value in (getattr(tokenizer, "pad_token_id", None), getattr(config, "pad_token_id", None),
+                  getattr(tokenizer, "eos_token_id", None), getattr(config, "eos_token_id", None)):
         if isinstance(value, (list, tuple)):
             value = value[0] if value else None
         if value is not None:

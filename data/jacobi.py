@@ -61,13 +61,11 @@ def initial_guess(context: Sequence[int], n: int, seed: int) -> list[int]:
     return ctx[torch.randint(0, ctx.numel(), (n,), generator=gen)].tolist()
 
 
-def prompt_trajectory(
-    model, row_id: str, prompt: Sequence[int], *, block: int, max_new_tokens: int, eos_ids: Sequence[int], seed: int
-) -> list[dict]:
+def prompt_trajectory(model, row_id: str, prompt: Sequence[int], *, block: int, max_new_tokens: int,
+                      eos_ids: Sequence[int], seed: int) -> list[dict]:
     """Every block's trajectory for one prompt (module docstring), as output rows."""
-    return batch_trajectories(
-        model, [row_id], [prompt], block=block, max_new_tokens=max_new_tokens, eos_ids=eos_ids, seed=seed
-    )[0]
+    return batch_trajectories(model, [row_id], [prompt], block=block, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+                              seed=seed)[0]
 
 
 def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,23 +73,14 @@ def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[to
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros(len(prompts), width, dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(list(p))
-        mask[i, width - len(p) :] = 1
+        ids[i, width - len(p):] = torch.tensor(list(p))
+        mask[i, width - len(p):] = 1
     return ids.to(device), mask.to(device)
 
 
 @torch.no_grad()
-def batch_trajectories(
-    model,
-    row_ids: Sequence[str],
-    prompts: Sequence[Sequence[int]],
-    *,
-    block: int,
-    max_new_tokens: int,
-    eos_ids: Sequence[int],
-    seed: int,
-    pad_id: int = 0,
-) -> list[list[dict]]:
+def batch_trajectories(model, row_ids: Sequence[str], prompts: Sequence[Sequence[int]], *, block: int,
+                       max_new_tokens: int, eos_ids: Sequence[int], seed: int, pad_id: int = 0) -> list[list[dict]]:
     """The trajectories of several prompts at once (module docstring): left-padded into one batch, every Jacobi
     update of a block one forward of ``[B, n]`` over the cached contexts (transformers' ``DynamicCache``, the
     update's entries removed again); each row is recorded until it converges, and a row whose fixed point holds an
@@ -106,26 +95,16 @@ def batch_trajectories(
     positions = (seen.cumsum(-1) - 1).clamp(min=0)  # [B, L]
     cache = DynamicCache()
     if ids.shape[1] > 1:
-        model(
-            input_ids=ids[:, :-1],
-            attention_mask=seen[:, :-1],
-            position_ids=positions[:, :-1],
-            use_cache=True,
-            **{cache_keyword(model): cache},
-        )
+        model(input_ids=ids[:, :-1], attention_mask=seen[:, :-1], position_ids=positions[:, :-1], use_cache=True,
+              **{cache_keyword(model): cache})
     last, last_pos = ids[:, -1], positions[:, -1]  # [B] the context's last token (not cached) and its position
     ones = torch.ones(b_size, n, dtype=torch.long, device=device)
     steps = torch.arange(n, device=device)
 
     def run(block_ids: torch.Tensor) -> torch.Tensor:  # [B, n] -> [B, n, V]; appends n entries to the cache
         inputs = torch.cat([last[:, None], block_ids[:, :-1]], dim=1)  # [B, n]
-        return model(
-            input_ids=inputs,
-            attention_mask=torch.cat([seen, ones[:, :-1]], dim=1),
-            position_ids=last_pos[:, None] + steps,
-            use_cache=True,
-            **{cache_keyword(model): cache},
-        ).logits
+        return model(input_ids=inputs, attention_mask=torch.cat([seen, ones[:, :-1]], dim=1),
+                     position_ids=last_pos[:, None] + steps, use_cache=True, **{cache_keyword(model): cache}).logits
 
     rows: list[list[dict]] = [[] for _ in range(b_size)]
     active = [True] * b_size
@@ -151,18 +130,9 @@ def batch_trajectories(
             if active[i]:
                 fixed = states[i][-1]
                 eos = any(t in eos_ids for t in fixed)
-                rows[i].append(
-                    {
-                        "id": row_ids[i],
-                        "block": b,
-                        "prompt_length": len(prompts[i]),
-                        "prefix": list(prefixes[i]),
-                        "states": states[i],
-                        "fixed_point": fixed,
-                        "eos": eos,
-                        "last": False,
-                    }
-                )
+                rows[i].append({"id": row_ids[i], "block": b, "prompt_length": len(prompts[i]),
+                                "prefix": list(prefixes[i]), "states": states[i], "fixed_point": fixed, "eos": eos,
+                                "last": False})
                 prefixes[i].extend(fixed)
                 active[i] = not eos
         run(state)  # the fixed blocks into the cache: it now holds every context but its new last token
@@ -185,31 +155,18 @@ def complete_rows(out: Path) -> list[dict]:
     return kept
 
 
-def collect_trajectories(
-    model,
-    prompts: Sequence[Sequence[int]],
-    ids: Sequence[str],
-    out_path: str | os.PathLike,
-    *,
-    target: Mapping,
-    block: int = 16,
-    max_new_tokens: int = 256,
-    seed: int = 0,
-    eos_ids: Sequence[int] = (),
-    batch_size: int = 8,
-    pad_id: int = 0,
-    progress: bool = True,
-) -> dict:
+def collect_trajectories(model, prompts: Sequence[Sequence[int]], ids: Sequence[str], out_path: str | os.PathLike, *,
+                         target: Mapping, block: int = 16, max_new_tokens: int = 256, seed: int = 0,
+                         eos_ids: Sequence[int] = (), batch_size: int = 8, pad_id: int = 0,
+                         progress: bool = True) -> dict:
     """Collect (or resume) the trajectories of ``prompts`` (token ids; ``ids`` name them) into ``out_path``;
     ``target`` is the model's identity (:func:`~draftsmith.common.models.target_identity`). Returns the stats the
     meta also records."""
     from tqdm.auto import tqdm
 
     if block < 1 or max_new_tokens < 1 or batch_size < 1:
-        raise ConfigError(
-            f"Jacobi trajectories need block, max_new_tokens and batch_size >= 1, got {block}, "
-            f"{max_new_tokens} and {batch_size}"
-        )
+        raise ConfigError(f"Jacobi trajectories need block, max_new_tokens and batch_size >= 1, got {block}, "
+                          f"{max_new_tokens} and {batch_size}")
     if len(set(ids)) != len(ids):
         raise ConfigError("trajectory prompt ids must be unique")
     out, meta_file = Path(out_path), meta_path(out_path)
@@ -222,27 +179,15 @@ def collect_trajectories(
     done_ids = {r["id"] for r in done}
     pending = [i for i, pid in enumerate(ids) if pid not in done_ids]
     model = model.eval()
-    totals = {
-        "prompts": len(done_ids),
-        "blocks": len(done),
-        "updates": sum(len(r["states"]) - 1 for r in done),
-        "seconds": float(((old_meta or {}).get("progress") or {}).get("seconds", 0.0)),
-    }
-    meta = {
-        "format": META_FORMAT,
-        "settings": settings,
-        "target": identity,
-        "draftsmith_version": __version__,
-        "environment": environment(device=str(next(model.parameters()).device), threads=torch.get_num_threads()),
-        "prompts": len(ids),
-    }
+    totals = {"prompts": len(done_ids), "blocks": len(done), "updates": sum(len(r["states"]) - 1 for r in done),
+              "seconds": float(((old_meta or {}).get("progress") or {}).get("seconds", 0.0))}
+    meta = {"format": META_FORMAT, "settings": settings, "target": identity, "draftsmith_version": __version__,
+            "environment": environment(device=str(next(model.parameters()).device), threads=torch.get_num_threads()),
+            "prompts": len(ids)}
 
     def write_meta() -> dict:
-        meta["progress"] = {
-            **totals,
-            "complete": totals["prompts"] == len(ids),
-            "updates_per_block": totals["updates"] / max(1, totals["blocks"]),
-        }
+        meta["progress"] = {**totals, "complete": totals["prompts"] == len(ids),
+                            "updates_per_block": totals["updates"] / max(1, totals["blocks"])}
         atomic_write_json(meta_file, meta)
         return meta["progress"]
 
@@ -252,18 +197,10 @@ def collect_trajectories(
     bar = tqdm(total=len(pending), desc="jacobi trajectories", unit="prompt", disable=not progress)
     try:
         for start in range(0, len(order), batch_size):
-            batch = order[start : start + batch_size]
+            batch = order[start:start + batch_size]
             began = time.perf_counter()
-            per_prompt = batch_trajectories(
-                model,
-                [ids[i] for i in batch],
-                [prompts[i] for i in batch],
-                block=block,
-                max_new_tokens=max_new_tokens,
-                eos_ids=eos_ids,
-                seed=seed,
-                pad_id=pad_id,
-            )
+            per_prompt = batch_trajectories(model, [ids[i] for i in batch], [prompts[i] for i in batch], block=block,
+                                            max_new_tokens=max_new_tokens, eos_ids=eos_ids, seed=seed, pad_id=pad_id)
             rows = [r for prompt_rows in per_prompt for r in prompt_rows]
             append_rows(out, rows)
             totals["prompts"] += len(batch)
@@ -282,11 +219,5 @@ def read_trajectories(out_path: str | os.PathLike) -> list[dict]:
     return complete_rows(Path(out_path))
 
 
-__all__ = [
-    "batch_trajectories",
-    "collect_trajectories",
-    "complete_rows",
-    "initial_guess",
-    "prompt_trajectory",
-    "read_trajectories",
-]
+__all__ = ["batch_trajectories", "collect_trajectories", "complete_rows", "initial_guess", "prompt_trajectory",
+           "read_trajectories"]

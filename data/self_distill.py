@@ -145,13 +145,9 @@ def dataset_prompts(path: str | os.PathLike, max_bad_fraction: float = 0.05) -> 
     rows = list(read_rows(path))
     fmt = resolve_format(rows, "auto", source=str(path))
     if fmt == "text":
-        raise DataError(
-            f"{path} holds plain text rows, not chats: pass messages, ShareGPT or Alpaca rows (or a "
-            "question set) as --prompts"
-        )
-    report = LoadReport(
-        source=str(path), format=fmt, unit="line" if Path(path).suffix.lower() == ".jsonl" else "record"
-    )
+        raise DataError(f"{path} holds plain text rows, not chats: pass messages, ShareGPT or Alpaca rows (or a "
+                        "question set) as --prompts")
+    report = LoadReport(source=str(path), format=fmt, unit="line" if Path(path).suffix.lower() == ".jsonl" else "record")
     prompts = []
     for line, row in rows:
         report.total += 1
@@ -164,10 +160,8 @@ def dataset_prompts(path: str | os.PathLike, max_bad_fraction: float = 0.05) -> 
     report.kept = len(prompts)
     if not prompts or report.bad_fraction > max_bad_fraction:
         first = report.first_bad
-        raise DataError(
-            f"{path}: {report.skipped} of {report.total} rows are not usable prompts (first at "
-            f"{report.unit} {first.first_line}: {first.reason}); fix or drop them"
-        )
+        raise DataError(f"{path}: {report.skipped} of {report.total} rows are not usable prompts (first at "
+                        f"{report.unit} {first.first_line}: {first.reason}); fix or drop them")
     return prompts, report
 
 
@@ -183,7 +177,7 @@ def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     """Indices into ``lengths`` in batches of ``batch_size``, longest prompts first (ties by index) so a batch
     holds prompts of similar length; every batch is in index order."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    return [sorted(order[k : k + batch_size]) for k in range(0, len(order), batch_size)]
+    return [sorted(order[k:k + batch_size]) for k in range(0, len(order), batch_size)]
 
 
 def max_positions(config) -> int | None:
@@ -199,19 +193,14 @@ def finish_reason(tokens: Sequence[int], eos_ids: Sequence[int]) -> str:
     return "eos" if tokens and tokens[-1] in eos_ids else "length"
 
 
-def answer_row(
-    row_id: str, prompt: Sequence[Mapping[str, str]], tokens: Sequence[int], tokenizer, eos_ids: Sequence[int]
-) -> dict:
+def answer_row(row_id: str, prompt: Sequence[Mapping[str, str]], tokens: Sequence[int], tokenizer,
+               eos_ids: Sequence[int]) -> dict:
     """The output row of one prompt: its turns plus the decoded answer (special tokens dropped)."""
     finish = finish_reason(tokens, eos_ids)
     body = list(tokens[:-1]) if finish == "eos" else list(tokens)
     answer = tokenizer.decode(body, skip_special_tokens=True)
-    return {
-        "id": row_id,
-        "messages": [*map(dict, prompt), {"role": "assistant", "content": answer}],
-        "num_tokens": len(tokens),
-        "finish": finish,
-    }
+    return {"id": row_id, "messages": [*map(dict, prompt), {"role": "assistant", "content": answer}],
+            "num_tokens": len(tokens), "finish": finish}
 
 
 # -------------------------------------------------------------------------------------------------- output file
@@ -220,16 +209,12 @@ def answer_row(
 def answered_by(path: str | os.PathLike, model, tokenizer, target_name: str | None = None) -> dict:
     """The target record of the answers in ``path`` (from its ``.meta.json``), after checking that ``model`` wrote
     them: a ConfigError naming the fix when the file has no self-distillation meta or another target's."""
-    fix = (
-        f"write the answers with this target first: draftsmith data generate --target {target_name or 'TARGET'} "
-        f"--prompts PROMPTS --out FILE, then pass --dataset FILE (or train with data_mode=target)"
-    )
+    fix = (f"write the answers with this target first: draftsmith data generate --target {target_name or 'TARGET'} "
+           f"--prompts PROMPTS --out FILE, then pass --dataset FILE (or train with data_mode=target)")
     meta = read_json(meta_path(path)) if meta_path(path).is_file() else None
     if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
-        raise ConfigError(
-            f"{path} has no {META_SUFFIX} of `draftsmith data generate`, so nothing says the target "
-            f"wrote its answers; {fix}"
-        )
+        raise ConfigError(f"{path} has no {META_SUFFIX} of `draftsmith data generate`, so nothing says the target "
+                          f"wrote its answers; {fix}")
     recorded = meta.get("target", {})
     if not same_target(recorded, writer_identity(model, tokenizer, target_name)):
         raise ConfigError(f"{path} holds the answers of another target ({recorded.get('name_or_path')}); {fix}")
@@ -318,19 +303,15 @@ def generate_answers(
     known = set(ids)
     strangers = [r["id"] for r in done if r["id"] not in known]
     if strangers:
-        raise ConfigError(
-            f"{out} holds {len(strangers)} rows (e.g. id {strangers[0]}) of prompts not in this prompt "
-            f"set (another --prompts or a smaller --limit?); {FIX}"
-        )
+        raise ConfigError(f"{out} holds {len(strangers)} rows (e.g. id {strangers[0]}) of prompts not in this prompt "
+                          f"set (another --prompts or a smaller --limit?); {FIX}")
     done_ids = {r["id"] for r in done}
 
     pad_id, eos_ids = pad_token_id(tokenizer, model.config), eos_token_ids(tokenizer, model.config)
     positions = max_positions(model.config)
     if positions is not None and max_new_tokens >= positions:
-        raise ConfigError(
-            f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the target's "
-            f"{positions} positions; lower it"
-        )
+        raise ConfigError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the target's "
+                          f"{positions} positions; lower it")
     pending = [i for i, pid in enumerate(ids) if pid not in done_ids]
     prompt_ids = {i: _render(tokenizer, prompts[i], ids[i]) for i in pending}
     too_long = [i for i in pending if positions is not None and len(prompt_ids[i]) + max_new_tokens > positions]
@@ -338,57 +319,32 @@ def generate_answers(
     batches = [[runnable[j] for j in b] for b in length_batches([len(prompt_ids[i]) for i in runnable], batch_size)]
 
     old_progress = (old_meta or {}).get("progress", {})
-    run = {
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "batch_size": batch_size,
-        "generator": generator_name,
-        "rows": 0,
-        "tokens": 0,
-        "seconds": 0.0,
-        "tokens_per_s": 0.0,
-    }
-    totals = {
-        "rows": len(done),
-        "tokens": sum(int(r.get("num_tokens", 0)) for r in done),
-        "seconds": float(old_progress.get("seconds", 0.0)),
-    }
+    run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "batch_size": batch_size, "generator": generator_name,
+           "rows": 0, "tokens": 0, "seconds": 0.0, "tokens_per_s": 0.0}
+    totals = {"rows": len(done), "tokens": sum(int(r.get("num_tokens", 0)) for r in done),
+              "seconds": float(old_progress.get("seconds", 0.0))}
     meta = {
         "format": META_FORMAT,
         "settings": settings,
-        "sampling": "greedy (argmax)"
-        if temperature == 0
-        else "per row: inverse CDF of temperature/top-p probabilities at uniforms from a CPU torch.Generator seeded "
+        "sampling": "greedy (argmax)" if temperature == 0 else
+        "per row: inverse CDF of temperature/top-p probabilities at uniforms from a CPU torch.Generator seeded "
         "with int(sha256_json(f'{seed}:{id}')[:16], 16) & (2**63 - 1)",
         "target": target,
         "prompts": {"source": source, "count": len(ids), "sha256": prompts_sha256(ids, prompts)},
         "draftsmith_version": __version__,
-        "environment": environment(
-            device=str(next(model.parameters()).device),
-            threads=torch.get_num_threads(),
-            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
-        ),
+        "environment": environment(device=str(next(model.parameters()).device), threads=torch.get_num_threads(),
+                                   dtype=str(next(model.parameters()).dtype).removeprefix("torch.")),
         "created": (old_meta or {}).get("created", run["started"]),
         "runs": [*(old_meta or {}).get("runs", []), run],
     }
 
     def stats() -> dict:
         finished = totals["rows"] + len(too_long) == len(ids)
-        meta["progress"] = {
-            **totals,
-            "tokens_per_s": _rate(totals["tokens"], totals["seconds"]),
-            "prompts": len(ids),
-            "too_long": len(too_long),
-            "too_long_ids": [ids[i] for i in too_long[:10]],
-            "complete": finished,
-        }
-        return {
-            **meta["progress"],
-            "out": str(out),
-            "new_rows": run["rows"],
-            "new_tokens": run["tokens"],
-            "new_seconds": run["seconds"],
-            "new_tokens_per_s": run["tokens_per_s"],
-        }
+        meta["progress"] = {**totals, "tokens_per_s": _rate(totals["tokens"], totals["seconds"]),
+                            "prompts": len(ids), "too_long": len(too_long),
+                            "too_long_ids": [ids[i] for i in too_long[:10]], "complete": finished}
+        return {**meta["progress"], "out": str(out), "new_rows": run["rows"], "new_tokens": run["tokens"],
+                "new_seconds": run["seconds"], "new_tokens_per_s": run["tokens_per_s"]}
 
     out.parent.mkdir(parents=True, exist_ok=True)
     out.touch()
@@ -399,20 +355,9 @@ def generate_answers(
     def model_completer(prompt_batches, seeds_of):  # one left-padded generate per batch
         for b, batch_prompts in enumerate(prompt_batches):
             start = time.perf_counter()
-            yield (
-                b,
-                sample_completions(
-                    model,
-                    batch_prompts,
-                    max_new_tokens=max_new_tokens,
-                    pad_token_id=pad_id,
-                    eos_ids=eos_ids,
-                    temperature=temperature,
-                    top_p=top_p,
-                    row_seeds=seeds_of[b],
-                ),
-                time.perf_counter() - start,
-            )
+            yield b, sample_completions(model, batch_prompts, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                                        eos_ids=eos_ids, temperature=temperature, top_p=top_p,
+                                        row_seeds=seeds_of[b]), time.perf_counter() - start
 
     seeds_of = [[row_seed(seed, ids[i]) for i in batch] if temperature > 0 else None for batch in batches]
     answered = (completer or model_completer)([[prompt_ids[i] for i in batch] for batch in batches], seeds_of)

@@ -62,43 +62,21 @@ DROP_REASONS = ("unfinished", "too_short", "repeat")
 # task phrasings rather than any benchmark's questions. No opener ends in a space (the model writes the next word
 # with its own leading space).
 TASK_OPENERS: tuple[str, ...] = (
-    "Write a short story about",
-    "Write a formal email to",
-    "Write a poem about",
-    "Draft a blog post on",
-    "Pretend you are",
-    "You are a pirate captain.",
-    "Let's play a game: you are",
-    "Here is a logic puzzle:",
-    "If all",
-    "Which one does not belong, and why:",
-    "Solve for x:",
-    "A farmer has",
-    "Calculate",
-    "Write a Python function that",
-    "Fix the bug in this code:\n\n",
-    "Explain what this JavaScript code does:\n\n",
-    "Extract every name and date from the text below.\n\n",
-    "From the following text, list",
+    "Write a short story about", "Write a formal email to", "Write a poem about", "Draft a blog post on",
+    "Pretend you are", "You are a pirate captain.", "Let's play a game: you are",
+    "Here is a logic puzzle:", "If all", "Which one does not belong, and why:",
+    "Solve for x:", "A farmer has", "Calculate",
+    "Write a Python function that", "Fix the bug in this code:\n\n", "Explain what this JavaScript code does:\n\n",
+    "Extract every name and date from the text below.\n\n", "From the following text, list",
     "Turn this description into a JSON object:\n\n",
-    "Explain how",
-    "What is the difference between",
-    "Describe the process of",
-    "Discuss the causes of",
-    "What was the significance of",
-    "Compare the ideas of",
-    "Summarize the following article in three sentences.\n\n",
-    "Give a one-paragraph summary of this text:\n\n",
+    "Explain how", "What is the difference between", "Describe the process of",
+    "Discuss the causes of", "What was the significance of", "Compare the ideas of",
+    "Summarize the following article in three sentences.\n\n", "Give a one-paragraph summary of this text:\n\n",
     "Condense the passage below into bullet points.\n\n",
-    "Who",
-    "When did",
-    "Why do",
+    "Who", "When did", "Why do",
     "Answer the question using only the context below.\n\nContext:",
-    "Read the passage and answer the question that follows.\n\nPassage:",
-    "Based on the document below,",
-    "Translate into French:",
-    "Translate the following sentence into Spanish:",
-    "How do you say this in German:",
+    "Read the passage and answer the question that follows.\n\nPassage:", "Based on the document below,",
+    "Translate into French:", "Translate the following sentence into Spanish:", "How do you say this in German:",
 )
 OPENER_SETS = {"tasks": TASK_OPENERS}
 
@@ -108,14 +86,13 @@ def prompt_key(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().casefold()
 
 
-def judge_attempt(
-    tokens: list[int], text: str, eos_ids: list[int], min_words: int, seen: set[str], opener: str = ""
-) -> str | None:
+def judge_attempt(tokens: list[int], text: str, eos_ids: list[int], min_words: int, seen: set[str],
+                  opener: str = "") -> str | None:
     """Why an attempt is dropped (one of :data:`DROP_REASONS`), or None to keep it; a kept prompt's key is added
     to ``seen``. ``text`` is the whole request, ``opener`` included; the model's part must hold ``min_words``."""
     if finish_reason(tokens, eos_ids) != "eos":
         return "unfinished"  # cut at max_new_tokens: the request may be incomplete
-    if len(text[len(opener) :].split()) < min_words:
+    if len(text[len(opener):].split()) < min_words:
         return "too_short"
     key = prompt_key(text)
     if key in seen:
@@ -140,10 +117,8 @@ def resolve_openers(spec: str | None) -> tuple[str, ...]:
         return OPENER_SETS[spec]
     path = Path(spec)
     if not path.is_file():
-        raise ConfigError(
-            f"--openers {spec!r} is neither a built-in set ({', '.join(OPENER_SETS)}) nor a file: pass "
-            "one of those or a text file with one opener per line"
-        )
+        raise ConfigError(f"--openers {spec!r} is neither a built-in set ({', '.join(OPENER_SETS)}) nor a file: pass "
+                          "one of those or a text file with one opener per line")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
@@ -155,9 +130,7 @@ def resolve_openers(spec: str | None) -> tuple[str, ...]:
         try:
             openers.append(json.loads(line) if line.startswith('"') else line)
         except json.JSONDecodeError as err:
-            raise ConfigError(
-                f'{path}:{n}: not a JSON string ({err.msg}): quote it as JSON or drop the leading "'
-            ) from None
+            raise ConfigError(f"{path}:{n}: not a JSON string ({err.msg}): quote it as JSON or drop the leading \"") from None
     return check_openers(openers, str(path))
 
 
@@ -169,7 +142,8 @@ def check_openers(openers, where: str = "openers") -> tuple[str, ...]:
     return openers
 
 
-def _check(count: int, batch_size: int, max_new_tokens: int, temperature: float, top_p: float, min_words: int) -> None:
+def _check(count: int, batch_size: int, max_new_tokens: int, temperature: float, top_p: float,
+           min_words: int) -> None:
     check_settings(batch_size, max_new_tokens, temperature, top_p)
     if count < 1:
         raise ConfigError(f"--count must be at least 1, got {count}")
@@ -206,46 +180,28 @@ def synthesize_prompts(
     # a resumed run must use the same openers (a file from before openers records none)
     settings = {**sampling_settings(temperature, top_p, seed, max_new_tokens), "openers": list(openers) or None}
     target = writer_identity(model, tokenizer, target_name)
-    out, meta_file, done, old_meta = open_row_file(
-        out_path, settings, target, overwrite, fmt=META_FORMAT, fix=FIX, keys=(*SETTINGS, "openers")
-    )
+    out, meta_file, done, old_meta = open_row_file(out_path, settings, target, overwrite, fmt=META_FORMAT, fix=FIX,
+                                                   keys=(*SETTINGS, "openers"))
     old = (old_meta or {}).get("progress", {})
     prefix = user_prefix_ids(tokenizer)  # [P]
     steer = openers or ("",)  # no openers: every attempt starts at the bare user header
     prefixes = [user_prefix_ids(tokenizer, o) for o in steer]  # [P_k] per opener
     eos_ids, pad_id = eos_token_ids(tokenizer, model.config), pad_token_id(tokenizer, model.config)
     if not eos_ids:
-        raise ConfigError(
-            "the target names no end-of-sequence token, so a sampled request never ends; set "
-            "eos_token_id in its generation config"
-        )
+        raise ConfigError("the target names no end-of-sequence token, so a sampled request never ends; set "
+                          "eos_token_id in its generation config")
     seen = {prompt_key(r["messages"][0]["content"]) for r in done}
-    totals = {
-        "kept": len(done),
-        "attempts": int(old.get("attempts", 0)),
-        "seconds": float(old.get("seconds", 0.0)),
-        "tokens": int(old.get("tokens", 0)),
-        "dropped": Counter(old.get("dropped", {})),
-    }
-    meta = {
-        "format": META_FORMAT,
-        "settings": settings,
-        "min_words": min_words,
-        "target": target,
-        "prefix": tokenizer.decode(prefix),
-        "draftsmith_version": __version__,
-        "environment": environment(device=str(next(model.parameters()).device), threads=torch.get_num_threads()),
-        "created": (old_meta or {}).get("created", time.strftime("%Y-%m-%dT%H:%M:%S%z")),
-    }
+    totals = {"kept": len(done), "attempts": int(old.get("attempts", 0)), "seconds": float(old.get("seconds", 0.0)),
+              "tokens": int(old.get("tokens", 0)), "dropped": Counter(old.get("dropped", {}))}
+    meta = {"format": META_FORMAT, "settings": settings, "min_words": min_words, "target": target,
+            "prefix": tokenizer.decode(prefix), "draftsmith_version": __version__,
+            "environment": environment(device=str(next(model.parameters()).device), threads=torch.get_num_threads()),
+            "created": (old_meta or {}).get("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))}
 
     def stats() -> dict:
-        meta["progress"] = {
-            **totals,
-            "dropped": {r: totals["dropped"][r] for r in DROP_REASONS},
-            "count": count,
-            "tokens_per_s": totals["tokens"] / totals["seconds"] if totals["seconds"] else 0.0,
-            "complete": totals["kept"] >= count,
-        }
+        meta["progress"] = {**totals, "dropped": {r: totals["dropped"][r] for r in DROP_REASONS}, "count": count,
+                            "tokens_per_s": totals["tokens"] / totals["seconds"] if totals["seconds"] else 0.0,
+                            "complete": totals["kept"] >= count}
         return {**meta["progress"], "out": str(out)}
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -254,28 +210,16 @@ def synthesize_prompts(
     atomic_write_json(meta_file, meta)
     from tqdm.auto import tqdm
 
-    bar = tqdm(
-        total=count,
-        initial=min(totals["kept"], count),
-        desc="prompts",
-        unit="prompt",
-        disable=not progress,
-        dynamic_ncols=True,
-    )
+    bar = tqdm(total=count, initial=min(totals["kept"], count), desc="prompts", unit="prompt", disable=not progress,
+               dynamic_ncols=True)
     try:
         while totals["kept"] < count and totals["attempts"] < max_attempts:
             attempts = list(range(totals["attempts"], min(totals["attempts"] + batch_size, max_attempts)))
             start = time.perf_counter()
-            completions = sample_completions(
-                model,
-                [prefixes[a % len(steer)] for a in attempts],
-                max_new_tokens=max_new_tokens,
-                pad_token_id=pad_id,
-                eos_ids=eos_ids,
-                temperature=temperature,
-                top_p=top_p,
-                row_seeds=[row_seed(seed, f"attempt-{a}") for a in attempts],
-            )
+            completions = sample_completions(model, [prefixes[a % len(steer)] for a in attempts],
+                                             max_new_tokens=max_new_tokens,
+                                             pad_token_id=pad_id, eos_ids=eos_ids, temperature=temperature,
+                                             top_p=top_p, row_seeds=[row_seed(seed, f"attempt-{a}") for a in attempts])
             rows = []
             for attempt, tokens in zip(attempts, completions):
                 if totals["kept"] + len(rows) == count:
@@ -299,3 +243,4 @@ def synthesize_prompts(
     finally:
         bar.close()
     return stats()
+

@@ -27,11 +27,7 @@ def tiny_config(
     if family == "gpt2":
         cfg = transformers.GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions, **common)
     elif family in ("llama", "qwen2", "mistral"):
-        cls = {
-            "llama": transformers.LlamaConfig,
-            "qwen2": transformers.Qwen2Config,
-            "mistral": transformers.MistralConfig,
-        }
+        cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "mistral": transformers.MistralConfig}
         cfg = cls[family](
             hidden_size=hidden,
             intermediate_size=2 * hidden,

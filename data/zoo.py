@@ -53,20 +53,16 @@ class ModelSpec:
     grad_clip: float = field(default=1.0, metadata={"help": "global gradient-norm clip"})
     init_from_target: bool = field(
         default=False,
-        metadata={
-            "help": "start from the target's embedding, first `layers` layers and final norm (the draft "
-            "then has the target's width and head shapes)"
-        },
+        metadata={"help": "start from the target's embedding, first `layers` layers and final norm (the draft "
+                  "then has the target's width and head shapes)"},
     )
     freeze_embeddings: bool = field(
         default=False, metadata={"help": "keep the (tied) embedding and LM head frozen while training"}
     )
     draft_vocab: int = field(
         default=0,
-        metadata={
-            "help": "draft only among the N tokens most frequent in the training rows (plus the special "
-            "tokens): recorded as config.draft_vocab, it cuts the LM head of every draft step; 0 = all"
-        },
+        metadata={"help": "draft only among the N tokens most frequent in the training rows (plus the special "
+                  "tokens): recorded as config.draft_vocab, it cuts the LM head of every draft step; 0 = all"},
     )
 
     def __post_init__(self) -> None:
@@ -109,10 +105,8 @@ class ZooSpec:
     )
     target_import: str | None = field(
         default=None,
-        metadata={
-            "help": "a real target imported instead of trained (draftsmith.data.model_import); the tokenizer "
-            "is then the target's and `target` only describes its shape"
-        },
+        metadata={"help": "a real target imported instead of trained (draftsmith.data.model_import); the tokenizer "
+                  "is then the target's and `target` only describes its shape"},
     )
 
     def __post_init__(self) -> None:
@@ -171,19 +165,8 @@ ZOO_SIZES["smollm2"] = lambda: ZooSpec(
     size="smollm2",
     target_import="smollm2-135m",
     target=ModelSpec(layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3, tokens=1, lr=1e-3),
-    draft=ModelSpec(
-        layers=2,
-        hidden=576,
-        intermediate=1536,
-        heads=9,
-        kv_heads=3,
-        tokens=700_000,
-        lr=5e-4,
-        warmup_steps=20,
-        init_from_target=True,
-        freeze_embeddings=True,
-        draft_vocab=8192,
-    ),
+    draft=ModelSpec(layers=2, hidden=576, intermediate=1536, heads=9, kv_heads=3, tokens=700_000, lr=5e-4,
+                    warmup_steps=20, init_from_target=True, freeze_embeddings=True, draft_vocab=8192),
     vocab_size=49152,
     seq_len=512,
     batch_size=4,

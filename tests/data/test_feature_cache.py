@@ -68,9 +68,8 @@ def test_a_matching_cache_is_reused_and_another_gets_its_own_key(tmp_path):
 
 def test_a_cache_of_more_layers_on_the_same_rows_serves_a_subset(tmp_path):
     target = random_model("llama", seed=0, layers=3)
-    wide = build_feature_cache(
-        target, ROWS, tmp_path, CacheSpec(layers=(1, 2, -1), dtype="float32"), IDENTITY, progress=False
-    )
+    wide = build_feature_cache(target, ROWS, tmp_path, CacheSpec(layers=(1, 2, -1), dtype="float32"), IDENTITY,
+                               progress=False)
     narrow = CacheSpec(layers=(-1,), dtype="float32")
     assert build_feature_cache(target, ROWS, tmp_path, narrow, IDENTITY, progress=False) == wide  # nothing built
     assert [p.name for p in tmp_path.iterdir()] == [wide.name]
@@ -113,10 +112,8 @@ def test_a_killed_build_resumes_without_losing_or_repeating_rows(tmp_path, monke
     with pytest.raises(KeyboardInterrupt):
         build_feature_cache(target, ROWS, tmp_path, spec, IDENTITY, progress=False)
     directory = next(tmp_path.iterdir())
-    assert sorted(p.name for p in directory.glob("shard-*.safetensors")) == [
-        "shard-00000.safetensors",
-        "shard-00001.safetensors",
-    ]
+    assert sorted(p.name for p in directory.glob("shard-*.safetensors")) == ["shard-00000.safetensors",
+                                                                           "shard-00001.safetensors"]
     kept = {p.name: p.stat().st_mtime_ns for p in directory.glob("shard-*.safetensors")}
     monkeypatch.setattr(fc, "_features", real)
     data = FeatureDataset(build_feature_cache(target, ROWS, tmp_path, spec, IDENTITY, progress=False))
@@ -130,9 +127,8 @@ def test_training_reads_each_shard_once_per_epoch_in_a_seeded_shuffled_order(tmp
     epoch give the same order, another epoch another."""
     target = random_model("llama", seed=0, layers=3)
     rows = [{"input_ids": list(range(3, 3 + n)), "labels": [-100] + list(range(4, 3 + n))} for n in range(4, 44)]
-    data = FeatureDataset(
-        build_feature_cache(target, rows, tmp_path, CacheSpec(layers=(-1,), shard_rows=4), IDENTITY, progress=False)
-    )
+    data = FeatureDataset(build_feature_cache(target, rows, tmp_path, CacheSpec(layers=(-1,), shard_rows=4), IDENTITY,
+                                              progress=False))
     sampler = ShardOrderSampler(data, seed=3)
     orders = []
     for epoch in (0, 1):
@@ -142,7 +138,7 @@ def test_training_reads_each_shard_once_per_epoch_in_a_seeded_shuffled_order(tmp
         shards = [i // 4 for i in order]
         assert all(shards[i] == shards[i - (i % 4)] for i in range(40))  # a shard's rows come together
         assert shards[::4] != list(range(10))  # the shards shuffled
-        assert any(order[j : j + 4] != sorted(order[j : j + 4]) for j in range(0, 40, 4))  # and the rows of each
+        assert any(order[j:j + 4] != sorted(order[j:j + 4]) for j in range(0, 40, 4))  # and the rows of each
         before = data.loads
         for i in order:
             data[i]
@@ -162,16 +158,13 @@ def test_the_cache_stores_bfloat16_by_default_and_float16_refuses_values_past_it
     target = random_model("llama", seed=0, layers=3)
     spec = CacheSpec(layers=(-1,), shard_rows=2)
     assert spec.dtype == "bfloat16"
-    assert (
-        FeatureDataset(build_feature_cache(target, ROWS, tmp_path, spec, IDENTITY, progress=False))[0]["feat_-1"].dtype
-        == torch.bfloat16
-    )
+    assert FeatureDataset(build_feature_cache(target, ROWS, tmp_path, spec, IDENTITY, progress=False))[0][
+        "feat_-1"].dtype == torch.bfloat16
     with torch.no_grad():
         target.model.norm.weight.fill_(1e6)  # final-normed hidden states far past 65,504
     with pytest.raises(ConfigError, match="past float16's 65,504.*bfloat16"):
-        build_feature_cache(
-            target, ROWS, tmp_path / "fp16", CacheSpec(layers=(-1,), dtype="float16"), IDENTITY, progress=False
-        )
+        build_feature_cache(target, ROWS, tmp_path / "fp16", CacheSpec(layers=(-1,), dtype="float16"), IDENTITY,
+                            progress=False)
 
 
 def test_processes_build_disjoint_shares_and_the_cache_is_complete_only_when_all_are_written(tmp_path):
@@ -209,25 +202,15 @@ def flip_byte(path, at=-3):
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize(
-    "damage, match",
-    [
-        (lambda d: (d / "shard-00001.safetensors").unlink(), "shard-00001.safetensors is missing"),
-        (
-            lambda d: (d / "shard-00001.safetensors").write_bytes((d / "shard-00001.safetensors").read_bytes()[:-100]),
-            "shard-00001.safetensors has .* bytes, not the .* written",
-        ),
-        (lambda d: (d / "manifest.json").write_text("{not json"), "manifest.json is missing or not JSON"),
-        (
-            lambda d: (d / "manifest.json").write_text(
-                (d / "manifest.json").read_text().replace('"rows": 5', '"rows": 4')
-            ),
-            "changed since it was written",
-        ),
-        (lambda d: (d / "manifest.json").write_text("[]"), "missing or not JSON"),
-    ],
-    ids=["deleted shard", "truncated shard", "manifest not JSON", "edited manifest", "manifest a list"],
-)
+@pytest.mark.parametrize("damage, match", [
+    (lambda d: (d / "shard-00001.safetensors").unlink(), "shard-00001.safetensors is missing"),
+    (lambda d: (d / "shard-00001.safetensors").write_bytes((d / "shard-00001.safetensors").read_bytes()[:-100]),
+     "shard-00001.safetensors has .* bytes, not the .* written"),
+    (lambda d: (d / "manifest.json").write_text("{not json"), "manifest.json is missing or not JSON"),
+    (lambda d: (d / "manifest.json").write_text(
+        (d / "manifest.json").read_text().replace('"rows": 5', '"rows": 4')), "changed since it was written"),
+    (lambda d: (d / "manifest.json").write_text("[]"), "missing or not JSON"),
+], ids=["deleted shard", "truncated shard", "manifest not JSON", "edited manifest", "manifest a list"])
 def test_a_damaged_cache_is_refused_in_one_line_when_opened(tmp_path, damage, match):
     directory, _, _ = built(tmp_path)
     damage(directory)
@@ -303,9 +286,8 @@ def test_a_cache_of_the_targets_answers_is_found_again_without_answering(tmp_pat
     assert calls == [1] and len(first) == len(ROWS)
     (again,) = feature_cache.feature_datasets(target, None, [ROWS], tmp_path, spec, answer)
     assert calls == [1] and again.directory == first.directory  # found by what it was answered from
-    (subset,) = feature_cache.feature_datasets(
-        target, None, [ROWS], tmp_path, CacheSpec(layers=(-1,), dtype="float32"), answer
-    )
+    (subset,) = feature_cache.feature_datasets(target, None, [ROWS], tmp_path, CacheSpec(layers=(-1,), dtype="float32"),
+                                               answer)
     assert calls == [1] and subset.directory == first.directory  # fewer layers of the same answers
     feature_cache.feature_datasets(target, None, [ROWS], tmp_path, spec, answer | {"max_new_tokens": 3})
     assert calls == [1, 1]  # other answer settings: answered again

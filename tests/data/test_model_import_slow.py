@@ -49,12 +49,7 @@ def test_zoo_import_smollm2_downloads_converts_and_answers(tmp_path, monkeypatch
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
     with torch.no_grad():
-        generated = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=20,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    answer = tokenizer.decode(generated[0, ids.shape[1] :], skip_special_tokens=True)
+        generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
+                                   pad_token_id=tokenizer.pad_token_id)
+    answer = tokenizer.decode(generated[0, ids.shape[1]:], skip_special_tokens=True)
     assert "Paris" in answer, answer

@@ -40,16 +40,13 @@ class Killed(Exception):
     """Stands in for a kill between two batches."""
 
 
+
 @pytest.fixture(scope="module")
 def prompts():
     """Nine prompts of different lengths (so batches need padding); the third has an earlier exchange."""
     out = [[{"role": "user", "content": f"What is {i} plus {i}?" + " and more" * (i % 4)}] for i in range(9)]
-    out[2] = [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": "Hello."},
-        {"role": "user", "content": "What is 2 plus 2?"},
-    ]
+    out[2] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+              {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "What is 2 plus 2?"}]
     return out
 
 
@@ -121,12 +118,8 @@ def test_length_batches_and_rows(tok):
     assert length_batches([3, 9, 1, 9, 5], batch_size=2) == [[1, 3], [0, 4], [2]]
     prompt = [{"role": "user", "content": "hi"}]
     row = answer_row("p1", prompt, tok.encode("ok") + [2], tok, eos_ids=[2])
-    assert row == {
-        "id": "p1",
-        "messages": [*prompt, {"role": "assistant", "content": "ok"}],
-        "num_tokens": 3,
-        "finish": "eos",
-    }
+    assert row == {"id": "p1", "messages": [*prompt, {"role": "assistant", "content": "ok"}], "num_tokens": 3,
+                   "finish": "eos"}
     assert answer_row("p1", prompt, tok.encode("ok"), tok, eos_ids=[2])["finish"] == "length"
 
 
@@ -213,33 +206,18 @@ def test_resume_refuses_other_settings_or_target(model, tok, prompts, tmp_path):
 def test_meta_records_settings_target_source_and_speed(model, tok, prompts, tmp_path):
     out = tmp_path / "deep" / "out.jsonl"
     ids = [f"q{i}" for i in range(len(prompts))]
-    stats = generate_answers(
-        model,
-        tok,
-        prompts,
-        out,
-        ids=ids,
-        source="questions:test",
-        batch_size=4,
-        seed=5,
-        temperature=0.7,
-        top_p=0.95,
-        target_name="tiny-target",
-        **SETTINGS,
-    )
+    stats = generate_answers(model, tok, prompts, out, ids=ids, source="questions:test", batch_size=4, seed=5,
+                             temperature=0.7, top_p=0.95, target_name="tiny-target", **SETTINGS)
     meta = json.loads(meta_path(out).read_text())
     assert meta["format"] == META_FORMAT
     assert meta["settings"] == {"temperature": 0.7, "top_p": 0.95, "seed": 5, "max_new_tokens": 12}
     assert meta["target"] == target_identity(model, tok, "tiny-target") | {
-        "weights_sample_sha256": weights_sample_sha256(model)
-    }
+        "weights_sample_sha256": weights_sample_sha256(model)}
     assert meta["prompts"] == {"source": "questions:test", "count": 9, "sha256": prompts_sha256(ids, prompts)}
     assert meta["draftsmith_version"] and {"torch", "transformers", "device", "threads"} <= meta["environment"].keys()
     progress = meta["progress"]
     assert progress["rows"] == 9 and progress["tokens"] == sum(r["num_tokens"] for r in _rows(out))
-    assert progress["seconds"] > 0 and progress["tokens_per_s"] == pytest.approx(
-        progress["tokens"] / progress["seconds"]
-    )
+    assert progress["seconds"] > 0 and progress["tokens_per_s"] == pytest.approx(progress["tokens"] / progress["seconds"])
     assert progress["complete"] and stats["tokens_per_s"] == progress["tokens_per_s"]
     assert [r["id"] for r in _rows(out)] == ids and "sha256_json" in meta["sampling"]
 
@@ -255,12 +233,8 @@ def test_prompts_too_long_for_the_target_are_skipped_and_counted(tok, tmp_path):
 
 
 def test_bad_arguments_are_one_line_errors(model, tok, prompts, tmp_path):
-    for bad, match in (
-        ({"batch_size": 0}, "batch-size"),
-        ({"temperature": -1}, "temperature"),
-        ({"top_p": 0.0}, "top-p"),
-        ({"max_new_tokens": 0}, "max-new-tokens"),
-    ):
+    for bad, match in (({"batch_size": 0}, "batch-size"), ({"temperature": -1}, "temperature"),
+                       ({"top_p": 0.0}, "top-p"), ({"max_new_tokens": 0}, "max-new-tokens")):
         with pytest.raises(ConfigError, match=match):
             generate_answers(model, tok, prompts, tmp_path / "x.jsonl", **(SETTINGS | bad))
     with pytest.raises(DataError, match="repeats"):
@@ -270,13 +244,8 @@ def test_bad_arguments_are_one_line_errors(model, tok, prompts, tmp_path):
     with pytest.raises(DataError, match="rejected prompt .*roles must alternate"):
         generate_answers(model, strict, prompts[:1], tmp_path / "x.jsonl", **SETTINGS)
     with pytest.raises(DataError, match="user turn"):
-        generate_answers(
-            model,
-            tok,
-            [[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]],
-            tmp_path / "x.jsonl",
-            **SETTINGS,
-        )
+        generate_answers(model, tok, [[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]],
+                         tmp_path / "x.jsonl", **SETTINGS)
 
 
 # ------------------------------------------------------------------------------------------------ prompts
@@ -297,9 +266,8 @@ def test_row_prompt_reads_every_chat_format():
 
 
 def test_dataset_prompts_count_bad_rows(tmp_path):
-    rows = [
-        {"messages": [{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": "A"}]} for i in range(30)
-    ]
+    rows = [{"messages": [{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": "A"}]}
+            for i in range(30)]
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{broken\n")
     prompts, report = dataset_prompts(path)

@@ -26,7 +26,6 @@ from .conftest import build_tokenizer
 SETTINGS = {"max_new_tokens": 48, "min_words": 1, "batch_size": 4, "progress": False}
 OPENERS = ("Write a poem about", "Translate into French:\n\n")
 
-
 def _rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -36,11 +35,9 @@ def test_user_prefix_is_the_templates_text_before_a_user_turns_content(chatml_to
         turn = [{"role": "user", "content": "Hello there"}]
         full = t.apply_chat_template(turn, tokenize=False, add_generation_prompt=False)
         prefix = t.decode(user_prefix_ids(t))
-        assert full.startswith(prefix) and full[len(prefix) :].startswith("Hello there")
-    assert (
-        chatml_tokenizer.decode(user_prefix_ids(chatml_tokenizer))
-        == "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n"
-    )  # the default system prompt kept
+        assert full.startswith(prefix) and full[len(prefix):].startswith("Hello there")
+    assert chatml_tokenizer.decode(user_prefix_ids(chatml_tokenizer)) == \
+        "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n"  # the default system prompt kept
     with pytest.raises(DataError, match="no chat template"):
         user_prefix_ids(build_tokenizer(chat_template=None))
 
@@ -110,9 +107,8 @@ def test_bad_settings_and_other_settings_on_resume_are_one_line_errors(model, to
 
 
 def test_a_target_that_never_ends_its_request_stops_after_max_attempts(model, tok, tmp_path):
-    stats = synthesize_prompts(
-        model, tok, tmp_path / "p.jsonl", count=3, max_attempts=6, **{**SETTINGS, "max_new_tokens": 1, "min_words": 5}
-    )
+    stats = synthesize_prompts(model, tok, tmp_path / "p.jsonl", count=3, max_attempts=6,
+                               **{**SETTINGS, "max_new_tokens": 1, "min_words": 5})
     assert stats["attempts"] == 6 and stats["kept"] == 0 and not stats["complete"]
     assert sum(stats["dropped"].values()) == 6
 
