@@ -3,11 +3,13 @@ hidden states, the same draft vocabulary, steps, schedule and seed, both heads j
 
     python tests/benchmarks/bench_peers.py setup                      # the peer's own environment, pinned, recorded
     python tests/benchmarks/bench_peers.py run --steps 300 --out runs/bench/peers   # the tiny zoo, one budget
+    python tests/benchmarks/bench_peers.py run --target smollm2 --steps 400          # SmolLM2 (its cached features)
 
 ``setup`` makes ``DRAFTSMITH_HOME/peers/speculators`` (a venv: torch and transformers inside speculators' pins,
 speculators without its CUDA-only extras) and records the versions it imports in ``draftsmith-peer.json``. ``run``:
 
-1. trains draftsmith's EAGLE-3 (``recipes/configs/eagle3_tiny.yaml``, features cached offline) for ``--steps``;
+1. trains draftsmith's EAGLE-3 (``recipes/configs/eagle3_tiny.yaml``, or ``eagle3_smollm2.yaml`` with ``--target
+   smollm2``; features cached offline) for ``--steps``;
 2. converts that cache, unchanged, to speculators' offline format (``peers/to_speculators.py``) and writes the
    draftsmith head's draft vocabulary as speculators' ``d2t``/``t2d``;
 3. trains speculators' EAGLE-3 on it through ``peers/speculators_cpu.py`` (its CPU adaptation) with the same steps,
@@ -102,11 +104,11 @@ def once(path: Path, make) -> dict:
     return result
 
 
-def train_draftsmith(out: Path, steps: int, examples: int | None = None) -> dict:
+def train_draftsmith(out: Path, steps: int, examples: int | None = None, target: str = "tiny") -> dict:
     run = out / "draftsmith"
     argv = [str(ROOT / ".venv" / "bin" / "draftsmith"), "train", "eagle", "--config",
-            str(ROOT / "recipes" / "configs" / "eagle3_tiny.yaml"), "features=offline",
-            f"feature_cache_dir={out / 'cache'}", f"output_dir={run}", f"max_steps={steps}", "evaluate=false",
+            str(ROOT / "recipes" / "configs" / TARGETS[target]), "features=offline",
+            f"feature_cache_dir={cache_root(out, target)}", f"output_dir={run}", f"max_steps={steps}", "evaluate=false",
             "calibrate_tree=false", "tune=false", "report_to=none", f"save_steps={steps}", f"eval_steps={steps}",
             *([f"max_train_examples={examples}", f"draft_vocab_prompts={min(examples, 512)}"] if examples else [])]
     process = timed(argv, out / "draftsmith_train.log")
@@ -116,21 +118,30 @@ def train_draftsmith(out: Path, steps: int, examples: int | None = None) -> dict
             "artefact": str(run / "artefact")}
 
 
-def train_cache(out: Path) -> Path:
-    """The training rows' cache (the larger of the run's two: training and held-out rows)."""
-    manifests = [(json.loads(p.read_text())["rows"], p.parent) for p in (out / "cache").glob("*/manifest.json")]
-    return max(manifests)[1]
+def train_cache(out: Path, target: str = "tiny") -> Path:
+    """The training rows' cache: the largest cache of EAGLE-3's layers (three auxiliary ones and the last) of this
+    target under the run's cache root (the held-out rows' is the smaller)."""
+    from transformers import AutoConfig
+
+    from draftsmith.inference.drafters.eagle import aux_layers
+
+    model = target_dirs(target)[0]
+    layers = [*aux_layers(AutoConfig.from_pretrained(model).num_hidden_layers), -1]
+    manifests = [json.loads(p.read_text()) | {"dir": p.parent} for p in cache_root(out, target).glob("*/manifest.json")]
+    found = [(m["rows"], m["dir"]) for m in manifests if m.get("complete") and m["layers"] == layers
+             and Path(m["target"]["name_or_path"]).resolve() == model.resolve()]
+    return max(found)[1]
 
 
-def convert(out: Path, artefact: Path) -> dict:
+def convert(out: Path, artefact: Path, target: str = "tiny") -> dict:
     """The cache and the head's draft vocabulary in speculators' formats; the rows' count and mean length."""
     import numpy as np
     from safetensors.torch import load_file
 
-    cache, data = train_cache(out), out / "speculators_data"
+    cache, data = train_cache(out, target), out / "speculators_data"
     if not (data / "dataset_info.json").is_file():
-        subprocess.run([str(peer_python()), str(PEERS_DIR / "to_speculators.py"), str(cache), str(tiny_target()),
-                        str(data)], check=True, cwd=ROOT)
+        subprocess.run([str(peer_python()), str(PEERS_DIR / "to_speculators.py"), str(cache),
+                        str(target_dirs(target)[0]), str(data)], check=True, cwd=ROOT)
     heads = load_file(str(artefact / "heads.safetensors"))
     np.save(out / "d2t.npy", heads["d2t"].numpy())
     np.save(out / "t2d.npy", heads["t2d"].numpy())
@@ -139,25 +150,46 @@ def convert(out: Path, artefact: Path) -> dict:
             "draft_vocab": int(heads["d2t"].numel())}
 
 
+TARGETS = {"tiny": "eagle3_tiny.yaml", "smollm2": "eagle3_smollm2.yaml"}  # --target: the recipe config it trains
+
+
+def target_dirs(target: str) -> tuple[Path, Path]:
+    """``(model directory, tokenizer directory)`` of ``--target``: the tiny zoo's target (its tokenizer beside it), or
+    SmolLM2-135M-Instruct (imported on first use; its tokenizer in its own directory)."""
+    from draftsmith.launch.targets import resolve_model_arg, tokenizer_source
+
+    model = Path(resolve_model_arg("smollm2-135m")) if target == "smollm2" else tiny_target()
+    return model, Path(tokenizer_source(str(model)))
+
+
 def tiny_target() -> Path:
     from draftsmith.common.paths import zoo_dir
 
     return zoo_dir("tiny") / "target"
 
 
-def train_speculators(out: Path, steps: int, data: dict, config: dict) -> dict:
-    """speculators' EAGLE-3 with draftsmith's settings (``config``: eagle3_tiny.yaml's)."""
+def cache_root(out: Path, target: str) -> Path:
+    """Where draftsmith's run writes (or finds) its feature cache: the bench's own folder for the tiny zoo, the shared
+    default (``DRAFTSMITH_HOME/features``) for SmolLM2, whose cache the recipe's own runs already built."""
+    from draftsmith.common.paths import features_dir
+
+    return features_dir() if target == "smollm2" else out / "cache"
+
+
+def train_speculators(out: Path, steps: int, data: dict, config: dict, target: str = "tiny") -> dict:
+    """speculators' EAGLE-3 with draftsmith's settings (``config``: the target's recipe config)."""
     from transformers import AutoConfig
 
     from draftsmith.inference.drafters.eagle import aux_layers
 
-    layers = aux_layers(AutoConfig.from_pretrained(tiny_target()).num_hidden_layers)
+    model = target_dirs(target)[0]
+    layers = aux_layers(AutoConfig.from_pretrained(model).num_hidden_layers)
     save = out / "speculators"
     metrics = out / "speculators_metrics.jsonl"
     metrics.unlink(missing_ok=True)
     per_step = round(int(config["per_device_train_batch_size"]) * data["mean_length"])
     argv = [str(peer_python()), str(PEERS_DIR / "speculators_cpu.py"), "--speculator-type", "eagle3",
-            "--verifier-name-or-path", str(tiny_target()), "--data-path", str(out / "speculators_data"),
+            "--verifier-name-or-path", str(model), "--data-path", str(out / "speculators_data"),
             "--hidden-states-path", str(out / "speculators_data" / "hidden_states"), "--on-missing", "raise",
             "--target-layer-ids", *map(str, layers), "--draft-vocab-size", str(data["draft_vocab"]),
             "--d2t-path", str(out / "d2t.npy"), "--t2d-path", str(out / "t2d.npy"), "--num-layers", "1",
@@ -178,7 +210,7 @@ def train_speculators(out: Path, steps: int, data: dict, config: dict) -> dict:
             "tokens_per_step": per_step, "checkpoint": str(checkpoint)}
 
 
-def specforge_inputs(out: Path, artefact: Path, export: Path) -> Path:
+def specforge_inputs(out: Path, artefact: Path, export: Path, target: str = "tiny") -> Path:
     """What SpecForge reads besides the features: the target with the weight index it requires, the draft's config
     (draftsmith's exported head config: one Llama layer of the target's shape, the aux layers vLLM reads) and the
     draft vocabulary of draftsmith's head. Returns the folder holding them."""
@@ -186,15 +218,15 @@ def specforge_inputs(out: Path, artefact: Path, export: Path) -> Path:
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    root = out / "specforge_inputs"
-    target = root / "target"
-    target.mkdir(parents=True, exist_ok=True)
+    root, model = out / "specforge_inputs", target_dirs(target)[0]
+    linked = root / "target"
+    linked.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "generation_config.json", "model.safetensors"):
-        if (tiny_target() / name).exists() and not (target / name).exists():
-            (target / name).symlink_to(tiny_target() / name)
-    with safe_open(str(tiny_target() / "model.safetensors"), "pt") as f:
+        if (model / name).exists() and not (linked / name).exists():
+            (linked / name).symlink_to(model / name)
+    with safe_open(str(model / "model.safetensors"), "pt") as f:
         names = list(f.keys())
-    (target / "model.safetensors.index.json").write_text(json.dumps(
+    (linked / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {}, "weight_map": {n: "model.safetensors" for n in names}}))
     draft = json.loads((export / "config.json").read_text())
     draft["target_hidden_size"] = draft["hidden_size"]
@@ -204,13 +236,13 @@ def specforge_inputs(out: Path, artefact: Path, export: Path) -> Path:
     return root
 
 
-def train_specforge(out: Path, steps: int, config: dict, inputs: Path) -> dict:
+def train_specforge(out: Path, steps: int, config: dict, inputs: Path, target: str = "tiny") -> dict:
     """SpecForge's EAGLE-3 with draftsmith's settings on the converted features; exported for vLLM."""
     import yaml
 
     features = out / "specforge_data"
     if not (features / "rows").is_dir():
-        subprocess.run([str(peer_python("specforge")), str(PEERS_DIR / "to_specforge.py"), str(train_cache(out)),
+        subprocess.run([str(peer_python("specforge")), str(PEERS_DIR / "to_specforge.py"), str(train_cache(out, target)),
                         str(features)], check=True, cwd=ROOT)
     run_config = {
         "run_id": "bench", "output_dir": str(out / "specforge"),
@@ -240,7 +272,8 @@ def train_specforge(out: Path, steps: int, config: dict, inputs: Path) -> dict:
             "checkpoint": str(export), "logged": logged[-1:] if logged else []}
 
 
-def judge(heads: dict[str, str], limit: int, max_new_tokens: int, k: int, concurrency: list[int]) -> dict:
+def judge(heads: dict[str, str], limit: int, max_new_tokens: int, k: int, concurrency: list[int],
+          target: str = "tiny") -> dict:
     """Each head served by vLLM (``eagle3``, ``k`` tokens) on the same dev questions' first turns, and its output
     tokens/s against vLLM's AR in waves of each ``concurrency``."""
     from dataclasses import replace
@@ -254,14 +287,14 @@ def judge(heads: dict[str, str], limit: int, max_new_tokens: int, k: int, concur
 
     python = engine_python()
     versions = engine_versions(python)
-    target = transformers.AutoModelForCausalLM.from_pretrained(tiny_target()).eval()
-    tokenizer_dir = tiny_target().parent / "tokenizer"  # the zoo keeps its tokenizer beside the models
+    model_dir, tokenizer_dir = target_dirs(target)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
     questions = [replace(q, turns=q.turns[:1]) for q in read_questions("dev", limit=limit)]
     out = {"vllm": versions}
     for name, model in heads.items():
         method = EngineMethod({"method": "eagle3", "model": model, "num_speculative_tokens": k}, {})
-        report = engine_evaluate(target, tokenizer, questions, method, python=python, model_dir=str(tiny_target()),
+        report = engine_evaluate(model, tokenizer, questions, method, python=python, model_dir=str(model_dir),
                                  tokenizer_dir=str(tokenizer_dir), max_new_tokens=max_new_tokens, threads=1,
                                  concurrency=concurrency)
         out[name] = report["summary"] | {"throughput": report["throughput"]}
@@ -271,26 +304,28 @@ def judge(heads: dict[str, str], limit: int, max_new_tokens: int, k: int, concur
 def run(args: argparse.Namespace) -> dict:
     import yaml
 
-    out = Path(args.out) / f"steps{args.steps}"
+    target = args.target
+    out = Path(args.out) / ("" if target == "tiny" else target) / f"steps{args.steps}"
     out.mkdir(parents=True, exist_ok=True)
-    config = yaml.safe_load((ROOT / "recipes" / "configs" / "eagle3_tiny.yaml").read_text())
-    ours = once(out / "draftsmith.json", lambda: train_draftsmith(out, args.steps, args.examples))
-    data = convert(out, Path(ours["artefact"]))
-    theirs = once(out / "speculators.json", lambda: train_speculators(out, args.steps, data, config))
+    config = yaml.safe_load((ROOT / "recipes" / "configs" / TARGETS[target]).read_text())
+    ours = once(out / "draftsmith.json", lambda: train_draftsmith(out, args.steps, args.examples, target))
+    data = convert(out, Path(ours["artefact"]), target)
+    theirs = once(out / "speculators.json", lambda: train_speculators(out, args.steps, data, config, target))
     ours["tokens_per_s"] = data["tokens"] * ours["epochs"] / ours["train_runtime"]
     export = out / "draftsmith_eagle3"
     if not (export / "config.json").is_file():
         subprocess.run([str(ROOT / ".venv" / "bin" / "draftsmith"), "export", "--artefact", ours["artefact"],
                         "--format", "eagle3", "--out", str(export)], check=True, cwd=ROOT)
     heads = {"draftsmith": str(export), "speculators": theirs["checkpoint"]}
-    result = {"steps": args.steps, "data": data, "draftsmith": ours, "speculators": theirs}
+    result = {"target": target, "steps": args.steps, "data": data, "draftsmith": ours, "speculators": theirs}
     if "specforge" in args.peers.split(","):
-        inputs = specforge_inputs(out, Path(ours["artefact"]), export)
-        forge = once(out / "specforge.json", lambda: train_specforge(out, args.steps, config, inputs))
+        inputs = specforge_inputs(out, Path(ours["artefact"]), export, target)
+        forge = once(out / "specforge.json", lambda: train_specforge(out, args.steps, config, inputs, target))
         forge["tokens_per_s"] = forge["samples_per_s"] and forge["samples_per_s"] * data["mean_length"]
         result["specforge"], heads["specforge"] = forge, forge["checkpoint"]
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()] if args.concurrency else []
-    result["served"] = judge(heads, args.limit, args.max_new_tokens, args.draft_length, levels)
+    result["served"] = judge(heads, args.limit, args.max_new_tokens, args.draft_length, levels, target) \
+        if args.judge else {}
     result["peers"] = {name: json.loads((peer_dir(name) / RECORD).read_text()) for name in PEERS
                        if (peer_dir(name) / RECORD).is_file()}
     (out / "result.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
@@ -300,10 +335,10 @@ def run(args: argparse.Namespace) -> dict:
 def table(result: dict) -> str:
     rows = ["| trainer | tau (vLLM) | acceptance by position (vLLM) | identical to AR | training tokens/s | peak RSS |",
             "|---|---|---|---|---|---|"]
-    for name in (n for n in ("draftsmith", "speculators", "specforge") if n in result["served"]):
-        s = result["served"][name]
+    for name in (n for n in ("draftsmith", "speculators", "specforge") if n in result):
+        s = result["served"].get(name, {})
         by_pos = " / ".join(f"{a:.3f}" for a in s.get("acceptance_by_position") or [])
-        rows.append(f"| {name} | {s.get('mean_acceptance_length') or float('nan'):.3f} | {by_pos} | "
+        rows.append(f"| {name} | {s.get('mean_acceptance_length') or float('nan'):.3f} | {by_pos or '-'} | "
                     f"{s.get('identical_to_engine_ar')} | "
                     f"{result[name]['tokens_per_s'] or float('nan'):.0f} | "
                     f"{result[name]['process']['peak_rss_mib']:.0f} MiB |")
@@ -325,8 +360,13 @@ def main(argv: list[str] | None = None) -> int:
     st = sub.add_parser("setup", help="make the peers' environments (pinned versions, recorded)")
     st.add_argument("peer", nargs="?", choices=(*PEERS, "all"), default="all")
     r = sub.add_parser("run", help="train both, serve both, compare")
-    r.add_argument("--steps", type=int, default=300, help="optimizer steps of each trainer (eagle3_tiny.yaml's: 300)")
-    r.add_argument("--examples", type=int, default=None, help="training rows (default: eagle3_tiny.yaml's 4,000)")
+    r.add_argument("--target", choices=tuple(TARGETS), default="tiny",
+                   help="the tiny zoo (eagle3_tiny.yaml) or SmolLM2-135M-Instruct (eagle3_smollm2.yaml)")
+    r.add_argument("--steps", type=int, default=300, help="optimizer steps of each trainer (eagle3_tiny.yaml's: 300; "
+                   "eagle3_smollm2.yaml's: 400)")
+    r.add_argument("--examples", type=int, default=None, help="training rows (default: the config's)")
+    r.add_argument("--no-judge", dest="judge", action="store_false",
+                   help="train and time only (no vLLM): the side-by-side training speed")
     r.add_argument("--limit", type=int, default=40, help="held-out dev questions vLLM answers")
     r.add_argument("--max-new-tokens", type=int, default=64)
     r.add_argument("--draft-length", type=int, default=5, help="vLLM's num_speculative_tokens")
