@@ -53,9 +53,13 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def divergence_rows_fn(backend: str, device: torch.device) -> RowsFn:
-    """The per-chunk divergence rows of ``backend`` on ``device``: the Triton kernel's, or the reference's."""
-    if resolve_backend(backend, device) == "triton":
+TRITON_KINDS = ("forward_kl", "reverse_kl", "jsd", "tvd")  # what the Triton kernel computes (its KIND_IDS)
+
+
+def divergence_rows_fn(backend: str, device: torch.device, kind: str = "forward_kl") -> RowsFn:
+    """The per-chunk divergence rows of ``backend`` on ``device``: the Triton kernel's, or the reference's (also for
+    a ``kind`` the kernel does not compute: the LK losses)."""
+    if resolve_backend(backend, device) == "triton" and kind in TRITON_KINDS:
         from draftsmith.kernels.triton_divergence import triton_divergence_rows
 
         return triton_divergence_rows
@@ -101,7 +105,7 @@ def fused_linear_divergence(
         mask=mask,
         reduction=reduction,
         chunk_size=chunk_size,
-        rows_fn=divergence_rows_fn(backend, hidden.device),
+        rows_fn=divergence_rows_fn(backend, hidden.device, kind),
     )
 
 

@@ -15,7 +15,17 @@ name            per-token value                                              ref
 ``jsd``         JSD(beta) = beta KL(p || m) + (1 - beta) KL(q || m),         GKD (Agarwal et al. 2024,
                 m = beta p + (1 - beta) q                                    arXiv:2306.13649), eq. 1
 ``tvd``         TVD(p, q) = 1/2 sum_v |p_v - q_v|                            DistillSpec; Leviathan et al.
+``nla``         -log alpha, alpha = sum_v min(p_v, q_v) = 1 - TVD            LK losses (Samarin et al.
+                                                                             2026, arXiv:2602.23881)
+``lk_hybrid``   lambda KL(p || q) + (1 - lambda) TVD,                        LK losses, the hybrid
+                lambda = exp(-eta sg[alpha]), eta = 3                        objective
 ==============  ===========================================================  =============================
+
+The LK losses optimise the acceptance rate ``alpha`` itself: ``nla``'s gradient is TVD's scaled by ``1 / alpha``,
+which keeps it from vanishing while the draft and the target barely overlap (and makes it the cross-entropy of
+the target's token when the target is a point mass); ``lk_hybrid`` leans on the KL while ``alpha`` is small and
+moves to TVD as it grows (the blend weight is not differentiated). ``eta`` is the paper's best hybrid setting
+(:data:`LK_ETA`); ``alpha`` is floored at :data:`NLA_FLOOR` inside the log.
 
 Generalised JSD convention. ``beta`` weights the *teacher* side, exactly as GKD eq. 1 and TRL's
 ``GKDTrainer.generalized_jsd_loss`` (which this module reproduces to float precision, endpoints
@@ -125,11 +135,39 @@ def total_variation(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tens
     return 0.5 * (student_logprobs.exp() - teacher_logprobs.exp()).abs().sum(-1)
 
 
+LK_ETA = 3.0  # lk_hybrid's blend temperature (the LK paper's best hybrid setting)
+NLA_FLOOR = 1e-5  # nla: alpha floored inside the log
+
+
+def acceptance(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:  # [..., V] -> [...]
+    """``alpha = sum_v min(p_v, q_v) = 1 - TVD(p, q)``: the probability that speculative sampling accepts a draft
+    token drawn from ``q`` (Leviathan et al. 2023, sec. 3)."""
+    return torch.minimum(student_logprobs.exp(), teacher_logprobs.exp()).sum(-1)
+
+
+def neg_log_acceptance(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,
+                       beta: float = 0.5) -> torch.Tensor:
+    """LK's ``nla`` loss ``-log alpha`` (Samarin et al. 2026, arXiv:2602.23881): ``d/dq = (1 / alpha) d TVD / dq``.
+    ``beta`` is ignored. Inputs are log-probabilities ``[..., V]``; returns ``[...]``."""
+    return -acceptance(student_logprobs, teacher_logprobs).clamp_min(NLA_FLOOR).log()
+
+
+def lk_hybrid(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
+    """LK's hybrid loss ``lambda KL(p || q) + (1 - lambda) TVD(p, q)``, ``lambda = exp(-eta sg[alpha])`` (Samarin et
+    al. 2026, the hybrid objective; ``eta`` :data:`LK_ETA`). ``beta`` is ignored. Inputs are log-probabilities
+    ``[..., V]``; returns ``[...]``."""
+    alpha = acceptance(student_logprobs, teacher_logprobs)
+    weight = torch.exp(-LK_ETA * alpha.detach())
+    return weight * forward_kl(student_logprobs, teacher_logprobs) + (1.0 - weight) * (1.0 - alpha)
+
+
 DIVERGENCES: dict[str, DivergenceFn] = {
     "forward_kl": forward_kl,
     "reverse_kl": reverse_kl,
     "jsd": generalized_jsd,
     "tvd": total_variation,
+    "nla": neg_log_acceptance,
+    "lk_hybrid": lk_hybrid,
 }
 
 

@@ -14,6 +14,15 @@ labels, the anchor slot excluded, later slots decayed)::
     L = sum_blocks sum_{k=1}^{B-1} w_k * m_{a,k} * CE(x_{a+k}, softmax(LMHead(h^_{a,k})))
     w_k = exp(-(k-1) / gamma)            (gamma: 7 for B = 16, 5 for B = 10, 4 for B = 8; 0 = no decay)
 
+With ``loss_weighting=dpace`` (D-PACE, arXiv:2605.18810, eqs. 7-9; Model-Optimizer's DFlash default) the slot
+weights come from the draft's own confidence instead of the decay, per block and detached::
+
+    c_k = alpha + (1 - alpha) * q(x_{a+k})    (the draft's probability of the label; 1 where m_{a,k} = 0)
+    C_k = m_{a,k} * prod_{i <= k} c_i          w_k = sum_{j >= k} C_j
+
+(``w_k`` is the expected number of slots accepted from ``k`` on when slot ``i`` passes with ``c_i``), normalised to a
+mean of 1 over the batch's trained slots, which makes the loss the reference's ``sum w CE / sum w``.
+
 ``m_{a,k}`` is 1 where ``x_{a+k}`` exists and is an answer token; ``LMHead`` is the target's, frozen and shared (only
 ``fc``, the norms and the draft layers train). The sum is divided by the trained slots of the accumulation window
 (the base trainer's count; the reference divides by ``sum w``, a constant factor away for a fixed block size).
@@ -35,8 +44,9 @@ from draftsmith.common.errors import ConfigError
 from draftsmith.common.precision import first_argmax
 from draftsmith.inference.drafters.dflash import DFlashDraft, block_visibility, dflash_layers
 from draftsmith.inference.drafters.peagle import mask_token
+from draftsmith.kernels.cross_entropy import cross_entropy_rows
 from draftsmith.trainers.eagle import EagleTrainer
-from draftsmith.trainers.losses import LinearHead, head_cross_entropy, head_rows_map
+from draftsmith.trainers.losses import LinearHead, head_cross_entropy, head_rows_map, head_weighted_cross_entropy
 from draftsmith.trainers.mixins import FeatureCache, SeededBatches, TargetAnswers
 from draftsmith.trainers.mixins import help_text as _help
 
@@ -61,6 +71,12 @@ class DFlashConfig(TargetAnswers, FeatureCache):
     loss_gamma: float = field(default=4.0, metadata=_help("Slot k's loss weight exp(-(k-1)/gamma) (the paper's eq. 4: "
                                                           "7 for blocks of 16, 5 for 10, 4 for 8); 0 = every slot "
                                                           "alike."))
+    loss_weighting: str = field(default="decay", metadata=_help("Slot weights: decay = exp(-(k-1)/loss_gamma) (the "
+                                                                "paper's eq. 4); dpace = D-PACE's, from the draft's "
+                                                                "own confidence in each slot and the slots before it "
+                                                                "(module docstring)."))
+    dpace_alpha: float = field(default=0.5, metadata=_help("loss_weighting=dpace: the confidence floor alpha in "
+                                                           "alpha + (1 - alpha) q, in (0, 1] (the reference's 0.5)."))
     mask_token_id: int = field(default=-1, metadata=_help("The mask token; -1 = the tokenizer's mask token, else its "
                                                           "pad, unknown or end-of-sequence token."))
     draft_length: int = field(default=0, metadata=_help("Evaluation: tokens drafted per step, the block's first N "
@@ -71,6 +87,9 @@ class DFlashConfig(TargetAnswers, FeatureCache):
         self.check_answers()
         if int(self.draft_layers) < 1 or int(self.anchors) < 1 or int(self.block_size) < 2:
             raise ConfigError("draft_layers and anchors must be >= 1 and block_size >= 2")
+        if self.loss_weighting not in ("decay", "dpace") or not 0.0 < float(self.dpace_alpha) <= 1.0:
+            raise ConfigError(f"loss_weighting={self.loss_weighting!r}, dpace_alpha={self.dpace_alpha}: choose decay "
+                              "or dpace, and dpace_alpha in (0, 1]")
         if float(self.loss_gamma) < 0:
             raise ConfigError(f"loss_gamma={self.loss_gamma} must be >= 0 (0 = no decay)")
         if not 0 <= int(self.draft_length) <= int(self.block_size) - 1:
@@ -129,6 +148,19 @@ def build_dflash(models: dict, config: DFlashConfig, tokenizer=None) -> DFlashTr
     draft = DFlashDraft.for_target(target, int(config.draft_layers), config.target_layers(target),
                                    int(config.block_size), mask)
     return DFlashTraining(draft).float()
+
+
+def dpace_weights(probs: torch.Tensor, labelled: torch.Tensor, alpha: float) -> torch.Tensor:  # [..., K] -> same
+    """D-PACE's slot weights (arXiv:2605.18810, eqs. 7-9; module docstring) from the draft's probabilities of the
+    labels ``probs`` and which slots are ``labelled``, per block along the last dim: ``c = alpha + (1 - alpha) q``
+    (1 where unlabelled), ``C_k = m_k prod_{i <= k} c_i``, ``w_k = sum_{j >= k} C_j``; then scaled to a mean of 1
+    over the labelled slots (0 elsewhere). Constants: no gradient."""
+    with torch.no_grad():
+        m = labelled.to(torch.float32)
+        c = torch.where(labelled, alpha + (1.0 - alpha) * probs.float(), torch.ones_like(m))
+        run = m * c.cumprod(-1)  # C_k
+        w = run.flip(-1).cumsum(-1).flip(-1) * m  # suffix sums, labelled slots only
+        return w * (m.sum() / w.sum().clamp_min(1e-12))
 
 
 def sample_anchors(labels: torch.Tensor, count: int,
@@ -215,13 +247,34 @@ class DFlashTrainer(SeededBatches, EagleTrainer):
 
     def _slots_loss(self, states: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """``sum_k w_k sum_blocks CE_k`` over the trained slots (module docstring): ``states`` ``[B, N, blk, H]``,
-        ``targets`` ``[B, N, blk]``."""
+        ``targets`` ``[B, N, blk]``; D-PACE's weights per block and slot with ``loss_weighting=dpace``."""
+        cfg = self.method_config
         head = LinearHead(self.teacher_module.get_output_embeddings(), called=self.sharded())
         total = states.new_zeros((), dtype=torch.float32)
-        for k, w in enumerate(self.method_config.slot_weights(), start=1):
+        if cfg.loss_weighting == "dpace":
+            weights = dpace_weights(self._label_probs(states, targets, head), targets[..., 1:] != IGNORE,
+                                    float(cfg.dpace_alpha))  # [B, N, blk-1]
+            for k in range(1, targets.shape[-1]):
+                keep = targets[:, :, k] != IGNORE
+                total = total + head_weighted_cross_entropy(states[:, :, k][keep], head, targets[:, :, k][keep],
+                                                            weights[:, :, k - 1][keep])
+            return total
+        for k, w in enumerate(cfg.slot_weights(), start=1):
             keep = targets[:, :, k] != IGNORE
             total = total + w * head_cross_entropy(states[:, :, k][keep], head, targets[:, :, k][keep])
         return total
+
+    @staticmethod
+    def _label_probs(states: torch.Tensor, targets: torch.Tensor, head: LinearHead) -> torch.Tensor:
+        """``q(x_{a+k})`` ``[B, N, blk-1]``, the draft's probability of each slot's label (0 where unlabelled), no
+        gradient."""
+        probs = torch.zeros(targets[..., 1:].shape, dtype=torch.float32, device=targets.device)
+        for k in range(1, targets.shape[-1]):
+            keep = targets[:, :, k] != IGNORE
+            logq = head_rows_map(states[:, :, k][keep].detach(), head, lambda z, y, _: -cross_entropy_rows(z, y),
+                                 labels=targets[:, :, k][keep])
+            probs[:, :, k - 1][keep] = logq.to(probs.device).exp()
+        return probs
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Held-out loss with anchors drawn by a fixed seed, and per slot the top-1 hits, the trained slots, and the
@@ -261,5 +314,5 @@ class DFlashTrainer(SeededBatches, EagleTrainer):
         return {"slot1_top1": self.top1, "predicted_tau": self.block_tau}
 
 
-__all__ = ["DFlashConfig", "DFlashTrainer", "DFlashTraining", "block_inputs", "build_dflash",
+__all__ = ["DFlashConfig", "DFlashTrainer", "DFlashTraining", "block_inputs", "build_dflash", "dpace_weights",
            "sample_anchors"]

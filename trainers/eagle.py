@@ -304,7 +304,7 @@ class EagleTrainer(FrozenTargetTrainer):
             labelled = torch.stack([ttt_anchors(labels, j) for j in range(steps)])  # [K, B, A]
             keep = torch.stack([ttt_anchors(labels, j, draftable) for j in range(steps)])  # [K, B, A] position_mask
         total, ce_sums, tops = model(features, step_embeds, keep, following, target_head, cfg.step_weights(steps),
-                                     self.sharded(), top1)
+                                     self.sharded(), top1, cfg.token_loss)
         if not top1:
             return total, ce_sums, None
         hits = [torch.stack([(top == shifted(label_top1, j)[keep[j]]).sum().float(), labelled[j].sum().float()])

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftsmith.common.errors import ConfigError
+from draftsmith.kernels.divergences import DIVERGENCES
 from draftsmith.trainers.mixins import FeatureCache, TargetAnswers
 from draftsmith.trainers.mixins import help_text as _help
 
@@ -50,6 +51,11 @@ class EagleConfig(TargetAnswers, FeatureCache):
                                                        "head (EAGLE-3's fc has none). vLLM's EAGLE-1 fc has no bias: "
                                                        "the vllm-eagle export folds it into the layer's attention "
                                                        "biases (exact)."))
+    token_loss: str = field(default="ce", metadata=_help("EAGLE-3 / P-EAGLE: each unrolled step's loss against the "
+                                                         "target's distribution over the draft vocabulary. ce = its "
+                                                         "cross-entropy (the reference's); nla or lk_hybrid = the LK "
+                                                         "losses, which optimise the acceptance rate itself; "
+                                                         "forward_kl, reverse_kl, jsd, tvd as DistillSpec's."))
     reg_weight: float = field(default=1.0, metadata=_help("Weight of the smooth-L1 feature regression (EAGLE: 1.0)."))
     cls_weight: float = field(default=0.1, metadata=_help("Weight of the token cross-entropy (EAGLE: 0.1)."))
     noise: float = field(default=0.1, metadata=_help("Uniform noise U(-noise, noise) on the input features (EAGLE: "
@@ -87,6 +93,8 @@ class EagleConfig(TargetAnswers, FeatureCache):
         if self.variant == "peagle" and int(self.draft_length) > int(self.ttt_steps):
             raise ConfigError(f"P-EAGLE drafts at most its trained depths: draft_length={self.draft_length} > "
                               f"ttt_steps={self.ttt_steps}; raise ttt_steps or lower draft_length")
+        if self.token_loss != "ce" and self.token_loss not in DIVERGENCES:
+            raise ConfigError(f"token_loss={self.token_loss!r} is unknown: choose ce or one of {', '.join(DIVERGENCES)}")
         if not 0.0 < float(self.depth_r) <= 1.0 or not 0.0 <= float(self.depth_r_min) <= 1.0:
             raise ConfigError("depth_r must be in (0, 1] and depth_r_min in [0, 1]")
 

@@ -47,7 +47,8 @@ from draftsmith.trainers.logits import draft_argmax, head_rows, logit_transform,
 __all__ = ["DIVERGENCES", "LinearHead", "acceptance_from_tvd", "acceptance_rows", "check_divergence_args",
            "check_plain_logits", "divergence", "divergence_per_token", "forward_kl", "generalized_jsd",
            "head_cross_entropy", "head_divergence", "head_loss", "head_rows_map", "head_soft_cross_entropy",
-           "last_hidden", "plain_linear", "reverse_kl", "sequence_kd_nll", "token_sum", "total_variation"]
+           "head_weighted_cross_entropy", "last_hidden", "plain_linear", "reverse_kl", "sequence_kd_nll", "token_sum",
+           "total_variation"]
 
 
 def acceptance_from_tvd(tvd: torch.Tensor | float) -> torch.Tensor | float:
@@ -194,6 +195,22 @@ def head_cross_entropy(
     weight, bias = head.weights()
     return fused_linear_cross_entropy(hidden, weight, labels, bias=bias, ignore_index=IGNORE_INDEX,
                                       label_smoothing=label_smoothing, reduction="sum", chunk_size=chunk_size)
+
+
+def head_weighted_cross_entropy(
+    hidden: torch.Tensor,  # [N, H]
+    head: LinearHead,
+    labels: torch.Tensor,  # [N], IGNORE_INDEX = not counted
+    weights: torch.Tensor,  # [N] frozen per-row weights
+    *,
+    chunk_size: int | None = None,
+) -> torch.Tensor:  # scalar float32
+    """``sum_t w_t CE(softmax(head(h_t)), y_t)`` over the labelled tokens, chunked; the weights are constants (no
+    gradient flows to them). Each chunk reads its rows' labels and weights by row index."""
+    w = weights.detach().to(torch.float32)
+    rows = torch.arange(labels.shape[0], device=labels.device)
+    return head_loss(hidden, head, lambda z, i, _: w[i].to(z.device) * cross_entropy_rows(z, labels[i].to(z.device)),
+                     labels=rows, mask=labels != IGNORE_INDEX, chunk_size=chunk_size)
 
 
 def head_soft_cross_entropy(

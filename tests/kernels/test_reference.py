@@ -17,7 +17,8 @@ from draftsmith.kernels import (
 from draftsmith.kernels.reference import default_chunk_size
 
 N, V, H, HT = 37, 1000, 24, 20
-CASES = [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.5), ("jsd", 0.1), ("jsd", 1.0), ("tvd", 0.5)]
+CASES = [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.5), ("jsd", 0.1), ("jsd", 1.0), ("tvd", 0.5), ("nla", 0.5),
+         ("lk_hybrid", 0.5)]
 TOL = {torch.float32: dict(rtol=2e-5, atol=1e-6), torch.bfloat16: dict(rtol=1e-2, atol=1e-2)}
 
 

@@ -89,3 +89,53 @@ def test_the_loss_is_the_weighted_cross_entropy_of_the_slots(tmp_path):
                     for k, w in enumerate(cfg.slot_weights(), start=1))
     assert float(total.detach()) == pytest.approx(float(plain), rel=1e-5)
     assert int(trainer.count_loss_tokens(inputs)) == int((targets != IGNORE).sum()) > 0
+
+
+def test_dpace_weights_are_suffix_sums_of_the_confidence_products():
+    """D-PACE (arXiv:2605.18810, eqs. 7-9): c = alpha + (1 - alpha) q, C_k = m_k prod_{i<=k} c_i, w_k = sum_{j>=k}
+    C_j, scaled to a mean of 1 over the labelled slots; alpha = 1 (no confidence) counts the labelled slots ahead."""
+    from draftsmith.trainers.dflash import dpace_weights
+
+    probs = torch.tensor([[0.8, 0.5, 0.2], [0.9, 0.0, 0.0]])
+    labelled = torch.tensor([[True, True, True], [True, False, False]])
+    c = [0.5 + 0.5 * 0.8, 0.5 + 0.5 * 0.5, 0.5 + 0.5 * 0.2]
+    run = [c[0], c[0] * c[1], c[0] * c[1] * c[2]]
+    raw = torch.tensor([[sum(run), run[1] + run[2], run[2]], [0.5 + 0.5 * 0.9, 0.0, 0.0]])
+    want = raw * 4 / raw.sum()  # 4 labelled slots
+    assert torch.allclose(dpace_weights(probs, labelled, 0.5), want)
+    counted = dpace_weights(probs, labelled, 1.0)
+    assert torch.allclose(counted, torch.tensor([[3.0, 2.0, 1.0], [1.0, 0.0, 0.0]]) * 4 / 7)
+
+
+def test_the_dpace_loss_is_the_confidence_weighted_cross_entropy_and_its_weights_take_no_gradient(tmp_path):
+    """loss_weighting=dpace: loss_sum equals sum w CE (w from the draft's own probabilities, no gradient through
+    them), and its gradient is the plain CE's weighted by the same constants."""
+    from transformers import TrainingArguments
+
+    from draftsmith.trainers.dflash import DFlashTrainer, dpace_weights
+
+    torch.manual_seed(0)
+    target = random_model("llama", seed=0, layers=4)
+    cfg = DFlashConfig(block_size=4, anchors=3, data_mode="fixed", draft_layers=1, loss_weighting="dpace")
+    module = build_dflash({"target": target}, cfg)
+    trainer = DFlashTrainer(module, target, cfg, args=TrainingArguments(output_dir=str(tmp_path), report_to=[],
+                                                                        use_cpu=True))
+    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(1))
+    labels = torch.where(_labels() != IGNORE, ids, IGNORE)
+    inputs = trainer.prepare_training_batch(module, {"input_ids": ids, "labels": labels,
+                                                     "attention_mask": torch.ones_like(ids)})
+    states = trainer._block_states(module, inputs)
+    total = trainer._slots_loss(states, inputs["block_targets"])
+    targets = inputs["block_targets"]
+    logits = target.get_output_embeddings()(states).float()  # [B, N, 4, V]
+    ce = torch.nn.functional.cross_entropy(logits[:, :, 1:].flatten(0, 2), targets[:, :, 1:].clamp(min=0).flatten(),
+                                           reduction="none").view(targets[:, :, 1:].shape)  # [B, N, 3]
+    weights = dpace_weights((-ce).exp().detach(), targets[:, :, 1:] != IGNORE, 0.5)
+    plain = (weights * torch.where(targets[:, :, 1:] != IGNORE, ce, 0.0)).sum()
+    assert float(total.detach()) == pytest.approx(float(plain.detach()), rel=1e-5)
+    params = [p for p in module.parameters() if p.requires_grad]
+    got = torch.autograd.grad(total, params, retain_graph=True)
+    want = torch.autograd.grad(plain, params)
+    assert all(torch.allclose(g, w, atol=1e-6, rtol=1e-4) for g, w in zip(got, want))
+    with pytest.raises(Exception, match="loss_weighting"):
+        DFlashConfig(loss_weighting="cumprod")

@@ -650,3 +650,42 @@ def test_ttt_attention_equals_attention_under_the_visibility_mask(step):
     grads = torch.autograd.grad((ours * weights).sum(), [q, *keys, *values])
     ref_grads = torch.autograd.grad((ref * weights).sum(), [q, *keys, *values])
     assert all(torch.allclose(g, r, atol=1e-5) for g, r in zip(grads, ref_grads))
+
+
+def test_eagle3_token_loss_choices_against_the_cross_entropy():
+    """token_loss: forward_kl has the cross-entropy's gradients (they differ by the target's entropy, a constant);
+    nla and lk_hybrid are their divergences of the same two distributions over the draft vocabulary, step by step."""
+    from draftsmith.inference.drafters.eagle import Eagle3Head, draft_vocab
+    from draftsmith.kernels.divergences import divergence_per_token
+    from draftsmith.trainers.eagle3 import shifted, unrolled_states
+    from draftsmith.trainers.eagle3_loss import Eagle3Training
+
+    target = random_model("llama", seed=0, layers=4)
+    d2t, t2d = draft_vocab(torch.arange(128), 64)
+    gen = torch.Generator().manual_seed(5)
+    feats = torch.randn(2, 16, 3 * target.config.hidden_size, generator=gen)  # [B, A, 3Ht]
+    embeds = torch.randn(3, 2, 16, target.config.hidden_size, generator=gen)  # [K, B, A, H]
+    keep = torch.rand(3, 2, 16, generator=gen) > 0.3  # [K, B, A]
+    following = torch.randn(2, 16, target.config.hidden_size, generator=gen)  # [B, A, Ht]
+    lm_head = target.get_output_embeddings()
+    runs = {}
+    for loss in ("ce", "forward_kl", "nla", "lk_hybrid"):
+        torch.manual_seed(0)
+        module = Eagle3Training(Eagle3Head.for_target(target, d2t, t2d), recompute=False).train()
+        total, per_step, _ = module(feats, embeds, keep, following, lm_head, 0.8, token_loss=loss)
+        total.backward()
+        runs[loss] = (total.detach(), per_step, {n: p.grad for n, p in module.named_parameters() if p.grad is not None})
+    for name, grad in runs["ce"][2].items():
+        assert torch.allclose(grad, runs["forward_kl"][2][name], rtol=1e-4, atol=1e-6), name
+    with torch.no_grad():
+        rows = t2d.nonzero().squeeze(1)
+        for loss in ("nla", "lk_hybrid"):
+            for j, hidden in enumerate(unrolled_states(module.head, feats, embeds)):
+                draft_logits = module.head.draft_logits(hidden[keep[j]])  # [N_j, Vd]
+                target_logits = lm_head(shifted(following, j)[keep[j]])[:, rows]  # [N_j, Vd]
+                want = divergence_per_token(draft_logits, target_logits, loss).sum()
+                assert float(runs[loss][1][j]) == pytest.approx(float(want), rel=1e-4), (loss, j)
+    with pytest.raises(Exception, match="token_loss"):
+        from draftsmith.trainers.eagle_config import EagleConfig
+
+        EagleConfig(variant="eagle3", token_loss="hinge")

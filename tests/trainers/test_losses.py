@@ -59,6 +59,12 @@ def numpy_divergence(student: np.ndarray, teacher: np.ndarray, kind: str, beta: 
         return kl(q, p)
     if kind == "tvd":
         return 0.5 * np.abs(p - q).sum(-1)
+    alpha = np.minimum(p, q).sum(-1)  # the acceptance rate, for the LK losses (Samarin et al. 2026)
+    if kind == "nla":
+        return -np.log(np.maximum(alpha, 1e-5))
+    if kind == "lk_hybrid":
+        weight = np.exp(-3.0 * alpha)
+        return weight * kl(p, q) + (1 - weight) * (1 - alpha)
     if beta == 0.0:
         return kl(p, q)
     if beta == 1.0:
@@ -273,3 +279,21 @@ def test_jsd_matches_trl_gkd_trainer(beta):
     trl_loss = gkd.GKDTrainer.generalized_jsd_loss(student, teacher, beta=beta, temperature=1.7)  # sum / batch
     ours = divergence(student, teacher, "jsd", beta=beta, temperature=1.7, reduction="sum") / 2
     assert ours.item() == pytest.approx(trl_loss.item(), rel=1e-5)
+
+
+def test_lk_losses_against_their_definitions():
+    """LK losses (Samarin et al. 2026): nla's gradient is TVD's divided by alpha, nla is the cross-entropy of the
+    target's token when the target is a point mass, and lk_hybrid's gradient blends KL's and TVD's with the weight
+    exp(-3 alpha) held constant."""
+    gen = torch.Generator().manual_seed(0)
+    student = torch.randn(4, 7, generator=gen, dtype=torch.float64, requires_grad=True)
+    teacher = torch.randn(4, 7, generator=gen, dtype=torch.float64)
+    grad = lambda kind: torch.autograd.grad(divergence_per_token(student, teacher, kind).sum(), student)[0]  # noqa: E731
+    alpha = 1 - divergence_per_token(student, teacher, "tvd").detach()  # [4]
+    assert torch.allclose(grad("nla"), grad("tvd") / alpha[:, None])
+    weight = torch.exp(-3.0 * alpha)[:, None]
+    assert torch.allclose(grad("lk_hybrid"), weight * grad("forward_kl") + (1 - weight) * grad("tvd"))
+    point = torch.full((4, 7), -math.inf, dtype=torch.float64)
+    point[torch.arange(4), torch.tensor([0, 3, 6, 2])] = 0.0  # one-hot targets
+    ce = torch.nn.functional.cross_entropy(student, torch.tensor([0, 3, 6, 2]), reduction="none")
+    assert torch.allclose(divergence_per_token(student, point, "nla"), ce)
