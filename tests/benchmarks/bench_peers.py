@@ -104,12 +104,17 @@ def once(path: Path, make) -> dict:
     return result
 
 
-def train_draftsmith(out: Path, steps: int, examples: int | None = None, target: str = "tiny") -> dict:
+def train_draftsmith(out: Path, steps: int, examples: int | None = None, target: str = "tiny",
+                     recipe: str = "eagle", cache: Path | None = None) -> dict:
+    """draftsmith's ``recipe`` on the target's config (``dflash``: dflash_tiny.yaml) from the cache under ``cache``
+    (default :func:`cache_root`); the Trainer's own runtime and epochs, for its tokens/s."""
     run = out / "draftsmith"
-    argv = [str(ROOT / ".venv" / "bin" / "draftsmith"), "train", "eagle", "--config",
-            str(ROOT / "recipes" / "configs" / TARGETS[target]), "features=offline",
-            f"feature_cache_dir={cache_root(out, target)}", f"output_dir={run}", f"max_steps={steps}", "evaluate=false",
-            "calibrate_tree=false", "tune=false", "report_to=none", f"save_steps={steps}", f"eval_steps={steps}",
+    config = "dflash_tiny.yaml" if recipe == "dflash" else TARGETS[target]
+    argv = [str(ROOT / ".venv" / "bin" / "draftsmith"), "train", recipe, "--config",
+            str(ROOT / "recipes" / "configs" / config), "features=offline",
+            f"feature_cache_dir={cache or cache_root(out, target)}", f"output_dir={run}", f"max_steps={steps}",
+            "evaluate=false", "tune=false", "report_to=none", f"save_steps={steps}", f"eval_steps={steps}",
+            *(["calibrate_tree=false"] if recipe == "eagle" else []),
             *([f"max_train_examples={examples}", f"draft_vocab_prompts={min(examples, 512)}"] if examples else [])]
     process = timed(argv, out / "draftsmith_train.log")
     state = json.loads((run / f"checkpoint-{steps}" / "trainer_state.json").read_text())
@@ -202,12 +207,17 @@ def train_speculators(out: Path, steps: int, data: dict, config: dict, target: s
             "--draft-attn-impl", "sdpa", "--hidden-states-dtype", "bfloat16", "--num-workers", "0",
             "--train-data-ratio", "0.98", "--mask-token-id", "0", "--log-freq", "10"]
     process = timed(argv, out / "speculators_train.log", env={"METRICS_JSONL": str(metrics)})
+    checkpoint = max((p for p in save.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    return {"process": process, "tokens_per_s": speculators_rate(metrics), "tokens_per_step": per_step,
+            "checkpoint": str(checkpoint)}
+
+
+def speculators_rate(metrics: Path) -> float | None:
+    """speculators' own per-step ``tokens_per_s`` (the step alone, data loading excluded), averaged."""
     records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
     rates = [r["profile"]["tokens_per_s"] for r in records if isinstance(r.get("profile"), dict)
              and r["profile"].get("tokens_per_s")]
-    checkpoint = max((p for p in save.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
-    return {"process": process, "tokens_per_s": sum(rates) / len(rates) if rates else None,
-            "tokens_per_step": per_step, "checkpoint": str(checkpoint)}
+    return sum(rates) / len(rates) if rates else None
 
 
 def specforge_inputs(out: Path, artefact: Path, export: Path, target: str = "tiny") -> Path:
@@ -273,8 +283,8 @@ def train_specforge(out: Path, steps: int, config: dict, inputs: Path, target: s
 
 
 def judge(heads: dict[str, str], limit: int, max_new_tokens: int, k: int, concurrency: list[int],
-          target: str = "tiny") -> dict:
-    """Each head served by vLLM (``eagle3``, ``k`` tokens) on the same dev questions' first turns, and its output
+          target: str = "tiny", method: str = "eagle3") -> dict:
+    """Each head served by vLLM (``method``, ``k`` tokens) on the same dev questions' first turns, and its output
     tokens/s against vLLM's AR in waves of each ``concurrency``."""
     from dataclasses import replace
 
@@ -288,17 +298,78 @@ def judge(heads: dict[str, str], limit: int, max_new_tokens: int, k: int, concur
     python = engine_python()
     versions = engine_versions(python)
     model_dir, tokenizer_dir = target_dirs(target)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    verifier = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
     questions = [replace(q, turns=q.turns[:1]) for q in read_questions("dev", limit=limit)]
     out = {"vllm": versions}
-    for name, model in heads.items():
-        method = EngineMethod({"method": "eagle3", "model": model, "num_speculative_tokens": k}, {})
-        report = engine_evaluate(model, tokenizer, questions, method, python=python, model_dir=str(model_dir),
+    for name, head in heads.items():
+        engine = EngineMethod({"method": method, "model": head, "num_speculative_tokens": k}, {})
+        report = engine_evaluate(verifier, tokenizer, questions, engine, python=python, model_dir=str(model_dir),
                                  tokenizer_dir=str(tokenizer_dir), max_new_tokens=max_new_tokens, threads=1,
                                  concurrency=concurrency)
         out[name] = report["summary"] | {"throughput": report["throughput"]}
     return out
+
+
+def run_dflash(args: argparse.Namespace) -> dict:
+    """DFlash against speculators' ``dflash`` on the tiny zoo: the EAGLE-3 bench's rows and cache (its layers 1, 2, 3
+    and the last hold DFlash's 1 and 3, and the last layer speculators' targets come from), dflash_tiny.yaml's
+    settings on both sides (2 Qwen3 layers, blocks of 8, anchors, CE decayed exp(-(k-1)/4)), served by vLLM's
+    ``dflash`` with the block's 7 tokens."""
+    import yaml
+
+    caches = sorted(Path(args.out).glob("steps*/cache"))
+    if not caches:
+        raise SystemExit(f"no EAGLE-3 bench cache under {args.out}: run `bench_peers.py run` (EAGLE-3) first")
+    out = Path(args.out) / "dflash" / f"steps{args.steps}"
+    out.mkdir(parents=True, exist_ok=True)
+    config = yaml.safe_load((ROOT / "recipes" / "configs" / "dflash_tiny.yaml").read_text())
+    ours = once(out / "draftsmith.json", lambda: train_draftsmith(out, args.steps, recipe="dflash", cache=caches[0]))
+    cache = train_cache(caches[0].parent)
+    manifest = json.loads((cache / "manifest.json").read_text())
+    ours["tokens_per_s"] = manifest["tokens"] * ours["epochs"] / ours["train_runtime"]
+    from transformers import AutoConfig
+
+    from draftsmith.inference.drafters.dflash import dflash_layers
+
+    layers = list(dflash_layers(AutoConfig.from_pretrained(tiny_target()).num_hidden_layers, int(config["draft_layers"])))
+    data = out / "speculators_data"
+    if not (data / "dataset_info.json").is_file():
+        subprocess.run([str(peer_python()), str(PEERS_DIR / "to_speculators.py"), str(cache), str(tiny_target()),
+                        str(data), ",".join(map(str, layers))], check=True, cwd=ROOT)
+    per_step = round(int(config["per_device_train_batch_size"]) * manifest["tokens"] / manifest["rows"])
+    save = out / "speculators"
+    argv = [str(peer_python()), str(PEERS_DIR / "speculators_cpu.py"), "--speculator-type", "dflash",
+            "--verifier-name-or-path", str(tiny_target()), "--data-path", str(data), "--hidden-states-path",
+            str(data / "hidden_states"), "--on-missing", "raise", "--target-layer-ids", *map(str, layers),
+            "--num-layers", str(config["draft_layers"]), "--full-attention-indices",
+            *map(str, range(int(config["draft_layers"]))), "--sliding-window-non-causal", "--block-size",
+            str(config["block_size"]), "--max-anchors",
+            str(int(config["anchors"]) * int(config["per_device_train_batch_size"])),
+            "--mask-token-id", "0", "--loss-fn", "ce", "--per-position-loss-weight", "fixed-exp-decay",
+            "--dflash-decay-gamma", str(config["loss_gamma"]), "--total-seq-len", str(per_step), "--optimizer",
+            "adamw", "--lr", str(config["learning_rate"]), "--weight-decay", str(config["weight_decay"]),
+            "--scheduler-type", "cosine", "--scheduler-warmup-ratio",
+            str(min(int(config["warmup_steps"]) / args.steps, 0.99)), "--epochs", "1", "--max-steps", str(args.steps),
+            "--seed", str(config["seed"]), "--save-path", str(save), "--no-resume-from-checkpoint",
+            "--loss-implementation", "eager", "--draft-attn-impl", "sdpa", "--hidden-states-dtype", "bfloat16",
+            "--num-workers", "0", "--train-data-ratio", "0.98", "--log-freq", "10"]
+    metrics = out / "speculators_metrics.jsonl"
+    theirs = once(out / "speculators.json", lambda: {
+        "process": timed(argv, out / "speculators_train.log", env={"METRICS_JSONL": str(metrics)}),
+        "tokens_per_s": speculators_rate(metrics), "tokens_per_step": per_step,
+        "checkpoint": str(max((p for p in save.iterdir() if p.is_dir() and p.name.isdigit()),
+                              key=lambda p: int(p.name)))})
+    export = out / "draftsmith_dflash"
+    if not (export / "config.json").is_file():
+        subprocess.run([str(ROOT / ".venv" / "bin" / "draftsmith"), "export", "--artefact", ours["artefact"],
+                        "--format", "vllm-dflash", "--out", str(export)], check=True, cwd=ROOT)
+    result = {"method": "dflash", "steps": args.steps, "draftsmith": ours, "speculators": theirs}
+    heads = {"draftsmith": str(export), "speculators": theirs["checkpoint"]}
+    result["served"] = judge(heads, args.limit, args.max_new_tokens, int(config["block_size"]) - 1, [],
+                             method="dflash") if args.judge else {}
+    (out / "result.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return result
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -340,7 +411,7 @@ def table(result: dict) -> str:
         by_pos = " / ".join(f"{a:.3f}" for a in s.get("acceptance_by_position") or [])
         rows.append(f"| {name} | {s.get('mean_acceptance_length') or float('nan'):.3f} | {by_pos or '-'} | "
                     f"{s.get('identical_to_engine_ar')} | "
-                    f"{result[name]['tokens_per_s'] or float('nan'):.0f} | "
+                    f"{result[name].get('tokens_per_s') or float('nan'):.0f} | "
                     f"{result[name]['process']['peak_rss_mib']:.0f} MiB |")
     measured = [v["throughput"] for v in result["served"].values() if isinstance(v, dict) and v.get("throughput")]
     levels = [t["concurrency"] for t in measured[0]] if measured else []
@@ -365,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--steps", type=int, default=300, help="optimizer steps of each trainer (eagle3_tiny.yaml's: 300; "
                    "eagle3_smollm2.yaml's: 400)")
     r.add_argument("--examples", type=int, default=None, help="training rows (default: the config's)")
+    r.add_argument("--method", choices=("eagle3", "dflash"), default="eagle3",
+                   help="eagle3 (draftsmith, speculators, SpecForge) or dflash (draftsmith and speculators' dflash, "
+                   "the tiny zoo, on the EAGLE-3 bench's rows: run that first)")
     r.add_argument("--no-judge", dest="judge", action="store_false",
                    help="train and time only (no vLLM): the side-by-side training speed")
     r.add_argument("--limit", type=int, default=40, help="held-out dev questions vLLM answers")
@@ -379,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in PEERS if args.peer == "all" else [args.peer]:
             print(json.dumps(setup(name), indent=1))
         return 0
-    result = run(args)
+    result = run_dflash(args) if args.method == "dflash" else run(args)
     print(table(result))
     return 0
 
