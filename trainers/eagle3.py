@@ -70,7 +70,7 @@ def unrolled_states(head: Eagle3Head, features: torch.Tensor, step_embeds: torch
     are the same; it costs a third more head compute, worth it where those activations do not fit (long rows, wide
     heads), not at SmolLM2's or the tiny zoo's shapes."""
     steps, b, a = step_embeds.shape[:3]
-    hidden = head.fc(features)  # [B, A, H]: g
+    hidden = head.fuse_concat(features)  # [B, A, H]: g
     placeholder = head.mask_state().expand(b, a, -1) if hasattr(head, "mask_hidden") else None  # P-EAGLE: [B, A, H]
     past: list[torch.Tensor] = []  # keys, values of steps 0 .. j-1, [B, KV, A, D] each
     run = partial(checkpoint, partial(_unrolled_step, head), use_reentrant=False) \
@@ -102,7 +102,7 @@ def _unrolled_step(head: Eagle3Head, embeds: torch.Tensor, hidden: torch.Tensor,
     v = v.transpose(1, 2)
     out = ttt_attention(q, [*past[0::2], k], [*past[1::2], v], float(attn.scaling))  # [B, N, A, D]
     h = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, a, -1))
-    return h + layer.mlp(layer.post_attention_layernorm(h)), k, v
+    return head.fed_back(h + layer.mlp(layer.post_attention_layernorm(h))), k, v
 
 
 def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # [B, N, A, D] -> same

@@ -35,7 +35,7 @@ class Eagle3Training(Eagle3TTT):
         total = features.new_zeros((), dtype=torch.float32)
         ce_sums, tops = [], []
         for j, hidden in enumerate(unrolled_states(self.head, features, step_embeds, self.recompute)):
-            rows = self.head.norm(hidden[keep[j]])  # [N_j, H]
+            rows = self.head.logits_input(hidden[keep[j]])  # [N_j, H]: what the draft LM head reads
             labels = shifted(label_hidden, j)[keep[j]]  # [N_j, Ht]: p_{t+2+j}, from the target's state at t+1+j
             ce = head_soft_cross_entropy(rows, draft, labels, label_head) if token_loss == "ce" else \
                 head_divergence(rows, draft, labels, label_head, kind=token_loss)

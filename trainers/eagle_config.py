@@ -51,6 +51,10 @@ class EagleConfig(TargetAnswers, FeatureCache):
                                                        "head (EAGLE-3's fc has none). vLLM's EAGLE-1 fc has no bias: "
                                                        "the vllm-eagle export folds it into the layer's attention "
                                                        "biases (exact)."))
+    fc_norm: bool = field(default=False, metadata=_help("EAGLE-3.1 (EAGLE-3 / P-EAGLE): an RMSNorm on each fused "
+                                                         "target layer before fc (against the layers' scale drift)."))
+    norm_output: bool = field(default=False, metadata=_help("EAGLE-3.1: the next unrolled or drafted step reads the "
+                                                            "head's normed output instead of its pre-norm state."))
     token_loss: str = field(default="ce", metadata=_help("EAGLE-3 / P-EAGLE: each unrolled step's loss against the "
                                                          "target's distribution over the draft vocabulary. ce = its "
                                                          "cross-entropy (the reference's); nla or lk_hybrid = the LK "

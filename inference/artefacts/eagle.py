@@ -19,9 +19,10 @@ engines' loaders in tests/contracts/engines.json), and reading an export back in
   (:func:`fold_fc_bias`); SGLang: ``["LlamaForCausalLMEagle"]`` and an ``fc.bias`` always (zeros for a head trained
   without one: SGLang's ``fc`` has a bias and would keep it randomly initialised otherwise).
 
-Keys the engines read differently are never written (``norm_before_residual``, ``norm_before_fc``,
-``norm_output``; ``bias``, an fc bias in SGLang and q/k/v/o biases in vLLM, only in the vllm-eagle layout of a folded
-fc bias).
+Keys the engines read differently are never written (``norm_before_residual``, ``norm_before_fc``; ``bias``, an fc
+bias in SGLang and q/k/v/o biases in vLLM, only in the vllm-eagle layout of a folded fc bias). EAGLE-3.1's
+``fc_norm`` and ``norm_output`` (:func:`eagle31_keys`) are written only for a head trained with them: vLLM's EAGLE-3
+model reads both (0.32), an engine that does not would serve such a head wrongly.
 """
 
 from __future__ import annotations
@@ -69,7 +70,16 @@ def layer_config(head, target_config, fmt: str) -> dict:
         config["eagle_aux_hidden_state_layer_ids"] = layers  # vLLM's (preferred there); written for every depth
         if isinstance(head, PEagleHead):  # vLLM's parallel drafting reads the placeholder token from here
             config["mask_token_id"] = config["pard_token"] = head.mask_token_id
+        config |= eagle31_keys(head)
     return config
+
+
+def eagle31_keys(head) -> dict:
+    """EAGLE-3.1's switches as vLLM's EAGLE-3 model (and the speculators layout) read them, only where on: ``fc_norm``
+    (an RMSNorm per fused layer, ``fc_norm.{i}.weight`` in ascending layer order) and ``norm_output`` (the normed
+    output fed back)."""
+    return {k: True for k, on in (("fc_norm", getattr(head, "fc_norm", None) is not None),
+                                  ("norm_output", getattr(head, "norm_output", False))) if on}
 
 
 def ascending_fc(fc: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:  # [H, k Ht] -> [H, k Ht]
@@ -89,6 +99,10 @@ def eagle_tensors(head, fmt: str) -> dict[str, torch.Tensor]:
         state["fc.weight"] = ascending_fc(state["fc.weight"], head.hidden_layers)
         if "mask_hidden" in state:  # P-EAGLE's placeholder lives in the same concatenated feature space as fc's input
             state["mask_hidden"] = ascending_fc(state["mask_hidden"][None], head.hidden_layers)[0]
+        order = sorted(range(len(head.hidden_layers)), key=lambda i: head.hidden_layers[i])
+        norms = {i: state.pop(f"fc_norm.{i}.weight") for i in range(len(head.hidden_layers))
+                 if f"fc_norm.{i}.weight" in state}
+        state |= {f"fc_norm.{n}.weight": norms[i] for n, i in enumerate(order) if i in norms}  # EAGLE-3.1, ascending
         if head.d2t.numel() == head.t2d.numel():  # the full vocabulary: vLLM has no vocabulary map to load then
             del state["d2t"], state["t2d"]
         return state
@@ -162,8 +176,8 @@ def speculators_config(head, target_config, speculative_tokens: int = 5) -> dict
     (the layout's default is true; draftsmith's head, like the eagle3 export, adds the un-normed hidden state as the
     residual), and the ``speculators_config`` block vLLM reads the method and draft length from."""
     layer = layer_config(head, target_config, "eagle3")
-    top = {k: layer.pop(k) for k in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids")
-           if k in layer}
+    top = {k: layer.pop(k) for k in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
+                                     "fc_norm", "norm_output") if k in layer}
     layer.pop("eagle_config", None)
     layer["architectures"] = ["LlamaForCausalLM"]
     return {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
@@ -211,11 +225,12 @@ def read_eagle_export(directory: str | os.PathLike, target) -> EagleHead | Eagle
         if "d2t" not in tensors:  # a full-vocabulary head: the identity map
             vocab = int(target.config.vocab_size)
             tensors |= {"d2t": torch.zeros(vocab, dtype=torch.long), "t2d": torch.ones(vocab, dtype=torch.bool)}
+        v31 = {"fc_norm": bool(config.get("fc_norm")), "norm_output": bool(config.get("norm_output"))}
         if "mask_hidden" in tensors:  # P-EAGLE, its placeholder in the export's (ascending) layer order
             head = PEagleHead.for_target(target, tensors["d2t"], tensors["t2d"], tuple(layers),
-                                         mask_token_id=int(config["mask_token_id"]))
+                                         mask_token_id=int(config["mask_token_id"]), **v31)
         else:
-            head = Eagle3Head.for_target(target, tensors["d2t"], tensors["t2d"], tuple(layers))
+            head = Eagle3Head.for_target(target, tensors["d2t"], tensors["t2d"], tuple(layers), **v31)
         head.load_state_dict(tensors)
         return head
     if arch == ARCHITECTURES["vllm-eagle"] and config.get("bias") and "fc.bias" not in tensors:
@@ -234,11 +249,12 @@ def load_eagle_head(directory, target: torch.nn.Module) -> EagleHead | Eagle3Hea
         raise ArtefactError(f"{directory}/heads_config.json is missing or not an EAGLE head: pass an EAGLE artefact")
     tensors = read_weights(directory / "heads.safetensors")
     try:
+        v31 = {"fc_norm": bool(config.get("fc_norm", False)), "norm_output": bool(config.get("norm_output", False))}
         if config.get("variant", "eagle1") == "peagle":
             head = PEagleHead.for_target(target, tensors["d2t"], tensors["t2d"], tuple(config["layers"]),
-                                         mask_token_id=int(config["mask_token_id"]))
+                                         mask_token_id=int(config["mask_token_id"]), **v31)
         elif config.get("variant", "eagle1") == "eagle3":
-            head = Eagle3Head.for_target(target, tensors["d2t"], tensors["t2d"], tuple(config["layers"]))
+            head = Eagle3Head.for_target(target, tensors["d2t"], tensors["t2d"], tuple(config["layers"]), **v31)
         else:
             head = EagleHead.for_target(target, fc_bias=bool(config.get("fc_bias", False)))
         head.load_state_dict(tensors)

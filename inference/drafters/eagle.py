@@ -20,7 +20,9 @@ of fewer than 6 layers), fused by ``fc`` (``3 Ht -> H``, no bias) into ``g_t``; 
 ``[input_norm(E(x_{t+1})); hidden_norm(g_t)]`` (q/k/v read ``2H``) with ``g_t`` as the residual, and its own final
 norm and LM head give logits over a reduced draft vocabulary (the ``Vd`` most frequent target tokens of the
 answers it trains on; ``d2t``/``t2d`` map between the two vocabularies as in EAGLE-3's and the engines' checkpoints). While
-drafting, the head's own output ``h`` takes the place of ``g`` (no fc).
+drafting, the head's own output ``h`` takes the place of ``g`` (no fc). EAGLE-3.1 (speculators' and vLLM's options
+against attention drift) adds two switches: ``fc_norm``, an RMSNorm on each fused layer before ``fc``, and
+``norm_output``, the next step reading ``norm(h)`` rather than ``h`` (its logits read ``norm(h)`` either way).
 
 Both heads answer the same calls, which is all the proposer uses: ``hidden_layers`` (the target layers they read),
 ``fuse`` (target features -> the head's input hidden), ``forward`` (one head step over new positions with a KV
@@ -190,7 +192,8 @@ class Eagle3Head(nn.Module):
     architecture whose q/k/v read ``[input_norm(E(x)); hidden_norm(g)]``, its own norm and draft-vocabulary LM head."""
 
     def __init__(self, config, layer_cls: type[nn.Module], rotary_cls: type[nn.Module], norm_cls: type[nn.Module],
-                 layers: tuple[int, ...], d2t: torch.Tensor, t2d: torch.Tensor, target_hidden: int | None = None) -> None:
+                 layers: tuple[int, ...], d2t: torch.Tensor, t2d: torch.Tensor, target_hidden: int | None = None,
+                 fc_norm: bool = False, norm_output: bool = False) -> None:
         super().__init__()
         self.config = config
         hidden = int(config.hidden_size)
@@ -198,6 +201,10 @@ class Eagle3Head(nn.Module):
         self.hidden, self.target_hidden = hidden, int(target_hidden or hidden)
         self.hidden_layers = tuple(int(i) for i in layers)
         self.fc = nn.Linear(len(self.hidden_layers) * self.target_hidden, hidden, bias=False)
+        # EAGLE-3.1: an RMSNorm per fused target layer before fc, and the normed output fed back between steps
+        self.fc_norm = nn.ModuleList([norm_cls(self.target_hidden, eps=eps) for _ in self.hidden_layers]) \
+            if fc_norm else None
+        self.norm_output = bool(norm_output)
         self.midlayer = layer_cls(config, layer_idx=0)
         attn = self.midlayer.self_attn
         for name in ("q_proj", "k_proj", "v_proj"):  # our layer instance reads [E(x); g]: 2H wide
@@ -212,9 +219,10 @@ class Eagle3Head(nn.Module):
 
     @classmethod
     def for_target(cls, target: nn.Module, d2t: torch.Tensor, t2d: torch.Tensor,
-                   layers: tuple[int, ...] | None = None) -> Eagle3Head:
+                   layers: tuple[int, ...] | None = None, fc_norm: bool = False,
+                   norm_output: bool = False) -> Eagle3Head:
         """A fresh head for ``target`` (its dtype, on the CPU); its LM head starts as the target's rows of the draft
-        vocabulary."""
+        vocabulary. ``fc_norm``, ``norm_output``: EAGLE-3.1's options (module docstring)."""
         adapter = _llama_adapter(target)
         layers = tuple(layers) if layers else aux_layers(adapter.num_layers)
         bad = [i for i in layers if not 1 <= i < adapter.num_layers]
@@ -223,7 +231,7 @@ class Eagle3Head(nn.Module):
         if t2d.numel() != adapter.vocab_size:
             raise ConfigError(f"t2d covers {t2d.numel()} target tokens; the target has {adapter.vocab_size}")
         head = cls(head_config(target.config), type(adapter.layers[0]), type(adapter.rotary),
-                   type(adapter.final_norm), layers, d2t, t2d)
+                   type(adapter.final_norm), layers, d2t, t2d, fc_norm=fc_norm, norm_output=norm_output)
         with torch.no_grad(), whole([adapter.lm_head.weight, adapter.final_norm.weight]):  # ZeRO-3: gathered
             ids = torch.arange(d2t.numel()) + d2t
             head.lm_head.weight.copy_(adapter.lm_head.weight[ids.to(adapter.device)].cpu())
@@ -234,7 +242,21 @@ class Eagle3Head(nn.Module):
         return KVCache(1, capacity)
 
     def fuse(self, features: dict[int, torch.Tensor]) -> torch.Tensor:  # {layer: [..., Ht]} -> [..., H]
-        return self.fc(torch.cat([features[i] for i in self.hidden_layers], dim=-1))
+        return self.fuse_concat(torch.cat([features[i] for i in self.hidden_layers], dim=-1))
+
+    def fuse_concat(self, x: torch.Tensor) -> torch.Tensor:  # [..., k Ht] (hidden_layers' order) -> [..., H]
+        """``g = fc([f_1; ...; f_k])``; EAGLE-3.1 (``fc_norm``): ``fc([norm_1(f_1); ...; norm_k(f_k)])``."""
+        if self.fc_norm is not None:
+            x = torch.cat([norm(part) for norm, part in zip(self.fc_norm, x.chunk(len(self.fc_norm), dim=-1))], -1)
+        return self.fc(x)
+
+    def fed_back(self, h: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., H]
+        """The state the next draft step reads: the layer's output ``h`` (pre-norm), or EAGLE-3.1's ``norm(h)``."""
+        return self.norm(h) if self.norm_output else h
+
+    def logits_input(self, out: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., H]
+        """What the draft LM head reads from :meth:`forward`'s output: ``norm(h)`` (already so under ``norm_output``)."""
+        return out if self.norm_output else self.norm(out)
 
     def forward(
         self,
@@ -254,17 +276,18 @@ class Eagle3Head(nn.Module):
         attn = layer.self_attn(x, position_embeddings=rope, attention_mask=mask, position_ids=position_ids,
                                **{cache_keyword(layer.self_attn): cache})
         h = hidden + (attn[0] if isinstance(attn, tuple) else attn)
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.fed_back(h + layer.mlp(layer.post_attention_layernorm(h)))
 
     def draft_logits(self, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:  # [..., Vd]
-        return self.lm_head(self.norm(hidden))
+        return self.lm_head(self.logits_input(hidden))
 
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
         return ids + self.d2t[ids]
 
     def artefact_config(self) -> dict:
         return {"method": "eagle", "variant": "eagle3", "hidden_size": self.hidden, "layers": list(self.hidden_layers),
-                "draft_vocab_size": int(self.d2t.numel()), "vocab_size": int(self.t2d.numel())}
+                "draft_vocab_size": int(self.d2t.numel()), "vocab_size": int(self.t2d.numel()),
+                "fc_norm": self.fc_norm is not None, "norm_output": self.norm_output}
 
 
 __all__ = ["Eagle3Head", "EagleHead", "GrowingCache", "aux_layers", "draft_vocab", "head_config", "head_mask"]

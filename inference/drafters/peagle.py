@@ -30,18 +30,19 @@ class PEagleHead(Eagle3Head):
 
     @classmethod
     def for_target(cls, target: nn.Module, d2t: torch.Tensor, t2d: torch.Tensor, layers: tuple[int, ...] | None = None,
-                   mask_token_id: int = 0) -> PEagleHead:
+                   mask_token_id: int = 0, fc_norm: bool = False, norm_output: bool = False) -> PEagleHead:
         vocab = int(target.config.vocab_size)
         if not 0 <= int(mask_token_id) < vocab:
             raise ConfigError(f"mask_token_id={mask_token_id} is not a token of the target's vocabulary (0..{vocab - 1}):"
                               " pass one of its ids, or -1 for the tokenizer's mask token")
-        head = super().for_target(target, d2t, t2d, layers)
+        head = super().for_target(target, d2t, t2d, layers, fc_norm=fc_norm, norm_output=norm_output)
         head.mask_token_id = int(mask_token_id)
         return head
 
     def mask_state(self) -> torch.Tensor:  # [H]
-        """The placeholders' hidden input ``g_mask = fc(mask_hidden)``."""
-        return self.fc(self.mask_hidden)
+        """The placeholders' hidden input ``g_mask = fc(mask_hidden)`` (through EAGLE-3.1's ``fc_norm`` when on, as
+        vLLM fuses it like the target's features)."""
+        return self.fuse_concat(self.mask_hidden)
 
     def artefact_config(self) -> dict:
         return super().artefact_config() | {"variant": "peagle", "mask_token_id": self.mask_token_id}

@@ -273,13 +273,13 @@ def test_draft_vocab_follows_the_contract():
     assert t2d.dtype == torch.bool and t2d.shape == (50,) and t2d.nonzero().squeeze().tolist() == ids.tolist()
 
 
-def _eagle3(target, vd=96, seed=3):
+def _eagle3(target, vd=96, seed=3, **eagle31):
     from draftsmith.inference.drafters.eagle import Eagle3Head, draft_vocab
 
     d2t, t2d = draft_vocab(torch.arange(128).flip(0), vd)
-    head = Eagle3Head.for_target(target, d2t, t2d)
+    head = Eagle3Head.for_target(target, d2t, t2d, **eagle31)
     torch.manual_seed(seed)
-    for p in head.midlayer.parameters():
+    for p in [*head.midlayer.parameters(), *(head.fc_norm.parameters() if head.fc_norm is not None else [])]:
         torch.nn.init.normal_(p, std=0.2)
     return head
 
@@ -308,13 +308,15 @@ def test_eagle3_head_shapes_and_layers():
     assert torch.equal(head.lm_head.weight, target.lm_head.weight[ids])  # starts as the target's rows
 
 
-def test_training_time_test_step_j_sees_what_decoding_sees():
+@pytest.mark.parametrize("eagle31", [{}, {"fc_norm": True, "norm_output": True}, {"norm_output": True}])
+def test_training_time_test_step_j_sees_what_decoding_sees(eagle31):
     """The unrolled step j's logits at every anchor t equal decoding's at draft depth j+1: the head fed true inputs
-    up to t, then its own outputs with the next tokens x_{t+2}, x_{t+3}, ..."""
+    up to t, then its own outputs with the next tokens x_{t+2}, x_{t+3}, ... — with EAGLE-3.1's fc norms and normed
+    feedback too."""
     from draftsmith.trainers.eagle3 import Eagle3TTT, shifted
 
     target = random_model("llama", seed=0, layers=4)
-    unrolled = Eagle3TTT(_eagle3(target)).eval()
+    unrolled = Eagle3TTT(_eagle3(target, **eagle31)).eval()
     head = unrolled.head
     ids = torch.randint(3, 100, (1, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -326,7 +328,7 @@ def test_training_time_test_step_j_sees_what_decoding_sees():
         a = ids.shape[1] - 1
         for t in range(a - steps):
             cache = head.new_cache()
-            g = head.fc(feats[:, : t + 1])
+            g = head.fuse_concat(feats[:, : t + 1])
             h = head(embed(ids[:, 1: t + 2]), g, torch.arange(t + 1)[None], cache)[:, -1:]  # true inputs 0..t
             for j in range(steps):
                 assert torch.allclose(head.draft_logits(h)[0, 0], logits[j, 0, t], atol=1e-4), (t, j)

@@ -28,11 +28,11 @@ def _perturbed(head):
     return head
 
 
-def _head(fmt: str, layers: int = 6, aux=None):
+def _head(fmt: str, layers: int = 6, aux=None, **eagle31):
     target = random_model("llama", seed=0, layers=layers)
     if fmt == "eagle3":
         d2t, t2d = draft_vocab(torch.arange(128).flip(0), 80)
-        return target, _perturbed(Eagle3Head.for_target(target, d2t, t2d, aux))
+        return target, _perturbed(Eagle3Head.for_target(target, d2t, t2d, aux, **eagle31))
     return target, _perturbed(EagleHead.for_target(target))
 
 
@@ -240,3 +240,30 @@ def test_the_speculators_layout_carries_the_eagle3_head_and_reads_back(tmp_path)
         load_file(str(export_eagle(head, target.config, "eagle3", tmp_path / "e") / "model.safetensors")))
     back = read_eagle_export(out, target)
     assert back.hidden_layers == (1, 4, 6)
+
+
+@pytest.mark.parametrize("fmt", ["eagle3", "speculators"])
+def test_eagle31_heads_export_their_switches_and_norms_in_ascending_order(fmt, tmp_path):
+    """EAGLE-3.1: fc_norm and norm_output written as vLLM reads them (top level, only where on), one fc norm per
+    fused layer in ascending layer order like fc's columns, and the read-back head computes what the trained one
+    does (fused features, feedback and logits)."""
+    target, head = _head("eagle3", layers=8, aux=(6, 1, 4), fc_norm=True, norm_output=True)
+    export = export_eagle(head, target.config, fmt, tmp_path / fmt)
+    config = json.loads((export / "config.json").read_text())
+    assert config["fc_norm"] is True and config["norm_output"] is True
+    tensors = load_file(str(export / "model.safetensors"))
+    order = {layer: i for i, layer in enumerate(head.hidden_layers)}
+    for n, layer in enumerate((1, 4, 6)):
+        assert torch.equal(tensors[f"fc_norm.{n}.weight"], head.fc_norm[order[layer]].weight.detach())
+    back = read_eagle_export(export, target)
+    assert back.fc_norm is not None and back.norm_output
+    features = {i: torch.randn(1, 5, 32) for i in (1, 4, 6)}
+    e, pos, lm = torch.randn(1, 5, 32), torch.arange(5)[None], target.get_output_embeddings()
+    with torch.no_grad():
+        g, g_back = head.fuse(features), back.fuse(features)
+        assert torch.allclose(g_back, g, atol=1e-6)
+        assert torch.allclose(back.draft_logits(back(e, g_back, pos), lm), head.draft_logits(head(e, g, pos), lm),
+                              atol=1e-5)
+    other, plain_head = _head("eagle3")
+    plain = json.loads((export_eagle(plain_head, other.config, fmt, tmp_path / "plain") / "config.json").read_text())
+    assert "fc_norm" not in plain and "norm_output" not in plain

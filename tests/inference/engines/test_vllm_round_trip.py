@@ -5,7 +5,7 @@ an export loads in the engine, drafts the tokens draftsmith's loop drafts, and c
 - an EAGLE-3 head on a 4-layer target (the layer ids vLLM would otherwise guess wrong), untrained but perturbed,
   in the eagle3 layout and in speculators' layout: it loads and runs, answers identical, and vLLM's acceptance by
   position within 0.03 of draftsmith's;
-- a P-EAGLE head likewise, served with vLLM's parallel drafting;
+- a P-EAGLE head likewise, served with vLLM's parallel drafting, and an EAGLE-3.1 head (fc norms, normed feedback);
 - a DFlash draft trained briefly, served as vLLM's dflash.
 """
 
@@ -43,7 +43,7 @@ def test_prompt_lookup_runs_as_ngram_and_changes_no_answer(vllm_python, tmp_path
     assert report["differences"]["speculative_vs_draftsmith_ar"]["differs"] == 0  # near ties only, if any
 
 
-@pytest.mark.parametrize("layout", ["auto", "speculators", "peagle"])
+@pytest.mark.parametrize("layout", ["auto", "speculators", "peagle", "eagle31"])
 def test_an_eagle3_head_of_a_shallow_target_loads_and_drafts_as_in_draftsmith(layout, vllm_python, tmp_path):
     import torch
 
@@ -60,8 +60,9 @@ def test_an_eagle3_head_of_a_shallow_target_loads_and_drafts_as_in_draftsmith(la
         from draftsmith.inference.drafters.peagle import PEagleHead
 
         head = PEagleHead.for_target(target, *draft_vocab(counts, 1024), None, mask_token_id=0)
-    else:
-        head = Eagle3Head.for_target(target, *draft_vocab(counts, 1024), None)
+    else:  # eagle31: EAGLE-3.1's fc norms and normed feedback, which vLLM's EAGLE-3 model reads from the config
+        v31 = {"fc_norm": True, "norm_output": True} if layout == "eagle31" else {}
+        head = Eagle3Head.for_target(target, *draft_vocab(counts, 1024), None, **v31)
     torch.manual_seed(0)
     for p in head.parameters():
         p.data.add_(torch.randn_like(p) * 0.02)
@@ -69,7 +70,8 @@ def test_an_eagle3_head_of_a_shallow_target_loads_and_drafts_as_in_draftsmith(la
     write_artefact(artefact, "heads", method="eagle", target=target_identity(target, tokenizer, str(zoo / "target")),
                    proposer={"tree": "chain"}, tensors=head.state_dict(), config=head.artefact_config())
     report = _eval("--artefact", str(artefact), "--target", str(zoo / "target"), "--engine-python", vllm_python,
-                   "--engine-export", "auto" if layout == "peagle" else layout, out=tmp_path / "eagle3" / "report.json")
+                   "--engine-export", layout if layout in ("auto", "speculators") else "auto",
+                   out=tmp_path / "eagle3" / "report.json")
     assert report["engine_method"] == "eagle3" and report["summary"]["identical_to_engine_ar"] == 1.0
     assert report["parity"]["max_abs_difference"] <= 0.03
 
