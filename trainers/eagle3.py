@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -112,13 +113,18 @@ def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos[:, None] + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin[:, None]
 
 
-def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                  scale: float) -> torch.Tensor:  # q [B, N, A, D]; keys, values [B, KV, A, D] per step -> [B, N, A, D]
-    """Step ``j``'s attention in the training-time test without a ``[A, (j+1)A]`` mask: step 0's keys causally
-    (``[A, A]`` scores) and each later step's key only at the query's own anchor (one score per anchor: ``q_t .
-    k^i_t``), one softmax over both — :func:`ttt_visibility`'s view at ``(j+1)/2`` of its cost (the diagonal scores
-    of the reference implementations' ``cache_hidden`` attention). Grouped-query heads share their key."""
+def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], scale: float,
+                  masked: bool | None = None) -> torch.Tensor:  # q [B, N, A, D]; keys, values [B, KV, A, D] per step
+    """Step ``j``'s attention in the training-time test (-> ``[B, N, A, D]``) without a ``[A, (j+1)A]`` mask: step
+    0's keys causally (``[A, A]`` scores) and each later step's key only at the query's own anchor (one score per
+    anchor: ``q_t . k^i_t``), one softmax over both — :func:`ttt_visibility`'s view at ``(j+1)/2`` of its cost (the
+    diagonal scores of the reference implementations' ``cache_hidden`` attention). Grouped-query heads share their
+    key. ``masked`` (default: on CUDA) runs SDPA over every step's keys under :func:`ttt_visibility` instead: the
+    GPU's fused kernels take the mask without holding the scores, which the CPU's do not."""
     b, n, a, d = q.shape
+    if q.is_cuda if masked is None else masked:
+        return F.scaled_dot_product_attention(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), scale=scale,
+                                              attn_mask=ttt_visibility(a, len(keys) - 1, q.device), enable_gqa=True)
     kv = keys[0].shape[1]
     qg = q.view(b, kv, n // kv, a, d)  # [B, KV, G, A, D]
     causal = (qg @ keys[0][:, :, None].transpose(-1, -2)) * scale  # [B, KV, G, A, A]

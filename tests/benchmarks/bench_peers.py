@@ -115,7 +115,8 @@ def train_draftsmith(out: Path, steps: int, examples: int | None = None, target:
             f"feature_cache_dir={cache or cache_root(out, target)}", f"output_dir={run}", f"max_steps={steps}",
             "evaluate=false", "tune=false", "report_to=none", f"save_steps={steps}", f"eval_steps={steps}",
             *(["calibrate_tree=false"] if recipe == "eagle" else []),
-            *([f"max_train_examples={examples}", f"draft_vocab_prompts={min(examples, 512)}"] if examples else [])]
+            *([f"max_train_examples={examples}"] if examples else []),
+            *([f"draft_vocab_prompts={min(examples, 512)}"] if examples and recipe == "eagle" else [])]
     process = timed(argv, out / "draftsmith_train.log")
     state = json.loads((run / f"checkpoint-{steps}" / "trainer_state.json").read_text())
     ended = re.findall(r"'train_runtime': '([0-9.]+)'", (out / "draftsmith_train.log").read_text())  # the Trainer's
@@ -161,9 +162,10 @@ TARGETS = {"tiny": "eagle3_tiny.yaml", "smollm2": "eagle3_smollm2.yaml"}  # --ta
 def target_dirs(target: str) -> tuple[Path, Path]:
     """``(model directory, tokenizer directory)`` of ``--target``: the tiny zoo's target (its tokenizer beside it), or
     SmolLM2-135M-Instruct (imported on first use; its tokenizer in its own directory)."""
-    from draftsmith.launch.targets import resolve_model_arg, tokenizer_source
+    from draftsmith.common.models import resolve_model_path
+    from draftsmith.launch.targets import tokenizer_source
 
-    model = Path(resolve_model_arg("smollm2-135m")) if target == "smollm2" else tiny_target()
+    model = Path(resolve_model_path("smollm2-135m")) if target == "smollm2" else tiny_target()
     return model, Path(tokenizer_source(str(model)))
 
 
@@ -324,7 +326,8 @@ def run_dflash(args: argparse.Namespace) -> dict:
     out = Path(args.out) / "dflash" / f"steps{args.steps}"
     out.mkdir(parents=True, exist_ok=True)
     config = yaml.safe_load((ROOT / "recipes" / "configs" / "dflash_tiny.yaml").read_text())
-    ours = once(out / "draftsmith.json", lambda: train_draftsmith(out, args.steps, recipe="dflash", cache=caches[0]))
+    ours = once(out / "draftsmith.json", lambda: train_draftsmith(out, args.steps, args.examples, recipe="dflash",
+                                                                  cache=caches[0]))
     cache = train_cache(caches[0].parent)
     manifest = json.loads((cache / "manifest.json").read_text())
     ours["tokens_per_s"] = manifest["tokens"] * ours["epochs"] / ours["train_runtime"]

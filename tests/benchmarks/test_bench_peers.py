@@ -1,4 +1,5 @@
-"""bench_peers.py at a toy budget (slow): the three trainers train, vLLM serves every head and the table is made.
+"""bench_peers.py at a toy budget (slow): the three trainers train, vLLM serves every head and the table is made;
+then DFlash against speculators' dflash on the same rows.
 Skips, with the reason, where a peer's or vLLM's environment is not installed."""
 
 from __future__ import annotations
@@ -43,3 +44,8 @@ def test_every_trainer_trains_and_vllm_serves_every_head(tmp_path):
         served = result["served"][name]
         assert served["drafts"] > 0 and len(served["acceptance_by_position"]) == 2
         assert result[name]["tokens_per_s"] > 0 and result[name]["process"]["peak_rss_mib"] > 0
+    assert module.main(["run", "--method", "dflash", "--steps", "4", "--examples", "32", "--limit", "2",
+                        "--max-new-tokens", "8", "--out", str(tmp_path)]) == 0
+    dflash = json.loads((tmp_path / "dflash" / "steps4" / "result.json").read_text())
+    for name in ("draftsmith", "speculators"):  # DFlash against speculators' dflash, on the same rows
+        assert dflash["served"][name]["drafts"] > 0 and dflash[name]["tokens_per_s"] > 0

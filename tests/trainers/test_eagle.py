@@ -648,6 +648,7 @@ def test_ttt_attention_equals_attention_under_the_visibility_mask(step):
     ref = torch.nn.functional.scaled_dot_product_attention(q, expand(keys), expand(values),
                                                           attn_mask=ttt_visibility(6, step))
     assert torch.allclose(ours, ref, atol=1e-5)
+    assert torch.allclose(ttt_attention(q, keys, values, 8**-0.5, masked=True), ref, atol=1e-6)  # CUDA's path
     weights = torch.randn(ours.shape, generator=gen)
     grads = torch.autograd.grad((ours * weights).sum(), [q, *keys, *values])
     ref_grads = torch.autograd.grad((ref * weights).sum(), [q, *keys, *values])
