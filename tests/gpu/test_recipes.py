@@ -24,6 +24,7 @@ RUNS = {  # id -> (recipe, settings beyond its <recipe>_test.yaml)
     "medusa2": ("medusa", ["variant=medusa2"]),
     "eagle1": ("eagle", ["variant=eagle1"]),
     "eagle3": ("eagle", ["variant=eagle3"]),
+    "eagle31": ("eagle", ["variant=eagle3", "fc_norm=true", "norm_output=true", "ttt_recompute=false"]),
     "peagle": ("eagle", ["variant=peagle", "ttt_steps=3", "draft_length=3"]),
     "dflash": ("dflash", []),
     "layerskip": ("layerskip", []),
@@ -77,3 +78,35 @@ def test_bfloat16_training_gives_finite_losses_and_a_loadable_artefact(run_id, p
                    last_loss=losses[-1], param_dtype=str(next(verified.parameters()).dtype),
                    decoded_tokens=len(decoded.output_ids),
                    tau=len(decoded.output_ids) / max(1, len(decoded.accept_lengths)))
+
+
+def test_the_unrolled_attentions_agree_on_the_device(gpu_report):
+    """EAGLE-3's training-time test attends through SDPA under the visibility mask on CUDA and through the structured
+    scores elsewhere: the same values and gradients on the device, in float32 and bfloat16. TF32 products are off
+    for the comparison (the recipes' training policy turns them on: errors of 1e-3 in float32)."""
+    from draftsmith.trainers.eagle3 import ttt_attention
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32 if DEVICE == "cuda" else None
+    if tf32 is not None:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        _compare_unrolled_attentions(ttt_attention, gpu_report)
+    finally:
+        if tf32 is not None:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _compare_unrolled_attentions(ttt_attention, gpu_report) -> None:
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        gen = torch.Generator(device=DEVICE).manual_seed(0)
+        q = torch.randn(2, 8, 96, 64, generator=gen, device=DEVICE, dtype=dtype, requires_grad=True)
+        keys = [torch.randn(2, 2, 96, 64, generator=gen, device=DEVICE, dtype=dtype, requires_grad=True)
+                for _ in range(5)]
+        values = [torch.randn_like(k, requires_grad=True) for k in keys]
+        outs = [ttt_attention(q, keys, values, 64**-0.5, masked=m) for m in (True, False)]
+        grads = [torch.autograd.grad(o.float().square().sum(), [q, *keys, *values]) for o in outs]
+        error = float((outs[0].detach().float() - outs[1].detach().float()).abs().max())
+        grad_error = max(float((a.float() - b.float()).abs().max()) for a, b in zip(*grads))
+        assert error <= tol and grad_error <= 10 * tol, (dtype, error, grad_error)
+        gpu_report.add("EAGLE-3's unrolled attention, masked SDPA against the structured scores", dtype=str(dtype),
+                       max_abs_error=error, max_abs_grad_error=grad_error)
