@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from draftsmith.common.precision import first_argmax
-from draftsmith.trainers.eagle3 import Eagle3TTT, shifted, unrolled_states
+from draftsmith.trainers.eagle3 import Eagle3TTT, kept, shifted, ttt_start, unrolled_states
 from draftsmith.trainers.losses import LinearHead, head_divergence, head_rows_map, head_soft_cross_entropy
 
 
@@ -34,8 +34,9 @@ class Eagle3Training(Eagle3TTT):
         label_head = LinearHead(target_head, rows=self.t2d.nonzero().squeeze(1), called=called)  # [Vd] draft order
         total = features.new_zeros((), dtype=torch.float32)
         ce_sums, tops = [], []
-        for j, hidden in enumerate(unrolled_states(self.head, features, step_embeds, self.recompute)):
-            rows = self.head.logits_input(hidden[keep[j]])  # [N_j, H]: what the draft LM head reads
+        start = ttt_start(keep)  # steps after the first run from the first anchor they train on
+        for j, hidden in enumerate(unrolled_states(self.head, features, step_embeds, self.recompute, start)):
+            rows = self.head.logits_input(hidden[kept(keep, j, start)])  # [N_j, H]: what the draft LM head reads
             labels = shifted(label_hidden, j)[keep[j]]  # [N_j, Ht]: p_{t+2+j}, from the target's state at t+1+j
             ce = head_soft_cross_entropy(rows, draft, labels, label_head) if token_loss == "ce" else \
                 head_divergence(rows, draft, labels, label_head, kind=token_loss)

@@ -632,23 +632,24 @@ def test_peagle_draft_length_is_capped_by_its_trained_depths():
         EagleConfig(variant="peagle", ttt_steps=3, draft_length=5)
 
 
-@pytest.mark.parametrize("step", [0, 1, 4])
-def test_ttt_attention_equals_attention_under_the_visibility_mask(step):
+@pytest.mark.parametrize(("step", "start"), [(0, 0), (1, 0), (4, 0), (3, 2)])
+def test_ttt_attention_equals_attention_under_the_visibility_mask(step, start):
     """The training-time test's structured attention (step 0's keys causally, each later step's key at its own anchor)
     equals SDPA over every step's keys under :func:`ttt_visibility`, grouped-query heads included, in value and
     gradient."""
     from draftsmith.trainers.eagle3 import ttt_attention, ttt_visibility
 
     gen = torch.Generator().manual_seed(step)
-    q = torch.randn(2, 4, 6, 8, generator=gen, requires_grad=True)  # [B, N, A, D]
-    keys = [torch.randn(2, 2, 6, 8, generator=gen, requires_grad=True) for _ in range(step + 1)]  # [B, KV, A, D]
-    values = [torch.randn(2, 2, 6, 8, generator=gen, requires_grad=True) for _ in range(step + 1)]
-    ours = ttt_attention(q, keys, values, 8**-0.5)
-    expand = lambda ts: torch.cat(ts, dim=2).repeat_interleave(2, dim=1)  # noqa: E731  [B, N, (j+1)A, D]
+    rows = 6 - start  # queries at anchors start .. 5; step 0's keys at all 6, later steps' at the same rows
+    q = torch.randn(2, 4, rows, 8, generator=gen, requires_grad=True)  # [B, N, A', D]
+    keys = [torch.randn(2, 2, 6 if i == 0 else rows, 8, generator=gen, requires_grad=True) for i in range(step + 1)]
+    values = [torch.randn(k.shape, generator=gen).requires_grad_() for k in keys]
+    ours = ttt_attention(q, keys, values, 8**-0.5, start=start)
+    expand = lambda ts: torch.cat(ts, dim=2).repeat_interleave(2, dim=1)  # noqa: E731  [B, N, A + jA', D]
     ref = torch.nn.functional.scaled_dot_product_attention(q, expand(keys), expand(values),
-                                                          attn_mask=ttt_visibility(6, step))
+                                                          attn_mask=ttt_visibility(6, step, start=start))
     assert torch.allclose(ours, ref, atol=1e-5)
-    assert torch.allclose(ttt_attention(q, keys, values, 8**-0.5, masked=True), ref, atol=1e-6)  # CUDA's path
+    assert torch.allclose(ttt_attention(q, keys, values, 8**-0.5, masked=True, start=start), ref, atol=1e-6)
     weights = torch.randn(ours.shape, generator=gen)
     grads = torch.autograd.grad((ours * weights).sum(), [q, *keys, *values])
     ref_grads = torch.autograd.grad((ref * weights).sum(), [q, *keys, *values])
@@ -692,3 +693,30 @@ def test_eagle3_token_loss_choices_against_the_cross_entropy():
         from draftsmith.trainers.eagle_config import EagleConfig
 
         EagleConfig(variant="eagle3", token_loss="hinge")
+
+
+@pytest.mark.parametrize("variant", ["eagle3", "peagle"])
+def test_later_steps_run_from_the_first_trained_anchor_with_the_full_unrolls_values_and_gradients(variant):
+    """Steps after the first run at anchors ttt_start(keep) .. A-1 only: the trained rows' logits, the loss and every
+    gradient are those of the unroll over every anchor."""
+    from draftsmith.inference.drafters.eagle import Eagle3Head, draft_vocab
+    from draftsmith.inference.drafters.peagle import PEagleHead
+    from draftsmith.trainers.eagle3 import Eagle3TTT, ttt_start
+
+    target = random_model("llama", seed=0, layers=4)
+    d2t, t2d = draft_vocab(torch.arange(128), 64)
+    gen = torch.Generator().manual_seed(6)
+    feats = torch.randn(2, 20, 3 * target.config.hidden_size, generator=gen)  # [B, A, 3Ht]
+    embeds = torch.randn(4, 2, 20, target.config.hidden_size, generator=gen)  # [K, B, A, H]
+    keep = torch.rand(4, 2, 20, generator=gen) > 0.4
+    keep[1:, :, :7] = False  # a prompt: the later steps train from anchor 7 on
+    assert ttt_start(keep) == 7 and bool(keep[0, :, :7].any())
+    torch.manual_seed(0)
+    head = PEagleHead.for_target(target, d2t, t2d, mask_token_id=0) if variant == "peagle" else \
+        Eagle3Head.for_target(target, d2t, t2d)
+    module = Eagle3TTT(head, recompute=False)
+    cropped = module(feats, embeds, keep)  # [rows, Vd]
+    full = torch.cat([logits[keep[j]] for j, logits in enumerate(module(feats, embeds))])  # every anchor, then picked
+    assert torch.allclose(cropped, full, atol=1e-5)
+    grads = [torch.autograd.grad(x.square().sum(), list(module.parameters())) for x in (cropped, full)]
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(*grads))
