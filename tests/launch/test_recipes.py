@@ -157,7 +157,7 @@ def test_bad_setting_exits_2_with_one_line(tiny_pair, tmp_path, monkeypatch, cap
     monkeypatch.setattr(sys, "argv", ["distillspec.py", *pair_args(tiny_pair, tmp_path), "divergence=kl"])
     assert recipe.main() == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "error: divergence='kl' is unknown: choose one of forward_kl, reverse_kl, jsd, tvd"]
+        "error: divergence='kl' is unknown: choose one of forward_kl, reverse_kl, jsd, tvd, nla, lk_hybrid"]
 
 
 def test_token_signal_trains_on_the_targets_own_answers_and_refuses_other_data(tiny_pair, tmp_path, capsys):
