@@ -4,7 +4,9 @@ vLLM's DFlash proposer loads (``vllm-dflash``), and reading an export back.
 The export (recorded from vLLM 0.32's ``qwen3_dflash.py`` loader; docs/EXPORT.md): ``config.json`` with
 ``architectures: ["DFlashDraftModel"]``, ``model_type: "qwen3"``, the draft's Qwen3 sizes, ``block_size``, and
 ``dflash_config: {mask_token_id, target_layer_ids}``, whose ids are vLLM's: the *output* of decoder layer ``id``
-(draftsmith's hidden-state index minus one), always written, ascending (``fc``'s column blocks permuted to match);
+(draftsmith's hidden-state index minus one), always written, ascending (``fc``'s column blocks permuted to match),
+and the same layers as hidden-state indices in the top-level ``eagle_aux_hidden_state_layer_ids``, which vLLM reads
+first (a release without the ``dflash_config`` fallback would otherwise capture its default layers);
 ``model.safetensors`` with ``fc.weight`` ``[H, n Ht]``, ``hidden_norm.weight``, ``norm.weight`` and every
 ``layers.{i}.*`` tensor (q/k norms included: vLLM leaves a tensor the checkpoint lacks uninitialised). No embedding
 and no LM head: vLLM shares the target's, as draftsmith does.
@@ -53,7 +55,8 @@ def export_config(draft: DFlashDraft, target_config) -> dict:
               "tie_word_embeddings": False, "block_size": draft.block_size,
               "num_target_layers": int(target_config.num_hidden_layers),
               "dflash_config": {"mask_token_id": draft.mask_token_id,
-                                "target_layer_ids": [i - 1 for i in sorted(draft.hidden_layers)]}}
+                                "target_layer_ids": [i - 1 for i in sorted(draft.hidden_layers)]},
+              "eagle_aux_hidden_state_layer_ids": sorted(draft.hidden_layers)}  # vLLM's first choice: hidden states
     config.update({k: source[k] for k in _QWEN3_KEYS if source.get(k) is not None})
     theta = (source.get("rope_parameters") or {}).get("rope_theta")
     if theta is not None:

@@ -146,6 +146,7 @@ def test_the_artefact_and_the_vllm_export_round_trip(tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
     assert config["dflash_config"] == {"mask_token_id": MASK, "target_layer_ids": [1, 3]}  # vLLM's: layer outputs
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4]  # the same layers as hidden-state indices
     assert config["block_size"] == 4 and config["num_hidden_layers"] == 2
     tensors = load_file(str(out / "model.safetensors"))
     h, d = int(target.config.hidden_size), int(config["head_dim"])
