@@ -404,6 +404,18 @@ def test_a_cost_sized_dynamic_tree_follows_the_verification_cost_and_stays_ident
 # ------------------------------------------------------------------------ EAGLE-3: loss mask and draft vocabulary
 
 
+def _unroll_inputs(target, steps: int, anchors: int, seed: int, keep_above: float = 0.3):
+    """Random training-time-test inputs for ``target``: features ``[B, A, 3Ht]``, step embeddings ``[K, B, A, H]``,
+    the trained anchors ``[K, B, A]`` and the target's states at ``t + 1`` ``[B, A, Ht]`` (B = 2)."""
+    gen = torch.Generator().manual_seed(seed)
+    h = target.config.hidden_size
+    feats = torch.randn(2, anchors, 3 * h, generator=gen)
+    embeds = torch.randn(steps, 2, anchors, h, generator=gen)
+    keep = torch.rand(steps, 2, anchors, generator=gen) > keep_above
+    following = torch.randn(2, anchors, h, generator=gen)
+    return feats, embeds, keep, following
+
+
 def test_the_recomputed_unroll_gives_the_same_loss_and_gradients_and_keeps_fewer_tensors():
     """ttt_recompute (activation checkpointing of each unrolled step): the loss and every gradient as without it,
     while the forward keeps far fewer bytes for the backward (one step's outputs, not every step's attention)."""
@@ -412,11 +424,7 @@ def test_the_recomputed_unroll_gives_the_same_loss_and_gradients_and_keeps_fewer
 
     target = random_model("llama", seed=0, layers=4)
     d2t, t2d = draft_vocab(torch.arange(128), 64)
-    gen = torch.Generator().manual_seed(4)
-    feats = torch.randn(2, 24, 3 * target.config.hidden_size, generator=gen)  # [B, A, 3Ht]
-    embeds = torch.randn(4, 2, 24, target.config.hidden_size, generator=gen)  # [K, B, A, H]
-    keep = torch.rand(4, 2, 24, generator=gen) > 0.3  # [K, B, A]
-    following = torch.randn(2, 24, target.config.hidden_size, generator=gen)  # [B, A, Ht]
+    feats, embeds, keep, following = _unroll_inputs(target, steps=4, anchors=24, seed=4)
     results = []
     for recompute in (False, True):
         torch.manual_seed(0)
@@ -666,11 +674,7 @@ def test_eagle3_token_loss_choices_against_the_cross_entropy():
 
     target = random_model("llama", seed=0, layers=4)
     d2t, t2d = draft_vocab(torch.arange(128), 64)
-    gen = torch.Generator().manual_seed(5)
-    feats = torch.randn(2, 16, 3 * target.config.hidden_size, generator=gen)  # [B, A, 3Ht]
-    embeds = torch.randn(3, 2, 16, target.config.hidden_size, generator=gen)  # [K, B, A, H]
-    keep = torch.rand(3, 2, 16, generator=gen) > 0.3  # [K, B, A]
-    following = torch.randn(2, 16, target.config.hidden_size, generator=gen)  # [B, A, Ht]
+    feats, embeds, keep, following = _unroll_inputs(target, steps=3, anchors=16, seed=5)
     lm_head = target.get_output_embeddings()
     runs = {}
     for loss in ("ce", "forward_kl", "nla", "lk_hybrid"):
@@ -705,10 +709,7 @@ def test_later_steps_run_from_the_first_trained_anchor_with_the_full_unrolls_val
 
     target = random_model("llama", seed=0, layers=4)
     d2t, t2d = draft_vocab(torch.arange(128), 64)
-    gen = torch.Generator().manual_seed(6)
-    feats = torch.randn(2, 20, 3 * target.config.hidden_size, generator=gen)  # [B, A, 3Ht]
-    embeds = torch.randn(4, 2, 20, target.config.hidden_size, generator=gen)  # [K, B, A, H]
-    keep = torch.rand(4, 2, 20, generator=gen) > 0.4
+    feats, embeds, keep, _ = _unroll_inputs(target, steps=4, anchors=20, seed=6, keep_above=0.4)
     keep[1:, :, :7] = False  # a prompt: the later steps train from anchor 7 on
     assert ttt_start(keep) == 7 and bool(keep[0, :, :7].any())
     torch.manual_seed(0)
