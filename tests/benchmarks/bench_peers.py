@@ -105,9 +105,10 @@ def once(path: Path, make) -> dict:
 
 
 def train_draftsmith(out: Path, steps: int, examples: int | None = None, target: str = "tiny",
-                     recipe: str = "eagle", cache: Path | None = None) -> dict:
+                     recipe: str = "eagle", cache: Path | None = None, overrides: tuple[str, ...] = ()) -> dict:
     """draftsmith's ``recipe`` on the target's config (``dflash``: dflash_tiny.yaml) from the cache under ``cache``
-    (default :func:`cache_root`); the Trainer's own runtime and epochs, for its tokens/s."""
+    (default :func:`cache_root`), with the config's ``overrides`` (``key=value``); the Trainer's own runtime and
+    epochs, for its tokens/s."""
     run = out / "draftsmith"
     config = "dflash_tiny.yaml" if recipe == "dflash" else TARGETS[target]
     argv = [str(ROOT / ".venv" / "bin" / "draftsmith"), "train", recipe, "--config",
@@ -116,12 +117,12 @@ def train_draftsmith(out: Path, steps: int, examples: int | None = None, target:
             "evaluate=false", "tune=false", "report_to=none", f"save_steps={steps}", f"eval_steps={steps}",
             *(["calibrate_tree=false"] if recipe == "eagle" else []),
             *([f"max_train_examples={examples}"] if examples else []),
-            *([f"draft_vocab_prompts={min(examples, 512)}"] if examples and recipe == "eagle" else [])]
+            *([f"draft_vocab_prompts={min(examples, 512)}"] if examples and recipe == "eagle" else []), *overrides]
     process = timed(argv, out / "draftsmith_train.log")
     state = json.loads((run / f"checkpoint-{steps}" / "trainer_state.json").read_text())
     ended = re.findall(r"'train_runtime': '([0-9.]+)'", (out / "draftsmith_train.log").read_text())  # the Trainer's
     return {"process": process, "train_runtime": float(ended[-1]), "epochs": state["epoch"],
-            "artefact": str(run / "artefact")}
+            "artefact": str(run / "artefact"), "overrides": list(overrides)}
 
 
 def train_cache(out: Path, target: str = "tiny") -> Path:
@@ -327,7 +328,7 @@ def run_dflash(args: argparse.Namespace) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     config = yaml.safe_load((ROOT / "recipes" / "configs" / "dflash_tiny.yaml").read_text())
     ours = once(out / "draftsmith.json", lambda: train_draftsmith(out, args.steps, args.examples, recipe="dflash",
-                                                                  cache=caches[0]))
+                                                                  cache=caches[0], overrides=tuple(args.set)))
     cache = train_cache(caches[0].parent)
     manifest = json.loads((cache / "manifest.json").read_text())
     ours["tokens_per_s"] = manifest["tokens"] * ours["epochs"] / ours["train_runtime"]
@@ -382,7 +383,8 @@ def run(args: argparse.Namespace) -> dict:
     out = Path(args.out) / ("" if target == "tiny" else target) / f"steps{args.steps}"
     out.mkdir(parents=True, exist_ok=True)
     config = yaml.safe_load((ROOT / "recipes" / "configs" / TARGETS[target]).read_text())
-    ours = once(out / "draftsmith.json", lambda: train_draftsmith(out, args.steps, args.examples, target))
+    ours = once(out / "draftsmith.json", lambda: train_draftsmith(out, args.steps, args.examples, target,
+                                                                  overrides=tuple(args.set)))
     data = convert(out, Path(ours["artefact"]), target)
     theirs = once(out / "speculators.json", lambda: train_speculators(out, args.steps, data, config, target))
     ours["tokens_per_s"] = data["tokens"] * ours["epochs"] / ours["train_runtime"]
@@ -449,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--draft-length", type=int, default=5, help="vLLM's num_speculative_tokens")
     r.add_argument("--out", default="runs/bench/peers")
     r.add_argument("--peers", default="speculators,specforge", help="which peers train besides draftsmith")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a draftsmith config override (repeatable), e.g. step_decay=0.8; recorded in the result")
     r.add_argument("--concurrency", default="", help="also vLLM's output tokens/s with each head against its AR "
                    "at these concurrencies, e.g. 1,4,16")
     args = parser.parse_args(argv)
