@@ -43,10 +43,10 @@ def after_training(artefact: Path, spec: MethodSpec, recipe: RecipeArguments, tr
     """Tune, calibrate and evaluate ``artefact`` as the recipe asks (main process only); returns the evaluation
     reports by name. ``target``: the training target; ``sharded``: its training copies are sharded, so the target is
     ``load_target()`` instead (whole, loaded once)."""
-    from draftsmith.launch.tune_cli import TREE_METHODS, calibration_questions, summary_lines
+    from draftsmith.launch.tune_cli import calibration_questions, summary_lines
 
     tune = recipe.tune and spec.artefact_kind == "draft_model"
-    calibrate = recipe.calibrate_tree and spec.name in TREE_METHODS
+    calibrate = recipe.calibrate_tree and spec.calibrated_tree
     if not (tune or calibrate or recipe.evaluate):
         return {}
     with unpartitioned_loading(training_args):

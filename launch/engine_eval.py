@@ -22,7 +22,7 @@ from pathlib import Path
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.io import atomic_write_text
 from draftsmith.common.models import resolve_model_path
-from draftsmith.common.registry import REGISTRY, get_method, resolve
+from draftsmith.common.registry import REGISTRY, get_method
 
 
 def add_engine_options(g) -> None:
@@ -79,7 +79,7 @@ def engine_setup(args: argparse.Namespace, info: dict, target_model, export_dir:
                         artefact_dir=Path(args.artefact) if args.artefact else None, manifest=info["manifest"],
                         draft_dir=info["draft"] if not args.artefact else None, options=options,
                         export_format=args.engine_export)
-    return resolve(spec.engine_configs["vllm"])(setup)
+    return spec.engine_configs["vllm"](setup)
 
 
 def run_engine_eval(args: argparse.Namespace, setup: Callable, run_eval: Callable, options: dict,

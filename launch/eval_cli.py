@@ -20,7 +20,7 @@ from pathlib import Path
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.models import load_model, load_tokenizer, tokenizer_dir_for
 from draftsmith.common.outputs import claim_output, prepare_output, write_failures
-from draftsmith.common.registry import REGISTRY, eval_flags, get_method, resolve
+from draftsmith.common.registry import REGISTRY, default_method, eval_flags, get_method
 from draftsmith.common.threads import parse_threads, torch_threads
 from draftsmith.launch.engine_eval import add_engine_options
 from draftsmith.launch.targets import (
@@ -35,7 +35,6 @@ from draftsmith.launch.targets import (
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 DEFAULT_OUT = "eval/report.json"
-DEFAULT_METHOD = "draft"  # what `draftsmith eval` runs with neither --method nor --artefact
 
 
 def add_parser(sub) -> None:
@@ -216,7 +215,7 @@ def setup(args: argparse.Namespace):
                     original_target=target if verified is not target else None)
         return verified, tokenizer, info
 
-    method = args.method or DEFAULT_METHOD
+    method = args.method or default_method()
     spec = get_method(method)
     draft_dir = Path(resolve_model_arg(args.draft, "--draft", "draft")) if args.draft else zoo_draft
     if "draft" in spec.models and draft_dir is None:
@@ -226,7 +225,7 @@ def setup(args: argparse.Namespace):
         info["draft"] = str(draft_dir)
     ctx = ProposerContext(target_model=target, method=method, tokenizer=tokenizer, options=options,
                           draft_model=info["draft_model"] if "draft" in spec.models else None)
-    build = resolve(spec.proposer)
+    build = spec.proposer
     info.update(method=method, factory=lambda: build(ctx))
     torch.manual_seed(args.seed)
     return target, tokenizer, info
@@ -238,7 +237,7 @@ def default_draft_zoo(args: argparse.Namespace, target_name: str | None) -> str 
     other methods draft without a separate model."""
     from draftsmith.data.zoo import zoo_size_for_target
 
-    if args.artefact or args.draft is not None or "draft" not in get_method(args.method or DEFAULT_METHOD).models:
+    if args.artefact or args.draft is not None or "draft" not in get_method(args.method or default_method()).models:
         return None
     return zoo_size_for_target(target_name)
 

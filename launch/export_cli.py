@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
     p.add_argument("--artefact", required=True, metavar="DIR", help="the artefact directory a recipe wrote")
     formats = export_formats()
     p.add_argument("--format", required=True, choices=tuple(formats),
-                   help="the layout to write (docs/EXPORT.md): " + ", ".join(f"{f} ({m})" for f, m in formats.items()))
+                   help="the layout to write (docs/EXPORT.md): " + ", ".join(f"{f} ({'/'.join(m)})" for f, m in formats.items()))
     p.add_argument("--out", required=True, metavar="DIR",
                    help="the export directory: new or empty, or with --overwrite an earlier export of this format")
     p.add_argument("--overwrite", action="store_true",

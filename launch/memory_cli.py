@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.launch.memory_plan import METHODS, MODES, PRESETS, count, plan
+from draftsmith.launch.memory_plan import MODES, PRESETS, count, memory_variants, needs_draft, plan
 
 GIB = 2**30
 
@@ -24,9 +24,9 @@ def add_parser(sub) -> None:
     p.add_argument("--target", metavar="MODEL", required=True,
                    help=f"a model directory, a config.json, or a published shape: {', '.join(PRESETS)}")
     p.add_argument("--draft", metavar="MODEL", default=None,
-                   help="DistillSpec's draft (the same kinds); default: the target's config --draft-layers deep")
+                   help="the draft of a method that trains one, e.g. DistillSpec (the same kinds); default: the target's config --draft-layers deep")
     p.add_argument("--draft-layers", metavar="N", type=int, default=2, help="depth of the default draft (default 2)")
-    p.add_argument("--method", default="all", help=f"one of {', '.join(METHODS)}, or all (default)")
+    p.add_argument("--method", default="all", help=f"one of {', '.join(memory_variants())}, or all (default)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated: {', '.join(MODES)}")
     p.add_argument("--gpus", metavar="N", type=int, default=8, help="GPUs the run shards over (default 8)")
     p.add_argument("--tokens", metavar="N", type=int, default=4096,
@@ -93,11 +93,12 @@ def _params(n: int) -> str:
 
 
 def _parse(args) -> tuple[list[str], list[str]]:
-    methods = list(METHODS) if args.method == "all" else [args.method]
+    known = list(memory_variants())
+    methods = known if args.method == "all" else [args.method]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in methods if m not in METHODS] + [m for m in modes if m not in MODES]
+    bad = [m for m in methods if m not in known] + [m for m in modes if m not in MODES]
     if bad:
-        raise ConfigError(f"unknown method or mode {', '.join(bad)}: methods {', '.join(METHODS)}; modes "
+        raise ConfigError(f"unknown method or mode {', '.join(bad)}: methods {', '.join(known)}; modes "
                           f"{', '.join(MODES)}")
     if not modes:
         raise ConfigError(f"--modes {args.modes!r} names no mode: pass some of {', '.join(MODES)}")
@@ -123,7 +124,7 @@ def run(args) -> int:
     size = DTYPE_BYTES[args.dtype]
     rows, plans = [], {}
     for method in methods:
-        c = count(method, target, draft if method == "distillspec" else None)
+        c = count(method, target, draft if needs_draft(method) else None)
         chunk = default_chunk_size(args.tokens, c.loss_vocab, c.hidden, GPU_CHUNK_BYTES)
         plans[method] = {"frozen_parameters": c.frozen, "trained_parameters": c.trained,
                          "modes": {m: plan(c, m, args.gpus, args.tokens, size, size, chunk) for m in modes}}

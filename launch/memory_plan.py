@@ -23,11 +23,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from draftsmith.trainers.memory import lora_parameters, meta_model
+
 MODES = ("ddp", "zero2", "zero3", "zero3-offload", "fsdp2")
 TRAINED_BYTES = 16  # float32 weights + float32 gradients + AdamW's two float32 moments, per trained parameter
 GATHERED_BYTES = 12  # FSDP2, per parameter it holds whole: float32 weights, gradient and the reduce-scatter's copy
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-METHODS = ("distillspec", "medusa", "medusa2", "eagle", "eagle3", "dflash", "layerskip", "cllm", "bita")
+def memory_variants() -> dict:
+    """Every trained method's variants (``draftsmith memory``'s methods) -> their ``shape(target, draft)``."""
+    from draftsmith.common.registry import REGISTRY
+
+    return {variant: shape for name in REGISTRY.names(trained=True) for variant, shape in REGISTRY.get(name).memory.items()}
+
+
+def needs_draft(variant: str) -> bool:
+    """The variant trains a separate draft model (its config is needed: ``--draft``)."""
+    from draftsmith.common.registry import REGISTRY
+
+    return any(variant in REGISTRY.get(n).memory and "draft" in REGISTRY.get(n).models
+               for n in REGISTRY.names(trained=True))
 _LLAMA3 = dict(num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, max_position_embeddings=131072)
 PRESETS = {  # the published config.json shapes, for planning without the weights
     "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
@@ -70,15 +84,6 @@ def _numel(module, trainable: bool | None = None) -> int:
     return sum(p.numel() for p in module.parameters() if trainable is None or p.requires_grad == trainable)
 
 
-def meta_model(config):
-    """The causal LM of ``config`` on the meta device (no memory, exact parameter shapes)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
-
-
 def _shape(config) -> dict:
     heads = int(config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
@@ -89,59 +94,15 @@ def _shape(config) -> dict:
 
 
 def trained_module(method: str, target, draft=None):
-    """``(module, layers with gradient, kept feature tensors, loss vocabulary)`` of ``method`` on the meta ``target``,
-    with the method's default settings; built from the drafters' own classes."""
+    """The :class:`~draftsmith.trainers.memory.MemoryShape` of ``method`` (a variant its spec declares) on the meta
+    ``target``, with the method's default settings; built from the drafters' own classes."""
     import torch
 
-    from draftsmith.inference.core.adapter import ModelAdapter
-
-    cfg, shape = target.config, _shape(target.config)
+    variants = memory_variants()
+    if method not in variants:
+        raise ValueError(f"method {method!r} is unknown: choose one of {', '.join(variants)}")
     with torch.device("meta"):
-        if method == "distillspec":
-            if draft is None:
-                raise ValueError("distillspec trains a draft model: give its config (--draft)")
-            return draft, int(draft.config.num_hidden_layers), 1, shape["vocab"]
-        if method in ("medusa", "medusa2"):
-            from draftsmith.inference.drafters.medusa import MedusaHeads
-            from draftsmith.trainers.medusa import MedusaConfig
-
-            c = MedusaConfig()
-            heads = MedusaHeads(shape["hidden"], shape["vocab"], c.heads, c.head_layers, c.shared_lm_head)
-            return heads, (shape["layers"] if method == "medusa2" else 0), 1, shape["vocab"]
-        if method in ("eagle", "eagle3"):
-            from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, aux_layers, head_config
-            from draftsmith.trainers.eagle import EagleConfig
-
-            adapter = ModelAdapter(target)
-            layer_cls, rotary_cls = type(adapter.layers[0]), type(adapter.rotary)
-            if method == "eagle":
-                head = EagleHead(head_config(cfg), layer_cls, rotary_cls, fc_bias=EagleConfig().fc_bias)
-                return head, 1, 2, shape["vocab"]
-            c = EagleConfig(variant="eagle3")
-            dv = min(c.draft_vocab_size, shape["vocab"])
-            d2t, t2d = torch.zeros(dv, dtype=torch.long), torch.zeros(shape["vocab"], dtype=torch.bool)
-            head = Eagle3Head(head_config(cfg), layer_cls, rotary_cls, type(adapter.final_norm),
-                              aux_layers(shape["layers"]), d2t, t2d)
-            return head, 1, 4, dv
-        if method == "dflash":
-            from draftsmith.inference.drafters.dflash import DFlashDraft
-            from draftsmith.trainers.dflash import DFlashConfig
-
-            c = DFlashConfig()
-            draft = DFlashDraft.for_target(target, c.draft_layers, block_size=c.block_size)
-            return draft, c.draft_layers, len(draft.hidden_layers), shape["vocab"]
-        if method == "layerskip":
-            return meta_model(cfg), shape["layers"], 0, shape["vocab"]
-        if method == "cllm":  # two passes with gradient: the Jacobi state (consistency) and the fixed answer (AR)
-            return meta_model(cfg), 2 * shape["layers"], 0, shape["vocab"]
-        if method == "bita":
-            from draftsmith.inference.drafters.bita import BitaEmbeddings
-
-            heads = int(cfg.num_attention_heads)
-            head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-            kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
-            return BitaEmbeddings(shape["hidden"], shape["layers"], kv, head_dim), 0, 0, shape["vocab"]
-    raise ValueError(f"method {method!r} is unknown: choose one of {', '.join(METHODS)}")
+        return variants[method](target, draft)
 
 
 def fsdp_gathered(module) -> int:
@@ -156,68 +117,20 @@ def fsdp_gathered(module) -> int:
     return root + max((_numel(unit, True) for unit in units), default=0)
 
 
-def lora_parameters(target, rank: int) -> int:
-    """Parameters of a LoRA adapter of rank ``rank`` on every linear layer of the decoder (``all-linear``)."""
-    from torch import nn
-
-    head = target.get_output_embeddings()
-    return sum(rank * (m.in_features + m.out_features) for m in target.modules()
-               if isinstance(m, nn.Linear) and m is not head)
-
-
-def _bita_rows() -> int:
-    """BiTA's scored rows in one sequence: its mask groups times its mask tokens (defaults)."""
-    from draftsmith.trainers.bita import BitaConfig
-
-    c = BitaConfig()
-    return int(c.groups) * int(c.mask_tokens)
-
-
 def count(method: str, target_config, draft_config=None) -> Counts:
     """The :class:`Counts` of ``method`` on a target of ``target_config`` (a transformers config)."""
     target = meta_model(target_config)
     draft = meta_model(draft_config) if draft_config is not None else None
-    module, trained_layers, kept, loss_vocab = trained_module(method, target, draft)
+    m = trained_module(method, target, draft)
     shape = _shape(target_config)
     layer = max(_numel(block) for block in target.model.layers) if hasattr(target, "model") else 0
-    frozen, trained = _numel(target), _numel(module)
-    if method == "medusa" or method == "medusa2":
-        from draftsmith.trainers.medusa import MedusaConfig
-
-        c = MedusaConfig()  # shared heads own no LM head (they score through the target's frozen one)
-        if method == "medusa2":  # a frozen copy of the target under the adapter, the adapter trains
-            frozen, trained = 2 * frozen, trained + lora_parameters(target, c.lora_r)
-    inner = draft_config if method == "distillspec" else target_config
-    inner_shape = _shape(inner)
-    if method in ("eagle", "eagle3"):
-        inner_shape = {**shape, "hidden": 2 * shape["hidden"] if method == "eagle3" else shape["hidden"]}
-    unrolled, calls = 0, 1
-    if method == "eagle3":
-        from draftsmith.trainers.eagle import EagleConfig
-
-        unrolled = calls = EagleConfig(variant="eagle3").ttt_steps
-    if method in ("medusa", "medusa2"):
-        from draftsmith.trainers.medusa import MedusaConfig
-
-        calls = MedusaConfig().heads + (1 if method == "medusa2" else 0)
-    if method == "layerskip":  # the rotational curriculum: every R-th exit and the last layer's
-        from draftsmith.trainers.layerskip import LayerSkipConfig
-
-        calls = -(-shape["layers"] // LayerSkipConfig().rotation) + 1
-    if method == "cllm":  # the consistency loss and the AR loss
-        calls = 2
-    if method == "dflash":  # one call per block slot (the anchor slot is no draft)
-        from draftsmith.trainers.dflash import DFlashConfig
-
-        calls = DFlashConfig().block_size - 1
-    head_trained = method in ("distillspec", "eagle3", "layerskip", "cllm")
-    return Counts(frozen=frozen, trained=trained, layer=layer, **shape, trained_layers=trained_layers,
-                  gathered=fsdp_gathered(module),
-                  trained_hidden=inner_shape["hidden"], trained_intermediate=inner_shape["intermediate"],
-                  kept_features=kept, loss_vocab=loss_vocab, unrolled=unrolled, loss_calls=calls,
-                  frozen_grad_layers=shape["layers"] if method == "bita" else 0,
-                  chunk_tensors=2 if method == "distillspec" else 4, loss_rows=_bita_rows() if method == "bita" else 0,
-                  loss_head_trained=head_trained)
+    inner = _shape(m.trained_config or target_config)
+    return Counts(frozen=m.frozen_copies * _numel(target), trained=_numel(m.module) + m.extra_trained, layer=layer,
+                  **shape, trained_layers=m.trained_layers, gathered=fsdp_gathered(m.module),
+                  trained_hidden=m.trained_hidden or inner["hidden"], trained_intermediate=inner["intermediate"],
+                  kept_features=m.kept_features, loss_vocab=m.loss_vocab, unrolled=m.unrolled, loss_calls=m.loss_calls,
+                  frozen_grad_layers=m.frozen_grad_layers, chunk_tensors=m.chunk_tensors, loss_rows=m.loss_rows,
+                  loss_head_trained=m.loss_head_trained)
 
 
 def layer_activation_bytes(tokens: int, hidden: int, intermediate: int, attention: int, act_bytes: int) -> int:
@@ -266,5 +179,5 @@ def plan(c: Counts, mode: str, gpus: int, tokens: int, frozen_bytes: int, act_by
     return out
 
 
-__all__ = ["Counts", "METHODS", "MODES", "PRESETS", "count", "fsdp_gathered", "layer_activation_bytes", "lora_parameters",
-           "meta_model", "plan", "step_bytes", "trained_module"]
+__all__ = ["Counts", "MODES", "PRESETS", "count", "fsdp_gathered", "layer_activation_bytes", "lora_parameters",
+           "memory_variants", "meta_model", "needs_draft", "plan", "step_bytes", "trained_module"]

@@ -2,7 +2,7 @@
 
 A recipe (``recipes/<method>.py``) is one call::
 
-    sys.exit(recipe_main("distillspec", default_config=Path(__file__).parent / "configs" / "distillspec_tiny.yaml"))
+    sys.exit(recipe_main("distillspec"))          # default settings: the spec's shipped config (distillspec_tiny)
 
 :func:`run_recipe` reads the method's registry entry (``draftsmith.common.registry``): it parses the settings
 (:mod:`draftsmith.launch.recipe_args`), resolves and loads the models the method starts from (a target alone, or a
@@ -29,7 +29,7 @@ from draftsmith.common.io import SUMS_FILE, changed_files, sha256_file
 from draftsmith.common.models import load_model, load_tokenizer, target_identity
 from draftsmith.common.outputs import claim, first_missing, remove_empty, weights_bytes, write_failures
 from draftsmith.common.precision import trained_dtype
-from draftsmith.common.registry import MethodSpec, get_method, resolve
+from draftsmith.common.registry import MethodSpec, get_method
 from draftsmith.launch.after_training import after_training
 from draftsmith.launch.recipe_args import RecipeArguments, parse_recipe_args
 from draftsmith.launch.run_settings import (
@@ -314,7 +314,7 @@ def save_artefact(trainer, spec: MethodSpec, out: Path, *, method_config, target
 
 def build_trainer(spec: MethodSpec, models: dict, method_config, training_args, train, heldout, tokenizer,
                   checkpoint_records: dict | None = None):
-    trainer_cls = resolve(spec.trainer)
+    trainer_cls = spec.trainer
     collator = None
     if hasattr(trainer_cls, "prepare_datasets"):  # e.g. EAGLE's offline features: the datasets it trains on
         train, heldout, collator = trainer_cls.prepare_datasets(models, method_config, train, heldout, tokenizer,
@@ -323,7 +323,7 @@ def build_trainer(spec: MethodSpec, models: dict, method_config, training_args, 
     if spec.trainable:
         import inspect
 
-        build = resolve(spec.trainable)
+        build = spec.trainable
         takes = inspect.signature(build).parameters  # e.g. EAGLE-3's draft vocabulary: the data, the target's answers
         extra = {k: v for k, v in (("train_dataset", train), ("tokenizer", tokenizer)) if k in takes}
         trainable = build(models, method_config, **extra)
@@ -339,7 +339,8 @@ def run_recipe(method: str, argv: list[str] | None = None, default_config: str |
     spec = get_method(method)
     if not spec.trained:
         raise ConfigError(f"method {method!r} has nothing to train: evaluate it with `draftsmith eval --method {method}`")
-    recipe, method_config, targs = parse_recipe_args(resolve(spec.config), argv, default_config)
+    recipe, method_config, targs = parse_recipe_args(spec.config, argv, default_config or spec.default_config,
+                                                     fixed=spec.config_defaults)
     transformers.set_seed(targs.seed)
     with targs.main_process_first(desc="building the zoo"):  # one process builds a missing zoo, the others wait
         paths = resolve_models(recipe, spec)

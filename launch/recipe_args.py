@@ -150,12 +150,33 @@ def _unique_keys_loader():
     return UniqueKeyLoader
 
 
+RECIPE_CONFIGS = Path(__file__).resolve().parent / "configs" / "recipes"  # shipped with draftsmith, found by name
+
+
+def shipped_configs() -> list[str]:
+    """The names of the configs draftsmith ships (``medusa_tiny``, ``eagle3_smollm2``, ...)."""
+    return sorted(p.stem for p in RECIPE_CONFIGS.glob("*.yaml"))
+
+
+def config_path(value: str | os.PathLike) -> Path:
+    """A ``--config`` value as a file: a YAML path as given, or the name of a shipped config (``medusa_tiny``)."""
+    path = Path(value).expanduser()
+    if path.is_file() or path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
+        return path
+    named = RECIPE_CONFIGS / f"{value}.yaml"
+    if not named.is_file():
+        raise ConfigError(f"--config {value}: no such file, and draftsmith ships no config of that name: pass a YAML "
+                          f"file or one of {', '.join(shipped_configs())}")
+    return named
+
+
 def read_yaml_config(path: str | os.PathLike) -> dict[str, Any]:
     import yaml
 
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist: pass --config with a YAML file (see recipes/configs/)")
+        raise ConfigError(f"config file {path} does not exist: pass --config with a YAML file or the name of a "
+                          f"shipped config ({', '.join(shipped_configs())})")
     try:
         values = yaml.load(path.read_bytes().decode("utf-8"), Loader=_unique_keys_loader()) or {}
     except DuplicateKey as err:
@@ -250,13 +271,15 @@ def _config_flag(argv: list[str]) -> str | None:
 
 
 def parse_recipe_args(method_config: type | None, argv: Sequence[str] | None = None,
-                      default_config: str | os.PathLike | None = None) -> tuple:
-    """``(RecipeArguments, method config or None, TrainingArguments)`` from ``--config`` YAML (default
-    ``default_config``) and the command line (see the module docstring)."""
+                      default_config: str | os.PathLike | None = None, fixed: dict[str, Any] | None = None) -> tuple:
+    """``(RecipeArguments, method config or None, TrainingArguments)`` from ``--config`` YAML or a shipped config's
+    name (default ``default_config``) and the command line (see the module docstring). ``fixed``: method settings the
+    method's spec fixes (P-EAGLE's ``variant``); a config or flag that sets one otherwise is refused."""
     import transformers
 
     argv = _normalise_overrides(sys.argv[1:] if argv is None else argv)
-    config_path = _config_flag(argv) or (str(default_config) if default_config else None)
+    given = _config_flag(argv) or default_config
+    config_file = str(config_path(given)) if given else None
     main_classes = [RecipeArguments, transformers.TrainingArguments]
     main_parser = settings_parser(main_classes)
     main_fields = {a.dest for a in main_parser._actions}
@@ -271,11 +294,16 @@ def parse_recipe_args(method_config: type | None, argv: Sequence[str] | None = N
     method_defaults: dict[str, Any] = {}
     if not _has_accelerator():  # no GPU: run on the CPU under every launcher (DeepSpeed's CPU path needs it)
         main_defaults["use_cpu"] = True
-    if config_path:
-        main_values, method_defaults = split_yaml(read_yaml_config(config_path), method_fields, main_fields,
-                                                  config_path)
-        main_defaults.update(check_values(main_values, main_classes, config_path), config=config_path)
-        method_defaults = check_values(method_defaults, [method_config], config_path) if method_config else {}
+    if config_file:
+        main_values, method_defaults = split_yaml(read_yaml_config(config_file), method_fields, main_fields,
+                                                  config_file)
+        main_defaults.update(check_values(main_values, main_classes, config_file), config=config_file)
+        method_defaults = check_values(method_defaults, [method_config], config_file) if method_config else {}
+    for key, value in (fixed or {}).items():
+        if method_defaults.get(key, value) != value:
+            raise ConfigError(f"{config_file} sets {key}: {method_defaults[key]}, which this method fixes to {value}: "
+                              f"drop it from the config, or train the method it names")
+    method_defaults = {**method_defaults, **(fixed or {})}
     main_argv, method_argv = split_argv(argv, method_fields, main_fields)
     recipe, training = _parse(main_parser, main_argv, main_defaults)
     recipe, training = apply_precision(recipe, training, lambda defaults: _parse(main_parser, main_argv, defaults),
@@ -283,6 +311,10 @@ def parse_recipe_args(method_config: type | None, argv: Sequence[str] | None = N
     check_training_args(training)
     training.output_dir = os.path.expanduser(training.output_dir) if training.output_dir else training.output_dir
     method = _parse(settings_parser([method_config]), method_argv, method_defaults)[0] if method_config else None
+    clash = {k: getattr(method, k) for k, v in (fixed or {}).items() if method is not None and getattr(method, k) != v}
+    if clash:
+        raise ConfigError(f"{', '.join(f'{k}={v}' for k, v in clash.items())}: this method fixes "
+                          f"{', '.join(f'{k}={fixed[k]}' for k in clash)}; drop the setting")
     join_process_group(training)
     return recipe, method, training
 

@@ -24,11 +24,11 @@ import random
 from pathlib import Path
 
 from draftsmith.common.errors import ArtefactError, ConfigError
+from draftsmith.common.registry import get_method
 from draftsmith.launch.targets import add_placement_options
 from draftsmith.launch.zoo_cli import SIZES as ZOO_SIZE_NAMES
 
 AR_PROMPTS = 8  # calibration prompts decoded plainly to time a plain step
-TREE_METHODS = ("medusa", "eagle", "dflash")  # drafters whose trees draftsmith tune calibrates
 
 
 def add_parser(sub) -> None:
@@ -101,7 +101,7 @@ def tune_artefact(artefact: Path, target_model, tokenizer, questions, *, max_new
     from draftsmith.inference.methods import load_artefact
 
     manifest = read_manifest(artefact)
-    if manifest.get("method") in TREE_METHODS:
+    if get_method(manifest.get("method")).calibrated_tree:
         return calibrate_tree_artefact(artefact, target_model, tokenizer, questions, max_new_tokens=max_new_tokens,
                                        allow_target_mismatch=allow_target_mismatch, manifest=manifest)
     profiler, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, draft_length=max_length,
@@ -156,7 +156,8 @@ def calibrate_tree_artefact(artefact: Path, target_model, tokenizer, questions, 
 
     manifest = read_manifest(artefact) if manifest is None else manifest
     depth = manifest["proposer"].get("tree_depth") or manifest["proposer"].get("draft_length") or 5
-    options = {"tree": "chain", "draft_length": depth} if manifest["method"] == "eagle" else {"tree": "chain"}
+    chain = get_method(manifest["method"]).chain_options
+    options = chain(depth) if chain else {"tree": "chain"}
     proposer, _ = load_artefact(artefact, target_model, tokenizer, allow_target_mismatch, manifest=manifest, **options)
     depth = getattr(getattr(proposer, "tree", None), "max_depth", None) or depth  # Medusa: its number of heads
     prompts, eos = first_turn_prompts(tokenizer, questions)

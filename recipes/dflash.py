@@ -8,21 +8,18 @@ evaluated drafting the block as a chain.
     draftsmith eval --artefact runs/dflash_tiny/artefact
     draftsmith export --artefact runs/dflash_tiny/artefact --format vllm-dflash --out runs/dflash_tiny/vllm
 
-Settings: --config YAML (default configs/dflash_tiny.yaml), then flags from RecipeArguments, DFlashConfig (also as
+Settings: --config YAML or a shipped config by name (default dflash_tiny), then flags from RecipeArguments, DFlashConfig (also as
 method.KEY=value) and transformers.TrainingArguments; the rest is the recipe runner's (draftsmith.launch.recipe), the
 same for every method.
 """
 
 import sys
-from pathlib import Path
 
 from draftsmith.launch.recipe import recipe_main
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "dflash_tiny.yaml"
-
 
 def main() -> int:
-    return recipe_main("dflash", default_config=DEFAULT_CONFIG)
+    return recipe_main("dflash")
 
 
 if __name__ == "__main__":

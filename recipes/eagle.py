@@ -4,25 +4,22 @@ chain.
 
     python recipes/eagle.py                                          # tiny zoo target, shipped corpus, then evaluate
     python recipes/eagle.py --target DIR --dataset chats.jsonl --output_dir runs/eagle-mine
-    python recipes/eagle.py --config recipes/configs/eagle_smollm2.yaml
+    python recipes/eagle.py --config eagle_smollm2
     accelerate launch --config_file launch/configs/accelerate/cpu_2proc.yaml recipes/eagle.py --max_steps 50
     draftsmith eval --artefact runs/eagle_tiny/artefact --draft-length 4
 
-Settings: --config YAML (default configs/eagle_tiny.yaml), then flags from RecipeArguments, EagleConfig
+Settings: --config YAML or a shipped config by name (default eagle_tiny), then flags from RecipeArguments, EagleConfig
 (also as method.KEY=value) and transformers.TrainingArguments; the rest is the recipe runner's
 (draftsmith.launch.recipe), the same for every method.
 """
 
 import sys
-from pathlib import Path
 
 from draftsmith.launch.recipe import recipe_main
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "eagle_tiny.yaml"
-
 
 def main() -> int:
-    return recipe_main("eagle", default_config=DEFAULT_CONFIG)
+    return recipe_main("eagle")
 
 
 if __name__ == "__main__":

@@ -8,21 +8,18 @@ with early-exit self-speculation against the adapted model's own AR.
     accelerate launch --config_file launch/configs/accelerate/cpu_2proc.yaml recipes/layerskip.py --max_steps 50
     draftsmith eval --artefact runs/layerskip_tiny/artefact --exit-layer 2
 
-Settings: --config YAML (default configs/layerskip_tiny.yaml), then flags from RecipeArguments, LayerSkipConfig
+Settings: --config YAML or a shipped config by name (default layerskip_tiny), then flags from RecipeArguments, LayerSkipConfig
 (also as method.KEY=value) and transformers.TrainingArguments; the rest is the recipe runner's
 (draftsmith.launch.recipe), the same for every method.
 """
 
 import sys
-from pathlib import Path
 
 from draftsmith.launch.recipe import recipe_main
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "layerskip_tiny.yaml"
-
 
 def main() -> int:
-    return recipe_main("layerskip", default_config=DEFAULT_CONFIG)
+    return recipe_main("layerskip")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.common.registry import REGISTRY, export_formats, resolve
+from draftsmith.common.registry import REGISTRY, export_formats
 from draftsmith.inference.artefacts.medusa import describe_medusa_export
 from draftsmith.inference.artefacts.reader import check_target, read_manifest, read_weights
 
@@ -25,10 +25,10 @@ def check_export(artefact: str | os.PathLike, fmt: str) -> dict:
     if fmt not in formats:
         raise ConfigError(f"export format {fmt!r} is unknown: choose one of {', '.join(formats)}")
     manifest = read_manifest(artefact)
-    method = formats[fmt]
-    if manifest.get("method") != method:
-        raise ConfigError(f"--format {fmt} exports {method} artefacts, but {artefact} is a {manifest.get('method')} "
-                          "artefact")
+    methods = formats[fmt]
+    if manifest.get("method") not in methods:
+        raise ConfigError(f"--format {fmt} exports {' or '.join(methods)} artefacts, but {artefact} is a "
+                          f"{manifest.get('method')} artefact")
     return manifest
 
 
@@ -41,7 +41,7 @@ def export_artefact(artefact: str | os.PathLike, fmt: str, out: str | os.PathLik
     method = manifest["method"]
     if target_model is not None:  # heads of another target would ship with its LM head or layer sizes
         check_target(manifest, target_model, None, escape="leave --target out to use the target its manifest names")
-    return resolve(REGISTRY.get(method).export_formats[fmt])(artefact, manifest, fmt, out, target_model)
+    return REGISTRY.get(method).export_formats[fmt](artefact, manifest, fmt, out, target_model)
 
 
 def describe(out: str | os.PathLike) -> str:

@@ -46,10 +46,11 @@ class GenerationConfig:
     # (rows, padded rows) pairs: verification forwards over `rows` tokens run over `padded rows` instead, where the
     # machine's measured forward is cheaper that way (draftsmith.inference.evaluation.cost.padding_plan); () = never pad
     verify_padding: tuple[tuple[int, int], ...] = ()
-    # take steps as a serving engine does (vLLM): the first new token comes from the prefill with no draft, and drafts
-    # never shorten at an answer's end (what the target accepts past max_new_tokens is counted, then cut). The output
-    # is the same; only the acceptance counts change. For acceptance parity with an engine, not for speed.
-    engine_steps: bool = False
+    # False: the first new token comes from the prefill's forward alone, with no draft
+    draft_first_step: bool = True
+    # False: drafts never shorten at an answer's end (what the target accepts past max_new_tokens is counted, then cut).
+    # Either way the output is the same; only the acceptance counts change (a serving engine's stepping, for parity).
+    shorten_last_drafts: bool = True
     # time each step's drafting and verification (two device synchronisations per step on a GPU; the draft-length
     # policies that weigh draft against target time need them); False: no synchronisation inside the loop
     timing: bool = True
@@ -345,10 +346,10 @@ def generate(
         room = max_new - len(output)
         past = tokens.numel() - 1  # committed tokens in the cache; tokens[-1] is pending
         t_draft = time.perf_counter()
-        if proposer is None or (config.engine_steps and not accept_lengths):  # an engine's prefill drafts nothing
+        if proposer is None or (not config.draft_first_step and not accept_lengths):  # the prefill drafts nothing
             draft = Draft.empty()
         else:
-            budget = target.max_positions - tokens.numel() - 1 if config.engine_steps else room - 1
+            budget = room - 1 if config.shorten_last_drafts else target.max_positions - tokens.numel() - 1
             draft = proposer.propose(tokens, budget, config.sampling, generator).to(device)  # host tokens: one upload
             check_target_cache(cache, past, draft, getattr(proposer, "name", type(proposer).__name__))
         if config.timing:

@@ -15,7 +15,7 @@ group attend to each other (``mask_attention``: bidirectional by default; causal
 docs/METHODS.md#bita), to the sequence up to their insertion point and to the prompt; **no sequence token ever sees the
 prompt or a mask**, so the target's outputs are exactly its own and verification stays lossless.
 
-The module lives in ``inference`` because the decode loop runs it; ``draftsmith.trainers.bita`` trains it.
+The module lives in ``inference`` because the decode loop runs it; ``draftsmith.trainers.bita.trainer`` trains it.
 """
 
 from __future__ import annotations

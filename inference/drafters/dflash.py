@@ -16,7 +16,7 @@ target's own LM head give, at block slot ``k >= 1``, the draft's distribution of
 
 The layers are Qwen3-shaped (pre-norm, per-head q/k norms, SiLU MLP, no biases) whatever the target's family, as
 vLLM's DFlash model (``DFlashDraftModel``) requires, and built by transformers' own Qwen3 classes from a config
-carrying the target's sizes. Training (:mod:`draftsmith.trainers.dflash`) runs the same forward over many blocks of a
+carrying the target's sizes. Training (:mod:`draftsmith.trainers.dflash.trainer`) runs the same forward over many blocks of a
 sequence at once (:func:`block_visibility`); the proposer: :mod:`draftsmith.inference.proposers.dflash`.
 """
 

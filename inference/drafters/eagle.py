@@ -31,7 +31,7 @@ ids).
 
 Llama-style targets only (Llama, Qwen2, Mistral, ...): the heads need the target's decoder layer, norm and rotary
 embedding classes. The module lives in ``inference`` because the decode loop runs it; the trainer
-(``draftsmith.trainers.eagle``) builds and trains it.
+(``draftsmith.trainers.eagle.trainer``) builds and trains it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ is the token ``x_{t+1}`` — and predicts ``x_{t+k+2}``: a stack of residual blo
 then an LM head: the target's own (frozen, shared; the default, and the only sane one with a 49,152-token
 vocabulary) or a per-head copy initialised from it.
 
-The module lives in ``inference`` because the decode loop runs it; the trainer (``draftsmith.trainers.medusa``)
+The module lives in ``inference`` because the decode loop runs it; the trainer (``draftsmith.trainers.medusa.trainer``)
 builds and trains it.
 """
 

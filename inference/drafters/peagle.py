@@ -7,7 +7,7 @@ own row: the embedding is not trained) and one shared learned hidden state, ``fc
 in the concatenated ``[k Ht]`` feature space, as vLLM loads it). Position ``k`` sits at RoPE position ``p + k`` and
 attends causally: the committed context, the block's first position and the placeholders before it. Its output's
 draft-vocabulary argmax is draft token ``k + 1``. Training is EAGLE-3's training-time test with those placeholder
-inputs at every unrolled step after the first (:mod:`draftsmith.trainers.eagle3`)."""
+inputs at every unrolled step after the first (:mod:`draftsmith.trainers.eagle.ttt`)."""
 
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ def evaluate(
     eos = tokenizer.eos_token_id
     config = GenerationConfig(
         max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=(eos,) if eos is not None else (),
-        engine_steps=engine_steps,
+        draft_first_step=not engine_steps, shorten_last_drafts=not engine_steps,
     )
     hf: dict[str, Callable[[list[int]], HFRun]] = {}
     if compare_hf:

@@ -35,7 +35,7 @@ MODES = ("fixed", "onpolicy", "mixed", "target")
 
 
 def cell_overrides(divergence: str, mode: str, steps: int, lmbda: float, generation_temperature: float) -> list[str]:
-    """``key=value`` recipe overrides of one grid cell (everything else: recipes/configs/distillspec_tiny.yaml)."""
+    """``key=value`` recipe overrides of one grid cell (everything else: launch/configs/recipes/distillspec_tiny.yaml)."""
     return [
         f"divergence={divergence}", f"data_mode={mode}", f"max_steps={steps}", f"lmbda={lmbda}", "mixed_with=fixed",
         f"generation_temperature={generation_temperature}", "eval_strategy=no", "save_strategy=no",

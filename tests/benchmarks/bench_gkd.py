@@ -134,7 +134,7 @@ def build_trainer(kind: str, args: argparse.Namespace, draft, target, tokenizer,
                           processing_class=tokenizer, data_collator=collator)
     import transformers
 
-    from draftsmith.trainers.distillspec import DistillSpecConfig, DistillSpecTrainer
+    from draftsmith.trainers.distillspec.trainer import DistillSpecConfig, DistillSpecTrainer
 
     distill = DistillSpecConfig(divergence="forward_kl", data_mode="fixed", temperature=1.0,
                                 use_fused_kernel=kind == "draftsmith-fused")

@@ -99,7 +99,7 @@ def build(args, method: str, target=None, draft=None, **training_kwargs):
     batch = _batch(args, gen)
     common = dict(teacher_model=target, args=training)
     if method in ("distillspec", "distillspec-unchunked"):
-        from draftsmith.trainers.distillspec import DistillSpecConfig, DistillSpecTrainer
+        from draftsmith.trainers.distillspec.trainer import DistillSpecConfig, DistillSpecTrainer
 
         if draft is None:
             draft = random_model("llama", seed=1, vocab_size=args.vocab, hidden=args.hidden, layers=1,
@@ -108,14 +108,14 @@ def build(args, method: str, target=None, draft=None, **training_kwargs):
         cfg = DistillSpecConfig(use_fused_kernel=False if method == "distillspec-unchunked" else None)
         return DistillSpecTrainer(model=draft, method_config=cfg, **common), draft, batch
     if method in ("medusa", "medusa2"):
-        from draftsmith.trainers.medusa import MedusaConfig, MedusaTrainer, build_heads
+        from draftsmith.trainers.medusa.trainer import MedusaConfig, MedusaTrainer, build_heads
 
         cfg = MedusaConfig(variant="medusa1" if method == "medusa" else "medusa2", data_mode="fixed")
         module = build_heads({"target": target}, cfg).train()
         return MedusaTrainer(model=module, method_config=cfg, **common), module, batch
     if method in ("eagle", "eagle3"):
         from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, draft_vocab
-        from draftsmith.trainers.eagle import Eagle3Training, EagleConfig, EagleTrainer
+        from draftsmith.trainers.eagle.trainer import Eagle3Training, EagleConfig, EagleTrainer
 
         if method == "eagle":
             cfg = EagleConfig(data_mode="fixed")
@@ -127,20 +127,20 @@ def build(args, method: str, target=None, draft=None, **training_kwargs):
             module = Eagle3Training(Eagle3Head.for_target(target, d2t, t2d), recompute=cfg.ttt_recompute).train()
         return EagleTrainer(model=module, method_config=cfg, **common), module, batch
     if method == "dflash":
-        from draftsmith.trainers.dflash import DFlashConfig, DFlashTrainer, build_dflash
+        from draftsmith.trainers.dflash.trainer import DFlashConfig, DFlashTrainer, build_dflash
 
         cfg = DFlashConfig(data_mode="fixed")
         module = build_dflash({"target": target}, cfg).train()
         trainer = DFlashTrainer(model=module, method_config=cfg, **common)
         return trainer, module, trainer.prepare_training_batch(module, batch, gen)  # the batch's blocks
     if method == "layerskip":
-        from draftsmith.trainers.layerskip import LayerSkipConfig, LayerSkipTrainer, build_layerskip_model
+        from draftsmith.trainers.layerskip.trainer import LayerSkipConfig, LayerSkipTrainer, build_layerskip_model
 
         cfg = LayerSkipConfig(curriculum=getattr(args, "curriculum", "all"))  # bench_memory_plan: the default
         module = build_layerskip_model({"target": target}, cfg).train()
         return LayerSkipTrainer(model=module, method_config=cfg, **common), module, batch
     if method == "cllm":
-        from draftsmith.trainers.cllm import CllmConfig, CllmTrainer, build_cllm_model
+        from draftsmith.trainers.cllm.trainer import CllmConfig, CllmTrainer, build_cllm_model
 
         cfg = CllmConfig()
         module = build_cllm_model({"target": target}, cfg).train()
@@ -151,7 +151,7 @@ def build(args, method: str, target=None, draft=None, **training_kwargs):
         batch = {**batch, "input_state": state, "input_next": state.clone(), "consistency_mask": consistency}
         return CllmTrainer(model=module, method_config=cfg, **common), module, batch
     if method == "bita":
-        from draftsmith.trainers.bita import POINTS_KEY, BitaConfig, BitaTrainer, build_bita, insertion_points
+        from draftsmith.trainers.bita.trainer import POINTS_KEY, BitaConfig, BitaTrainer, build_bita, insertion_points
 
         cfg = BitaConfig(data_mode="fixed")
         module = build_bita({"target": target}, cfg).train()

@@ -144,7 +144,7 @@ def run_method(args) -> dict:
     cuda = args.device == "cuda"
     frozen = torch.bfloat16 if cuda else torch.float32
     cfg = target_config(args.config, max(256, args.tokens // args.rows + 16))
-    from draftsmith.trainers.layerskip import LayerSkipConfig
+    from draftsmith.trainers.layerskip.trainer import LayerSkipConfig
 
     args.curriculum = LayerSkipConfig().curriculum  # the recipe's default, which the plan counts
     kwargs = {"use_cpu": not cuda, **({"bf16": True} if cuda else {})}

@@ -8,7 +8,7 @@ hidden states, the same draft vocabulary, steps, schedule and seed, both heads j
 ``setup`` makes ``DRAFTSMITH_HOME/peers/speculators`` (a venv: torch and transformers inside speculators' pins,
 speculators without its CUDA-only extras) and records the versions it imports in ``draftsmith-peer.json``. ``run``:
 
-1. trains draftsmith's EAGLE-3 (``recipes/configs/eagle3_tiny.yaml``, or ``eagle3_smollm2.yaml`` with ``--target
+1. trains draftsmith's EAGLE-3 (``launch/configs/recipes/eagle3_tiny.yaml``, or ``eagle3_smollm2.yaml`` with ``--target
    smollm2``; features cached offline) for ``--steps``;
 2. converts that cache, unchanged, to speculators' offline format (``peers/to_speculators.py``) and writes the
    draftsmith head's draft vocabulary as speculators' ``d2t``/``t2d``;
@@ -112,7 +112,7 @@ def train_draftsmith(out: Path, steps: int, examples: int | None = None, target:
     run = out / "draftsmith"
     config = "dflash_tiny.yaml" if recipe == "dflash" else TARGETS[target]
     argv = [str(ROOT / ".venv" / "bin" / "draftsmith"), "train", recipe, "--config",
-            str(ROOT / "recipes" / "configs" / config), "features=offline",
+            str(ROOT / "launch" / "configs" / "recipes" / config), "features=offline",
             f"feature_cache_dir={cache or cache_root(out, target)}", f"output_dir={run}", f"max_steps={steps}",
             "evaluate=false", "tune=false", "report_to=none", f"save_steps={steps}", f"eval_steps={steps}",
             *(["calibrate_tree=false"] if recipe == "eagle" else []),
@@ -326,7 +326,7 @@ def run_dflash(args: argparse.Namespace) -> dict:
         raise SystemExit(f"no EAGLE-3 bench cache under {args.out}: run `bench_peers.py run` (EAGLE-3) first")
     out = Path(args.out) / "dflash" / f"steps{args.steps}"
     out.mkdir(parents=True, exist_ok=True)
-    config = yaml.safe_load((ROOT / "recipes" / "configs" / "dflash_tiny.yaml").read_text())
+    config = yaml.safe_load((ROOT / "launch" / "configs" / "recipes" / "dflash_tiny.yaml").read_text())
     ours = once(out / "draftsmith.json", lambda: train_draftsmith(out, args.steps, args.examples, recipe="dflash",
                                                                   cache=caches[0], overrides=tuple(args.set)))
     cache = train_cache(caches[0].parent)
@@ -382,7 +382,7 @@ def run(args: argparse.Namespace) -> dict:
     target = args.target
     out = Path(args.out) / ("" if target == "tiny" else target) / f"steps{args.steps}"
     out.mkdir(parents=True, exist_ok=True)
-    config = yaml.safe_load((ROOT / "recipes" / "configs" / TARGETS[target]).read_text())
+    config = yaml.safe_load((ROOT / "launch" / "configs" / "recipes" / TARGETS[target]).read_text())
     ours = once(out / "draftsmith.json", lambda: train_draftsmith(out, args.steps, args.examples, target,
                                                                   overrides=tuple(args.set)))
     data = convert(out, Path(ours["artefact"]), target)

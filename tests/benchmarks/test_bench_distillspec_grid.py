@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from draftsmith.launch.recipe_args import parse_recipe_args
-from draftsmith.trainers.distillspec import DistillSpecConfig
+from draftsmith.trainers.distillspec.trainer import DistillSpecConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ def test_every_cell_parses_as_the_recipe_would(grid, divergence, mode, tmp_path)
     overrides = grid.cell_overrides(divergence, mode, steps=300, lmbda=0.5, generation_temperature=0.0)
     recipe, distill, targs = parse_recipe_args(
         DistillSpecConfig,
-        [f"output_dir={tmp_path}", *overrides], ROOT / "recipes" / "configs" / "distillspec_tiny.yaml",
+        [f"output_dir={tmp_path}", *overrides], ROOT / "launch" / "configs" / "recipes" / "distillspec_tiny.yaml",
     )
     assert (distill.divergence, distill.data_mode, distill.lmbda) == (divergence, mode, 0.5)
     assert distill.mixed_with == "fixed" and distill.generation_temperature == 0.0

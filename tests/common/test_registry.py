@@ -1,36 +1,66 @@
 """The method registry: built-in entries, references, registration and refusals."""
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.common.eval_options import DRAFT_LENGTH, TREE, EvalOption, merge_options, resolve_option
 from draftsmith.common.registry import (
     ARTEFACT_KINDS,
+    MODEL_ROLES,
     REGISTRY,
     MethodSpec,
     Registry,
+    default_method,
     eval_flags,
     export_formats,
     method_commands,
     registered,
     resolve,
 )
+from draftsmith.launch.recipe_args import RECIPE_CONFIGS as SHIPPED
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_builtin_methods_resolve():
-    assert {"ar", "draft", "pld", "distillspec"} <= set(REGISTRY.names())
+def test_builtin_methods_are_declared_with_real_objects():
+    assert {"ar", "draft", "pld", "distillspec", "peagle"} <= set(REGISTRY.names())
     assert set(REGISTRY.names(eval_method=True)) >= {"ar", "draft", "pld"}
-    assert {"distillspec", "medusa"} <= set(REGISTRY.names(trained=True))
+    assert {"distillspec", "medusa", "peagle"} <= set(REGISTRY.names(trained=True))
     assert not {"ar", "draft", "pld"} & set(REGISTRY.names(trained=True))
     for name in REGISTRY.names():
         spec = REGISTRY.get(name)
-        assert callable(resolve(spec.proposer)) and spec.artefact_kind in ARTEFACT_KINDS
+        assert callable(spec.proposer) and spec.artefact_kind in ARTEFACT_KINDS
         if spec.trained:
-            assert resolve(spec.config) and resolve(spec.trainer)
-        for exporter in spec.export_formats.values():
-            assert callable(resolve(exporter))
+            assert isinstance(spec.config, type) and isinstance(spec.trainer, type) and callable(spec.trainable)
+            assert spec.memory and all(callable(shape) for shape in spec.memory.values())
+            assert (SHIPPED / f"{spec.default_config}.yaml").is_file()
+        assert all(callable(f) for f in (*spec.export_formats.values(), *spec.engine_configs.values()))
         if spec.train is not None:
             assert callable(resolve(spec.train))
+    assert default_method() == "draft"
+
+
+def test_no_shared_module_names_a_method():
+    """Shared layers never switch on a method: no string constant in common/, launch/, inference/core, inference/
+    evaluation, kernels/ or data/ is a method's (or a memory variant's) name. Exempt: the composition root, a method's
+    own command modules (named by its spec), and the words that are also model roles or the AR baseline's label."""
+    names = set(REGISTRY.names()) | {v for n in REGISTRY.names() for v in REGISTRY.get(n).memory}
+    names -= {*MODEL_ROLES, "ar"}
+    own = {"draftsmith.launch.methods"} | {
+        ref.split(":")[0] for n in REGISTRY.names() for spec in [REGISTRY.get(n)]
+        for ref in (*spec.commands.values(), *spec.data_commands.values(), *([spec.train] if spec.train else []))}
+    found = []
+    for folder in ("common", "launch", "inference/core", "inference/evaluation", "kernels", "data"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            module = "draftsmith." + ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            if module in own:
+                continue
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}" for node in ast.walk(ast.parse(
+                path.read_text())) if isinstance(node, ast.Constant) and node.value in names]
+    assert not found, "shared modules name methods: " + "; ".join(found)
 
 
 def test_registration_is_scoped_and_refuses_duplicates():
@@ -90,8 +120,9 @@ def test_methods_that_share_an_option_name_must_declare_it_alike():
 def test_method_commands_and_export_formats_come_from_the_entries():
     assert method_commands() == {"exit-layer": "draftsmith.launch.exit_cli"}
     assert method_commands("data_commands") == {"jacobi": "draftsmith.launch.jacobi_cli"}
-    assert export_formats() == {"vllm-medusa": "medusa", "eagle3": "eagle", "vllm-eagle": "eagle",
-                                "sglang-eagle": "eagle", "speculators": "eagle", "vllm-dflash": "dflash"}
+    eagles = ("eagle", "peagle")
+    assert export_formats() == {"vllm-medusa": ("medusa",), "eagle3": eagles, "vllm-eagle": eagles,
+                                "sglang-eagle": eagles, "speculators": eagles, "vllm-dflash": ("dflash",)}
     clash = MethodSpec(name="clash", summary="", proposer=lambda ctx: None, commands={"exit-layer": "elsewhere"})
     with registered(clash), pytest.raises(ConfigError, match="another method adds too"):
         method_commands()

@@ -153,7 +153,9 @@ def test_host_synchronisations_per_step(method, zoo, gpu_report):
     from draftsmith.data.zoo import load_zoo
     from draftsmith.inference.core.adapter import ModelAdapter
     from draftsmith.inference.core.generate import GenerationConfig, generate
-    from draftsmith.inference.methods import ProposerContext, draft_model_proposer, prompt_lookup_proposer
+    from draftsmith.inference.methods import ProposerContext
+    from draftsmith.inference.methods.draft_model import draft_model_proposer
+    from draftsmith.inference.methods.prompt_lookup import prompt_lookup_proposer
 
     tokenizer, target, draft = load_zoo("tiny")
     target = target.to(DEVICE)

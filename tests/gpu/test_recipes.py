@@ -57,7 +57,7 @@ def test_bfloat16_training_gives_finite_losses_and_a_loadable_artefact(run_id, p
 
     recipe, extra = RUNS[run_id]
     out = tmp_path / run_id
-    argv = ["--config", str(ROOT / "recipes" / "configs" / f"{recipe}_test.yaml"), "--target", str(pair["target"]),
+    argv = ["--config", str(ROOT / "launch" / "configs" / "recipes" / f"{recipe}_test.yaml"), "--target", str(pair["target"]),
             "--dataset", str(pair["dataset"]), "--output_dir", str(out), "--dtype", "bfloat16",
             *[x.format(draft=pair["draft"]) for x in extra]]
     start = time.perf_counter()
@@ -84,7 +84,7 @@ def test_the_unrolled_attentions_agree_on_the_device(gpu_report):
     """EAGLE-3's training-time test attends through SDPA under the visibility mask on CUDA and through the structured
     scores elsewhere: the same values and gradients on the device, in float32 and bfloat16. TF32 products are off
     for the comparison (the recipes' training policy turns them on: errors of 1e-3 in float32)."""
-    from draftsmith.trainers.eagle3 import ttt_attention
+    from draftsmith.trainers.eagle.ttt import ttt_attention
 
     tf32 = torch.backends.cuda.matmul.allow_tf32 if DEVICE == "cuda" else None
     if tf32 is not None:

@@ -28,7 +28,7 @@ def launcher(tiny_pair):
 
     def run(tool: str, method: str, port: int, out: Path, *extra: str, timeout: int = 1200):
         bin_dir = Path(sys.executable).parent
-        script = [str(ROOT / "recipes" / f"{method}.py"), "--config", str(ROOT / "recipes" / "configs" / f"{method}_test.yaml"),
+        script = [str(ROOT / "recipes" / f"{method}.py"), "--config", str(ROOT / "launch" / "configs" / "recipes" / f"{method}_test.yaml"),
                   "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out),
                   *extra]
         if tool == "accelerate":

@@ -59,7 +59,7 @@ def test_an_empty_searched_set_decodes_plainly(tmp_path):
 
 def test_threshold_rule_names_agree_everywhere():
     """The command lines list the rules without importing the proposer; they must name the same ones."""
-    from draftsmith.common.registry import THRESHOLD_RULE
+    from draftsmith.inference.methods.draft_verify import THRESHOLD_RULE
     from draftsmith.inference.proposers.draft_verify import THRESHOLD_RULES
     from draftsmith.launch.draft_verify import THRESHOLD_RULE_NAMES, parser
 

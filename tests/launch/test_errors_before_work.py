@@ -59,7 +59,7 @@ def generate_argv(pair, out, *extra):
 
 
 def recipe_argv(pair, out, *extra):
-    return ["train", "distillspec", "--config", str(ROOT / "recipes" / "configs" / "distillspec_test.yaml"),
+    return ["train", "distillspec", "--config", str(ROOT / "launch" / "configs" / "recipes" / "distillspec_test.yaml"),
             "--target", str(pair["target"]), "--draft", str(pair["draft"]), "--dataset", str(pair["dataset"]),
             "--output_dir", str(out), "eval_strategy=no", "report_to=none", "max_steps=4", "save_steps=2", *extra]
 

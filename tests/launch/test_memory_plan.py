@@ -22,8 +22,8 @@ def target():
 
 
 def test_counts_are_those_of_the_modules_the_recipes_build(target):
-    from draftsmith.trainers.eagle import EagleConfig, build_eagle_head
-    from draftsmith.trainers.medusa import MedusaConfig, build_heads
+    from draftsmith.trainers.eagle.trainer import EagleConfig, build_eagle_head
+    from draftsmith.trainers.medusa.trainer import MedusaConfig, build_heads
 
     cfg = target.config
     total = sum(p.numel() for p in target.parameters())

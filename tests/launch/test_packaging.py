@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SUBPACKAGES = {
     "common": "draftsmith.common",
     "trainers": "draftsmith.trainers",
+    **{f"trainers/{m}": f"draftsmith.trainers.{m}" for m in ("bita", "cllm", "dflash", "distillspec", "eagle",
+                                                               "layerskip", "medusa")},
     "data": "draftsmith.data",
     "inference": "draftsmith.inference",
     "inference/core": "draftsmith.inference.core",
@@ -25,6 +27,7 @@ SUBPACKAGES = {
     "inference/evaluation": "draftsmith.inference.evaluation",
     "inference/artefacts": "draftsmith.inference.artefacts",
     "inference/engines": "draftsmith.inference.engines",
+    "inference/methods": "draftsmith.inference.methods",
     "kernels": "draftsmith.kernels",
     "launch": "draftsmith.launch",
 }

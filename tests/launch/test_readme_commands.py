@@ -176,13 +176,13 @@ def _check_recipe_args(script: Path, args: list[str]) -> None:
             if stop.code != 0:
                 pytest.fail(f"{script.name} {shlex.join(args)} does not parse (exit {stop.code})")
         return
-    from draftsmith.common.registry import get_method, resolve
+    from draftsmith.common.registry import get_method
     from draftsmith.launch.recipe_args import parse_recipe_args
 
     spec = get_method(script.stem)
     default_config = runpy.run_path(str(script), run_name="draftsmith_readme_check").get("DEFAULT_CONFIG")
     try:
-        parse_recipe_args(resolve(spec.config), args, default_config)
+        parse_recipe_args(spec.config, args, default_config)
     except SystemExit as stop:
         if stop.code != 0:  # 0: the command itself asks for --help
             pytest.fail(f"{script.name} {shlex.join(args)} does not parse (exit {stop.code})")

@@ -7,8 +7,15 @@ import transformers
 import yaml
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.common.registry import REGISTRY, resolve
-from draftsmith.launch.recipe_args import RecipeArguments, parse_recipe_args, split_argv
+from draftsmith.common.registry import REGISTRY
+from draftsmith.launch.recipe_args import (
+    RECIPE_CONFIGS,
+    RecipeArguments,
+    config_path,
+    parse_recipe_args,
+    shipped_configs,
+    split_argv,
+)
 
 
 @dataclass
@@ -49,7 +56,7 @@ def test_no_registered_method_field_shadows_a_trainer_flag_unnoticed():
     main = {f.name for f in fields(RecipeArguments)} | {f.name for f in fields(transformers.TrainingArguments)}
     assert not {f.name for f in fields(RecipeArguments)} & {f.name for f in fields(transformers.TrainingArguments)}
     for name in REGISTRY.names(trained=True):
-        clash = {f.name for f in fields(resolve(REGISTRY.get(name).config))} & main
+        clash = {f.name for f in fields(REGISTRY.get(name).config)} & main
         assert not clash, f"{name}: {clash}"
 
 
@@ -78,7 +85,36 @@ def test_a_config_that_sets_a_key_twice_is_refused_with_both_lines(tmp_path):
 
 def test_a_value_that_starts_with_a_dash_is_a_value(tmp_path):
     from draftsmith.launch.recipe_args import parse_recipe_args
-    from draftsmith.trainers.dflash import DFlashConfig
+    from draftsmith.trainers.dflash.trainer import DFlashConfig
 
     _, method, _ = parse_recipe_args(DFlashConfig, ["layers=-50,1", "--output_dir", str(tmp_path)])
     assert method.layers == "-50,1"  # refused later, naming the layers, not "expected one argument"
+
+
+@pytest.mark.parametrize("name", shipped_configs())
+def test_every_shipped_config_resolves_by_name_and_its_header_runs_it(name, tmp_path):
+    """The header's first line is the command that runs the config; the named method's settings parse from it."""
+    path = config_path(name)
+    assert path == RECIPE_CONFIGS / f"{name}.yaml"
+    header = path.read_text().splitlines()[0]
+    words = header.split()
+    assert words[:3] == ["#", "draftsmith", "train"] and words[4:6] == ["--config", name], header
+    spec = REGISTRY.get(words[3])
+    _, method, _ = parse_recipe_args(spec.config, ["--config", name, "--output_dir", str(tmp_path)],
+                                     fixed=spec.config_defaults)
+    assert all(getattr(method, k) == v for k, v in spec.config_defaults.items())
+
+
+def test_a_config_name_that_is_neither_a_file_nor_shipped_lists_the_shipped_ones():
+    with pytest.raises(ConfigError, match="no such file.*medusa_tiny"):
+        config_path("medusa_tinyy")
+
+
+def test_a_setting_the_method_fixes_is_refused_when_set_otherwise(tmp_path):
+    spec = REGISTRY.get("peagle")
+    with pytest.raises(ConfigError, match="fixes to peagle"):
+        parse_recipe_args(spec.config, ["--config", "eagle3_tiny", "--output_dir", str(tmp_path)],
+                          fixed=spec.config_defaults)
+    with pytest.raises(ConfigError, match="variant=eagle3.*fixes variant=peagle"):
+        parse_recipe_args(spec.config, ["--config", "peagle_tiny", "--output_dir", str(tmp_path), "variant=eagle3"],
+                          fixed=spec.config_defaults)

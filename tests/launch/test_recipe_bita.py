@@ -28,7 +28,7 @@ def test_recipe_trains_embeddings_only_and_decodes_identically(tiny_pair, tmp_pa
     target = random_model("llama", seed=0, layers=2)  # the pair's target (same seed)
     before = {k: v.clone() for k, v in target.state_dict().items()}
     result = run_recipe("bita", [
-        "--config", str(ROOT / "recipes" / "configs" / "bita_test.yaml"), f"prompt_mode={mode}",
+        "--config", str(ROOT / "launch" / "configs" / "recipes" / "bita_test.yaml"), f"prompt_mode={mode}",
         "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out)])
     artefact, manifest = result.artefact, result.manifest
     assert manifest["kind"] == "embeddings" and manifest["method"] == "bita"
@@ -58,7 +58,7 @@ def test_training_lowers_the_mask_loss(tiny_pair, tmp_path):
     """A few dozen steps at the reference code's learning rate lower the mask loss from the untrained start."""
     torch.set_num_threads(1)
     run_recipe("bita", [
-        "--config", str(ROOT / "recipes" / "configs" / "bita_test.yaml"), "max_steps=30", "eval_steps=30",
+        "--config", str(ROOT / "launch" / "configs" / "recipes" / "bita_test.yaml"), "max_steps=30", "eval_steps=30",
         "save_steps=30", "data_mode=fixed", "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]),
         "--output_dir", str(tmp_path / "b")])
     history = json.loads((tmp_path / "b" / "checkpoint-30" / "trainer_state.json").read_text())["log_history"]
@@ -66,10 +66,10 @@ def test_training_lowers_the_mask_loss(tiny_pair, tmp_path):
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5, losses
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("bita*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "launch" / "configs" / "recipes").glob("bita*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_bita_config_parses(path, tmp_path):
     from draftsmith.launch.recipe_args import parse_recipe_args
-    from draftsmith.trainers.bita import BitaConfig
+    from draftsmith.trainers.bita.trainer import BitaConfig
 
     recipe, bita, targs = parse_recipe_args(BitaConfig, ["--config", str(path), "--output_dir", str(tmp_path)])
     assert recipe.config == str(path) and targs.max_steps > 0 and bita.mask_tokens >= 1

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_recipe_collects_trains_and_decodes_identically(tiny_pair, tmp_path, finetune):
     torch.set_num_threads(1)
     out = tmp_path / "cllm"
-    args = ["--config", str(ROOT / "recipes" / "configs" / "cllm_test.yaml"), f"finetune={finetune}", "lora_r=4",
+    args = ["--config", str(ROOT / "launch" / "configs" / "recipes" / "cllm_test.yaml"), f"finetune={finetune}", "lora_r=4",
             "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out)]
     result = run_recipe("cllm", args)
     manifest = result.manifest
@@ -49,10 +49,10 @@ def test_recipe_collects_trains_and_decodes_identically(tiny_pair, tmp_path, fin
     assert (out / "trajectories" / "train.jsonl").read_bytes() == before
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("cllm*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "launch" / "configs" / "recipes").glob("cllm*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_cllm_config_parses(path, tmp_path):
     from draftsmith.launch.recipe_args import parse_recipe_args
-    from draftsmith.trainers.cllm import CllmConfig
+    from draftsmith.trainers.cllm.trainer import CllmConfig
 
     recipe, cllm, targs = parse_recipe_args(CllmConfig, ["--config", str(path), "--output_dir", str(tmp_path)])
     assert recipe.config == str(path) and targs.max_steps > 0 and cllm.block >= 1

@@ -19,7 +19,7 @@ from draftsmith.inference.methods import load_artefact
 from draftsmith.launch.recipe import run_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "recipes" / "configs" / "dflash_test.yaml"
+CONFIG = ROOT / "launch" / "configs" / "recipes" / "dflash_test.yaml"
 
 
 def test_recipe_trains_a_draft_writes_the_artefact_and_decodes_identically(tiny_pair, tmp_path):
@@ -66,10 +66,10 @@ def test_offline_and_online_features_train_to_the_same_loss_curve(tiny_pair, tmp
         "--output_dir", str(out)])
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("dflash*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "launch" / "configs" / "recipes").glob("dflash*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_dflash_config_parses(path, tmp_path):
     from draftsmith.launch.recipe_args import parse_recipe_args
-    from draftsmith.trainers.dflash import DFlashConfig
+    from draftsmith.trainers.dflash.trainer import DFlashConfig
 
     recipe, dflash, targs = parse_recipe_args(DFlashConfig, ["--config", str(path), "--output_dir", str(tmp_path)])
     assert recipe.config == str(path) and targs.max_steps > 0 and dflash.block_size >= 2

@@ -30,7 +30,7 @@ def test_recipe_trains_a_head_writes_the_artefact_and_decodes_identically(tiny_p
     layers = 2 if variant == "eagle1" else 4  # EAGLE-3 fuses three layers: a 4-layer target
     target_dir = tiny_pair["target"] if variant == "eagle1" else write_target(tmp_path, layers)
     result = run_recipe("eagle", [
-        "--config", str(ROOT / "recipes" / "configs" / "eagle_test.yaml"), f"variant={variant}", "ttt_steps=3",
+        "--config", str(ROOT / "launch" / "configs" / "recipes" / "eagle_test.yaml"), f"variant={variant}", "ttt_steps=3",
         "draft_vocab_size=64", "layers=auto",
         "--target", str(target_dir), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out)])
     artefact, manifest = result.artefact, result.manifest
@@ -81,7 +81,7 @@ def test_a_resumed_eagle3_run_keeps_the_draft_vocabulary_of_its_checkpoint(tiny_
 
     def run(out: Path, *extra: str):
         return run_recipe("eagle", [
-            "--config", str(ROOT / "recipes" / "configs" / "eagle_test.yaml"), "variant=eagle3", "ttt_steps=2",
+            "--config", str(ROOT / "launch" / "configs" / "recipes" / "eagle_test.yaml"), "variant=eagle3", "ttt_steps=2",
             "draft_vocab_size=64", "evaluate=false", "eval_strategy=no", "--target", str(target),
             "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out), *extra])
 
@@ -95,10 +95,10 @@ def test_a_resumed_eagle3_run_keeps_the_draft_vocabulary_of_its_checkpoint(tiny_
     assert not torch.equal(load_file(str(fresh / "heads.safetensors"))["t2d"], saved)
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("eagle*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "launch" / "configs" / "recipes").glob("eagle*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_eagle_config_parses(path, tmp_path):
     from draftsmith.launch.recipe_args import parse_recipe_args
-    from draftsmith.trainers.eagle import EagleConfig
+    from draftsmith.trainers.eagle.trainer import EagleConfig
 
     recipe, eagle, targs = parse_recipe_args(EagleConfig, ["--config", str(path), "--output_dir", str(tmp_path)])
     assert recipe.config == str(path) and targs.max_steps > 0 and eagle.draft_length >= 1
@@ -110,7 +110,7 @@ def test_accelerate_two_cpu_processes(tiny_pair, tmp_path):
     cfg = ROOT / "launch" / "configs" / "accelerate" / "cpu_2proc.yaml"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
     cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file", str(cfg), "--main_process_port",
-           "29545", str(ROOT / "recipes" / "eagle.py"), "--config", str(ROOT / "recipes" / "configs" / "eagle_test.yaml"),
+           "29545", str(ROOT / "recipes" / "eagle.py"), "--config", str(ROOT / "launch" / "configs" / "recipes" / "eagle_test.yaml"),
            "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -126,7 +126,7 @@ def test_eagle3_under_deepspeed_zero2_two_cpu_processes(tiny_pair, tmp_path):
     target = write_target(tmp_path, 4)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
     cmd = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port", "29547",
-           str(ROOT / "recipes" / "eagle.py"), "--config", str(ROOT / "recipes" / "configs" / "eagle_test.yaml"),
+           str(ROOT / "recipes" / "eagle.py"), "--config", str(ROOT / "launch" / "configs" / "recipes" / "eagle_test.yaml"),
            "--variant", "eagle3", "ttt_steps=3", "draft_vocab_size=64", "--max_steps", "3",
            "--target", str(target), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out),
            "--deepspeed", str(ROOT / "launch" / "configs" / "deepspeed" / "zero2.json")]
@@ -143,7 +143,7 @@ def test_offline_and_online_features_train_to_the_same_loss_curve(tiny_pair, tmp
     torch.set_num_threads(1)
     target = tiny_pair["target"] if variant == "eagle1" else write_target(tmp_path, 4)
     cache = offline_matches_online("eagle", lambda out: [
-        "--config", str(ROOT / "recipes" / "configs" / "eagle_test.yaml"), f"variant={variant}", "ttt_steps=2",
+        "--config", str(ROOT / "launch" / "configs" / "recipes" / "eagle_test.yaml"), f"variant={variant}", "ttt_steps=2",
         "draft_vocab_size=64", "data_mode=fixed", "--target", str(target), "--dataset", str(tiny_pair["dataset"]),
         "--output_dir", str(out)])
     assert len(list(cache.iterdir())) == 4  # train and held-out, float32 and float16
@@ -160,7 +160,7 @@ def test_zoo_eagle_greedy_identical_on_every_dev_question(tmp_path):
     tokenizer, target, _ = load_zoo("tiny")
     short = ["max_steps=30", "eval_steps=30", "save_steps=30", "evaluate=false", "eval_examples=16"]
     for variant, trees in (("eagle1", ("chain", "dynamic")), ("eagle3", ("dynamic",))):
-        config = ROOT / "recipes" / "configs" / ("eagle_tiny.yaml" if variant == "eagle1" else "eagle3_tiny.yaml")
+        config = ROOT / "launch" / "configs" / "recipes" / ("eagle_tiny.yaml" if variant == "eagle1" else "eagle3_tiny.yaml")
         result = run_recipe("eagle", ["--config", str(config), "--output_dir", str(tmp_path / variant), *short])
         for tree in trees:
             proposer, _ = load_artefact(result.artefact, target, tokenizer, tree=tree)

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from draftsmith.launch.recipe import run_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = ROOT / "recipes" / "configs"
+CONFIGS = ROOT / "launch" / "configs" / "recipes"
 
 # (method, its test config, settings of the variant); slow ones: a target copy (Medusa-2), Jacobi trajectories (CLLM),
 # calibration runs

@@ -27,7 +27,7 @@ def test_recipe_adapts_the_target_and_self_speculation_matches_its_ar(tiny_pair,
     torch.set_num_threads(1)
     out = tmp_path / "layerskip"
     result = run_recipe("layerskip", [
-        "--config", str(ROOT / "recipes" / "configs" / "layerskip_test.yaml"),
+        "--config", str(ROOT / "launch" / "configs" / "recipes" / "layerskip_test.yaml"),
         "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out)])
     artefact, manifest = result.artefact, result.manifest
     assert manifest["kind"] == "adapted_target" and (artefact / "model" / "config.json").is_file()
@@ -59,7 +59,7 @@ def test_accelerate_two_cpu_processes(tiny_pair, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
     cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file", str(cfg), "--main_process_port",
            "29549", str(ROOT / "recipes" / "layerskip.py"), "--config",
-           str(ROOT / "recipes" / "configs" / "layerskip_test.yaml"), "--target", str(tiny_pair["target"]),
+           str(ROOT / "launch" / "configs" / "recipes" / "layerskip_test.yaml"), "--target", str(tiny_pair["target"]),
            "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -69,9 +69,9 @@ def test_accelerate_two_cpu_processes(tiny_pair, tmp_path):
 
 def test_every_shipped_layerskip_config_parses(tmp_path):
     from draftsmith.launch.recipe_args import parse_recipe_args
-    from draftsmith.trainers.layerskip import LayerSkipConfig
+    from draftsmith.trainers.layerskip.trainer import LayerSkipConfig
 
-    for path in sorted((ROOT / "recipes" / "configs").glob("layerskip*.yaml")):
+    for path in sorted((ROOT / "launch" / "configs" / "recipes").glob("layerskip*.yaml")):
         recipe, config, targs = parse_recipe_args(LayerSkipConfig, ["--config", str(path), "--output_dir", str(tmp_path)])
         assert targs.max_steps > 0 and config.curriculum in ("rotational", "gradual", "all"), path
 
@@ -79,7 +79,7 @@ def test_every_shipped_layerskip_config_parses(tmp_path):
 def test_lora_variant_ships_the_merged_adapted_target(tiny_pair, tmp_path):
     torch.set_num_threads(1)
     result = run_recipe("layerskip", [
-        "--config", str(ROOT / "recipes" / "configs" / "layerskip_test.yaml"), "finetune=lora", "lora_r=4",
+        "--config", str(ROOT / "launch" / "configs" / "recipes" / "layerskip_test.yaml"), "finetune=lora", "lora_r=4",
         "learning_rate=1e-2", "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]),
         "--output_dir", str(tmp_path / "lora")])
     model_dir = result.artefact / "model"

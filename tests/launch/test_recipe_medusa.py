@@ -24,7 +24,7 @@ def test_recipe_trains_heads_writes_the_artefact_and_decodes_identically(tiny_pa
     torch.set_num_threads(1)
     out = tmp_path / "medusa"
     result = run_recipe("medusa", [
-        "--config", str(ROOT / "recipes" / "configs" / "medusa_test.yaml"),
+        "--config", str(ROOT / "launch" / "configs" / "recipes" / "medusa_test.yaml"),
         "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out)])
     artefact = result.artefact
     assert (artefact / "heads.safetensors").is_file()
@@ -70,7 +70,7 @@ def test_bfloat16_trains_float32_heads_over_the_bfloat16_target_under_autocast(t
     (training and held-out, outside the heads' own forward too) under autocast; the artefact decodes as the chain."""
     torch.set_num_threads(1)
     result = run_recipe("medusa", [
-        "--config", str(ROOT / "recipes" / "configs" / "medusa_test.yaml"), "--target", str(tiny_pair["target"]),
+        "--config", str(ROOT / "launch" / "configs" / "recipes" / "medusa_test.yaml"), "--target", str(tiny_pair["target"]),
         "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(tmp_path / "m"), "dtype=bfloat16"])
     config = result.manifest["training"]["config"]
     assert config["recipe"]["dtype"] == "bfloat16" and config["training_args"]["bf16"] is True
@@ -94,7 +94,7 @@ def test_medusa2_tunes_the_target_ships_its_adapter_and_verifies_against_it(tiny
     torch.set_num_threads(1)
     out = tmp_path / "medusa2"
     result = run_recipe("medusa", [
-        "--config", str(ROOT / "recipes" / "configs" / "medusa_test.yaml"), "variant=medusa2", "max_steps=4",
+        "--config", str(ROOT / "launch" / "configs" / "recipes" / "medusa_test.yaml"), "variant=medusa2", "max_steps=4",
         "heads_warmup_ratio=0.5", "lora_r=4", "lora_learning_rate=1e-2", "eval_steps=4",
         "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out)])
     artefact, manifest = result.artefact, result.manifest
@@ -102,7 +102,7 @@ def test_medusa2_tunes_the_target_ships_its_adapter_and_verifies_against_it(tiny
     saved = load_file(str(out / "checkpoint-4" / "model.safetensors"))  # trainable parameters only
     assert saved and all("lora_" in k or k.startswith("heads.") for k in saved)
     again = run_recipe("medusa", [  # and such a checkpoint resumes
-        "--config", str(ROOT / "recipes" / "configs" / "medusa_test.yaml"), "variant=medusa2", "max_steps=4",
+        "--config", str(ROOT / "launch" / "configs" / "recipes" / "medusa_test.yaml"), "variant=medusa2", "max_steps=4",
         "heads_warmup_ratio=0.5", "lora_r=4", "lora_learning_rate=1e-2", "eval_steps=4",
         "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out),
         "--resume_from_checkpoint", str(out / "checkpoint-2")])
@@ -147,10 +147,10 @@ def test_medusa2_tunes_the_target_ships_its_adapter_and_verifies_against_it(tiny
     assert torch.allclose(served(input_ids=ids).logits, verified(input_ids=ids).logits, atol=1e-5)
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("medusa*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "launch" / "configs" / "recipes").glob("medusa*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_medusa_config_parses(path, tmp_path):
     from draftsmith.launch.recipe_args import parse_recipe_args
-    from draftsmith.trainers.medusa import MedusaConfig
+    from draftsmith.trainers.medusa.trainer import MedusaConfig
 
     recipe, medusa, targs = parse_recipe_args(MedusaConfig, ["--config", str(path), "--output_dir", str(tmp_path)])
     assert recipe.config == str(path) and targs.max_steps > 0 and medusa.heads >= 1
@@ -186,7 +186,7 @@ def test_accelerate_two_cpu_processes(tiny_pair, tmp_path):
     cfg = ROOT / "launch" / "configs" / "accelerate" / "cpu_2proc.yaml"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
     cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file", str(cfg), "--main_process_port",
-           "29541", str(ROOT / "recipes" / "medusa.py"), "--config", str(ROOT / "recipes" / "configs" / "medusa_test.yaml"),
+           "29541", str(ROOT / "recipes" / "medusa.py"), "--config", str(ROOT / "launch" / "configs" / "recipes" / "medusa_test.yaml"),
            "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out),
            "ddp_find_unused_parameters=false"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -206,7 +206,7 @@ def test_medusa2_under_deepspeed_zero2_two_cpu_processes(tiny_pair, tmp_path):
     out = tmp_path / "ds"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
     cmd = [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", "2", "--master_port", "29543",
-           str(ROOT / "recipes" / "medusa.py"), "--config", str(ROOT / "recipes" / "configs" / "medusa_test.yaml"),
+           str(ROOT / "recipes" / "medusa.py"), "--config", str(ROOT / "launch" / "configs" / "recipes" / "medusa_test.yaml"),
            "--variant", "medusa2", "lora_r=4", "heads_warmup_ratio=0.5", "--max_steps", "4", "eval_steps=4",
            "--target", str(tiny_pair["target"]), "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(out),
            "--deepspeed", str(ROOT / "launch" / "configs" / "deepspeed" / "zero2.json")]

@@ -16,10 +16,10 @@ from draftsmith.common.errors import ConfigError
 from draftsmith.launch.recipe import recipe_main, run_recipe, whole_run_loss
 from draftsmith.launch.recipe_args import parse_recipe_args
 from draftsmith.launch.run_settings import RUN_SETTINGS, check_resume_settings, settings_record, training_settings
-from draftsmith.trainers.distillspec import DistillSpecConfig
+from draftsmith.trainers.distillspec.trainer import DistillSpecConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-TEST_CONFIG = ROOT / "recipes" / "configs" / "distillspec_test.yaml"
+TEST_CONFIG = ROOT / "launch" / "configs" / "recipes" / "distillspec_test.yaml"
 
 
 def tied_draft(pair: dict, out: Path) -> Path:

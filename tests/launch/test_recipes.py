@@ -22,11 +22,11 @@ from draftsmith.common.models import target_identity
 from draftsmith.inference.methods import load_artefact
 from draftsmith.launch.recipe import complete_checkpoints, resolve_resume
 from draftsmith.launch.recipe_args import RecipeArguments, parse_recipe_args
-from draftsmith.trainers.distillspec import DistillSpecConfig
+from draftsmith.trainers.distillspec.trainer import DistillSpecConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "distillspec.py"
-TEST_CONFIG = ROOT / "recipes" / "configs" / "distillspec_test.yaml"
+TEST_CONFIG = ROOT / "launch" / "configs" / "recipes" / "distillspec_test.yaml"
 BIN = Path(sys.executable).parent
 
 
@@ -102,7 +102,7 @@ def test_bad_config_files_name_the_problem(tmp_path, text, match):
         parse_recipe_args(DistillSpecConfig, ["--output_dir", str(tmp_path), "--max_stepz", "3"])
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("distillspec*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "launch" / "configs" / "recipes").glob("distillspec*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_distillspec_config_parses(path, tmp_path):
     recipe, distill, targs = parse_recipe_args(DistillSpecConfig, ["--config", str(path), "--output_dir", str(tmp_path)])
     assert recipe.config == str(path) and targs.max_steps > 0 and distill.divergence

@@ -56,7 +56,7 @@ def launch_command(mode: str, script: list[str]) -> list[str]:
 def run(mode: str, method: str, pair: dict, out: Path, *extra: str) -> subprocess.CompletedProcess:
     recipe, variant = VARIANTS.get(method, (method, []))
     target = pair["target4"] if method == "eagle3" else pair["target"]
-    script = [str(ROOT / "recipes" / f"{recipe}.py"), "--config", str(ROOT / "recipes" / "configs" / f"{recipe}_test.yaml"),
+    script = [str(ROOT / "recipes" / f"{recipe}.py"), "--config", str(ROOT / "launch" / "configs" / "recipes" / f"{recipe}_test.yaml"),
               "--target", str(target), "--dataset", str(pair["dataset"]), "--output_dir", str(out), *variant]
     if method == "distillspec":
         script += ["--draft", str(pair["draft"])]
@@ -145,7 +145,7 @@ def test_a_recipe_trains_resumes_and_evaluates_sharded_on_two_processes(pair, si
 
 def test_bita_refuses_zero3_in_one_line(pair, tmp_path):
     """BiTA runs the frozen target layer by layer, which a ZeRO-3-sharded target does not allow: refused up front."""
-    script = [str(ROOT / "recipes" / "bita.py"), "--config", str(ROOT / "recipes" / "configs" / "bita_test.yaml"),
+    script = [str(ROOT / "recipes" / "bita.py"), "--config", str(ROOT / "launch" / "configs" / "recipes" / "bita_test.yaml"),
               "--target", str(pair["target"]), "--dataset", str(pair["dataset"]), "--output_dir", str(tmp_path / "run")]
     proc = subprocess.run(launch_command("zero3", script), cwd=ROOT, env=_env(), capture_output=True, text=True,
                           timeout=TIMEOUT)

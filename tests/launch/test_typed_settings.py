@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.common.registry import get_method, resolve
+from draftsmith.common.registry import get_method
 from draftsmith.launch.recipe import recipe_main
 from draftsmith.launch.recipe_args import parse_recipe_args
 from draftsmith.launch.typed_settings import coerce
@@ -46,7 +46,7 @@ CASES = [("max_steps", 2.5, "expected a whole number"), ("max_length", "abc", "e
 
 @pytest.mark.parametrize("key, value, words", CASES)
 def test_yaml_and_the_command_line_are_checked_alike(key, value, words, tmp_path):
-    config = resolve(get_method("distillspec").config)
+    config = get_method("distillspec").config
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({key: value}))
     with pytest.raises(ConfigError) as from_yaml:
@@ -62,13 +62,13 @@ def test_a_yaml_number_for_a_text_setting_is_refused(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("divergence: 3\n")
     with pytest.raises(ConfigError, match=r": divergence: expected text, got 3 \(see --help\)$"):
-        parse_recipe_args(resolve(get_method("distillspec").config), ["--config", str(path)])
+        parse_recipe_args(get_method("distillspec").config, ["--config", str(path)])
 
 
 def test_yaml_text_is_converted_as_the_command_line_converts_it(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text('max_length: "64"\nevaluate: "no"\nmax_steps: "3"\n')
-    recipe, _, training = parse_recipe_args(resolve(get_method("distillspec").config),
+    recipe, _, training = parse_recipe_args(get_method("distillspec").config,
                                             ["--config", str(path), "--output_dir", str(tmp_path / "o")])
     assert (recipe.max_length, recipe.evaluate, training.max_steps) == (64, False, 3)
 
@@ -77,7 +77,7 @@ def test_yaml_text_is_converted_as_the_command_line_converts_it(tmp_path):
                                      "gradient_accumulation_steps=0"])
 def test_batch_sizes_must_be_positive(setting, tmp_path):
     with pytest.raises(ConfigError, match=r"must be at least 1$"):
-        parse_recipe_args(resolve(get_method("distillspec").config), [setting, "--output_dir", str(tmp_path)])
+        parse_recipe_args(get_method("distillspec").config, [setting, "--output_dir", str(tmp_path)])
 
 
 @pytest.mark.parametrize("content", [b"\xff\xfe\x00binary", b"1: 2\n", b"max_steps: [3\n"])
@@ -85,7 +85,7 @@ def test_malformed_config_files_are_one_line(content, tmp_path):
     path = tmp_path / "c.yaml"
     path.write_bytes(content)
     with pytest.raises(ConfigError) as err:
-        parse_recipe_args(resolve(get_method("distillspec").config), ["--config", str(path)])
+        parse_recipe_args(get_method("distillspec").config, ["--config", str(path)])
     assert str(path) in str(err.value) and "\n" not in str(err.value)
 
 

@@ -115,7 +115,7 @@ def pair(scratch) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def artefact(pair, scratch) -> Path:
-    """A real DistillSpec artefact: two steps of ``recipes/configs/distillspec_test.yaml`` on the tiny pair."""
+    """A real DistillSpec artefact: two steps of ``launch/configs/recipes/distillspec_test.yaml`` on the tiny pair."""
     from draftsmith.launch.recipe import run_recipe
 
     out = scratch / "artefact-run"

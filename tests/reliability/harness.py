@@ -411,10 +411,10 @@ class Harness:
 
 
 def recipe_argv(pair: dict, out: Path, method: str, config: Path | None = None) -> list[str]:
-    """The tiny pair's settings for ``method`` (its ``recipes/configs/<method>_test.yaml`` unless ``config``)."""
+    """The tiny pair's settings for ``method`` (its ``launch/configs/recipes/<method>_test.yaml`` unless ``config``)."""
     from draftsmith.common.registry import get_method
 
-    config = config or ROOT / "recipes" / "configs" / f"{method}_test.yaml"
+    config = config or ROOT / "launch" / "configs" / "recipes" / f"{method}_test.yaml"
     argv = ["--config", str(config), "--target", str(pair["target"]), "--dataset", str(pair["dataset"]),
             "--output_dir", str(out)]
     if "draft" in get_method(method).models:

@@ -38,13 +38,13 @@ def junk_values():
 
 
 def base_config(method: str) -> dict:
-    return yaml.safe_load((ROOT / "recipes" / "configs" / f"{method}_test.yaml").read_text())
+    return yaml.safe_load((ROOT / "launch" / "configs" / "recipes" / f"{method}_test.yaml").read_text())
 
 
 def method_fields(method: str) -> list[str]:
-    from draftsmith.common.registry import get_method, resolve
+    from draftsmith.common.registry import get_method
 
-    return sorted(f.name for f in dataclasses.fields(resolve(get_method(method).config)))
+    return sorted(f.name for f in dataclasses.fields(get_method(method).config))
 
 
 def recipe_fields() -> list[str]:

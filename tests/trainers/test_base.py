@@ -33,7 +33,7 @@ def _one_sgd_step_delta(pair, tokenizer, tmp_path, batch: int, accumulation: int
     import datasets
     import transformers
 
-    from draftsmith.trainers.distillspec import DistillSpecConfig, DistillSpecTrainer
+    from draftsmith.trainers.distillspec.trainer import DistillSpecConfig, DistillSpecTrainer
 
     target, draft = copy.deepcopy(pair[0]), copy.deepcopy(pair[1])
     before = [p.detach().clone() for p in draft.parameters()]
@@ -85,7 +85,7 @@ def test_under_zero3_the_target_generates_a_batch_from_one_whole_copy(pair, toke
 
     import draftsmith.common.sharding as sharding
     import draftsmith.trainers.base as base
-    from draftsmith.trainers.distillspec import DistillSpecConfig, DistillSpecTrainer
+    from draftsmith.trainers.distillspec.trainer import DistillSpecConfig, DistillSpecTrainer
 
     class Zero3(DistillSpecTrainer):  # ZeRO-3's placement, without DeepSpeed
         def _zero_stage(self) -> int:

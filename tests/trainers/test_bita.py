@@ -9,7 +9,7 @@ from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.inference.core.generate import verify_forward
 from draftsmith.inference.core.verify import Draft, ExtraInputs
 from draftsmith.inference.drafters.bita import BitaEmbeddings, decode_extras_layout
-from draftsmith.trainers.bita import BitaTraining, chain_tau, insertion_points, sequence_kv
+from draftsmith.trainers.bita.trainer import BitaTraining, chain_tau, insertion_points, sequence_kv
 
 
 def test_training_masks_see_what_decoding_masks_see(family):

@@ -7,7 +7,7 @@ import torch
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.data.tiny_models import random_model
-from draftsmith.trainers.cllm import (
+from draftsmith.trainers.cllm.trainer import (
     CllmConfig,
     ConsistencyTraining,
     TrajectoryCollator,
@@ -103,7 +103,7 @@ def test_module_loss_is_the_full_logits_loss_in_value_and_gradients(consistency)
 
 
 def test_a_model_that_post_processes_its_logits_is_refused():
-    from draftsmith.trainers.cllm import build_cllm_model
+    from draftsmith.trainers.cllm.trainer import build_cllm_model
 
     target = random_model("llama", seed=0, layers=1, hidden=32)
     target.config.final_logit_softcapping = 30.0

@@ -10,7 +10,7 @@ import torch
 
 from draftsmith.data.tiny_models import random_model
 from draftsmith.inference.drafters.dflash import block_visibility
-from draftsmith.trainers.dflash import DFlashConfig, block_inputs, build_dflash, sample_anchors
+from draftsmith.trainers.dflash.trainer import DFlashConfig, block_inputs, build_dflash, sample_anchors
 
 IGNORE = -100
 
@@ -67,7 +67,7 @@ def test_the_loss_is_the_weighted_cross_entropy_of_the_slots(tmp_path):
     """DFlashTrainer.loss_sum against cross-entropy computed plainly from the same block states."""
     from transformers import TrainingArguments
 
-    from draftsmith.trainers.dflash import DFlashTrainer
+    from draftsmith.trainers.dflash.trainer import DFlashTrainer
 
     torch.manual_seed(0)
     target = random_model("llama", seed=0, layers=4)
@@ -94,7 +94,7 @@ def test_the_loss_is_the_weighted_cross_entropy_of_the_slots(tmp_path):
 def test_dpace_weights_are_suffix_sums_of_the_confidence_products():
     """D-PACE (arXiv:2605.18810, eqs. 7-9): c = alpha + (1 - alpha) q, C_k = m_k prod_{i<=k} c_i, w_k = sum_{j>=k}
     C_j, scaled to a mean of 1 over the labelled slots; alpha = 1 (no confidence) counts the labelled slots ahead."""
-    from draftsmith.trainers.dflash import dpace_weights
+    from draftsmith.trainers.dflash.trainer import dpace_weights
 
     probs = torch.tensor([[0.8, 0.5, 0.2], [0.9, 0.0, 0.0]])
     labelled = torch.tensor([[True, True, True], [True, False, False]])
@@ -112,7 +112,7 @@ def test_the_dpace_loss_is_the_confidence_weighted_cross_entropy_and_its_weights
     them), and its gradient is the plain CE's weighted by the same constants."""
     from transformers import TrainingArguments
 
-    from draftsmith.trainers.dflash import DFlashTrainer, dpace_weights
+    from draftsmith.trainers.dflash.trainer import DFlashTrainer, dpace_weights
 
     torch.manual_seed(0)
     target = random_model("llama", seed=0, layers=4)

@@ -18,7 +18,7 @@ from draftsmith.data.chat import tokenize_messages
 from draftsmith.data.collate import PadCollator, response_mask
 from draftsmith.data.generation import cut_at_eos, split_prompts
 from draftsmith.inference.core.draft_length import expected_tau
-from draftsmith.trainers.distillspec import DistillSpecConfig, DistillSpecTrainer
+from draftsmith.trainers.distillspec.trainer import DistillSpecConfig, DistillSpecTrainer
 from draftsmith.trainers.logits import draft_argmax, draft_labels
 
 KINDS = ("forward_kl", "reverse_kl", "jsd", "tvd")

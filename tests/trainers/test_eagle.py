@@ -16,7 +16,7 @@ from draftsmith.inference.core.generate import GenerationConfig, generate
 from draftsmith.inference.core.sampling import SamplingParams
 from draftsmith.inference.drafters.eagle import EagleHead
 from draftsmith.inference.proposers.eagle import EagleProposer
-from draftsmith.trainers.eagle import (
+from draftsmith.trainers.eagle.trainer import (
     EagleConfig,
     coverage_warning,
     eagle_losses,
@@ -313,7 +313,7 @@ def test_training_time_test_step_j_sees_what_decoding_sees(eagle31):
     """The unrolled step j's logits at every anchor t equal decoding's at draft depth j+1: the head fed true inputs
     up to t, then its own outputs with the next tokens x_{t+2}, x_{t+3}, ... — with EAGLE-3.1's fc norms and normed
     feedback too."""
-    from draftsmith.trainers.eagle3 import Eagle3TTT, shifted
+    from draftsmith.trainers.eagle.ttt import Eagle3TTT, shifted
 
     target = random_model("llama", seed=0, layers=4)
     unrolled = Eagle3TTT(_eagle3(target, **eagle31)).eval()
@@ -336,7 +336,7 @@ def test_training_time_test_step_j_sees_what_decoding_sees(eagle31):
 
 
 def test_training_time_test_on_the_labelled_anchors_only_gives_their_rows_of_the_full_unroll():
-    from draftsmith.trainers.eagle3 import Eagle3TTT, shifted, ttt_anchors
+    from draftsmith.trainers.eagle.ttt import Eagle3TTT, shifted, ttt_anchors
 
     target = random_model("llama", seed=0, layers=4)
     unrolled = Eagle3TTT(_eagle3(target)).eval()
@@ -420,7 +420,7 @@ def test_the_recomputed_unroll_gives_the_same_loss_and_gradients_and_keeps_fewer
     """ttt_recompute (activation checkpointing of each unrolled step): the loss and every gradient as without it,
     while the forward keeps far fewer bytes for the backward (one step's outputs, not every step's attention)."""
     from draftsmith.inference.drafters.eagle import Eagle3Head, draft_vocab
-    from draftsmith.trainers.eagle3_loss import Eagle3Training
+    from draftsmith.trainers.eagle.loss import Eagle3Training
 
     target = random_model("llama", seed=0, layers=4)
     d2t, t2d = draft_vocab(torch.arange(128), 64)
@@ -450,7 +450,7 @@ def test_the_recomputed_unroll_gives_the_same_loss_and_gradients_and_keeps_fewer
 
 def test_ttt_anchors_keep_only_labels_the_draft_vocabulary_holds():
     """EAGLE-3's position_mask = t2d[target_argmax] * loss_mask, shifted with the labels at every unrolled step."""
-    from draftsmith.trainers.eagle3 import ttt_anchors
+    from draftsmith.trainers.eagle.ttt import ttt_anchors
 
     labels = torch.tensor([[-100, -100, 5, 6, 7, 8, -100]])  # answer x_2..x_5; anchors t = 0..5
     draftable = torch.tensor([[True, False, True, True, False, True]])  # argmax p_{t+2} inside the draft vocabulary
@@ -463,8 +463,8 @@ def test_ttt_anchors_keep_only_labels_the_draft_vocabulary_holds():
 def _eagle3_trainer(target, head, tokenizer, tmp_path, **config):
     import transformers
 
-    from draftsmith.trainers.eagle import EagleTrainer
-    from draftsmith.trainers.eagle3_loss import Eagle3Training
+    from draftsmith.trainers.eagle.loss import Eagle3Training
+    from draftsmith.trainers.eagle.trainer import EagleTrainer
 
     args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no",
                                           disable_tqdm=True)
@@ -477,7 +477,7 @@ def test_eagle3_loss_leaves_out_anchors_whose_target_token_is_outside_the_draft_
     target's next token is one of those two) add nothing to any unrolled step's loss, the normaliser still counts
     them, and top-1 counts them as misses."""
     from draftsmith.inference.drafters.eagle import Eagle3Head
-    from draftsmith.trainers.eagle3 import Eagle3TTT, shifted
+    from draftsmith.trainers.eagle.ttt import Eagle3TTT, shifted
 
     target = random_model("llama", seed=0, layers=4)
     ids = torch.randint(3, 100, (1, 12), generator=torch.Generator().manual_seed(2))
@@ -523,7 +523,7 @@ def test_eagle3_loss_leaves_out_anchors_whose_target_token_is_outside_the_draft_
 def test_eagle3_chunked_loss_has_the_unchunked_gradients(tokenizer, tmp_path, called, monkeypatch):
     """The unrolled token loss chunked over the draft vocabulary (through the heads' weights, or checkpointed calls
     of sharded heads) gives the value and the head's gradients of the loss over full [N_j, Vd] logits."""
-    from draftsmith.trainers.eagle3 import Eagle3TTT, shifted, ttt_anchors
+    from draftsmith.trainers.eagle.ttt import Eagle3TTT, shifted, ttt_anchors
 
     target = random_model("llama", seed=0, layers=4)
     head = _eagle3(target)
@@ -563,7 +563,7 @@ def test_draft_vocabulary_is_counted_on_the_targets_answers_with_data_mode_targe
     from draftsmith.data.chat import tokenize_messages
     from draftsmith.data.draft_vocab import answer_token_counts, ranked_counts
     from draftsmith.data.generation import cut_at_eos
-    from draftsmith.trainers.eagle import build_eagle_head, draft_vocab_counts
+    from draftsmith.trainers.eagle.trainer import build_eagle_head, draft_vocab_counts
 
     target = random_model("llama", seed=0, layers=4)
     rows = [tokenize_messages(tokenizer, [{"role": "user", "content": f"question {i}?"},
@@ -587,7 +587,7 @@ def test_draft_vocabulary_is_counted_on_the_targets_answers_with_data_mode_targe
 
 def test_fc_bias_defaults_to_the_references():
     """EAGLE-1's reference head builds fc = nn.Linear(2H, H, bias=True) unless its config says bias: false."""
-    from draftsmith.trainers.eagle import build_eagle_head
+    from draftsmith.trainers.eagle.trainer import build_eagle_head
 
     target = random_model("llama", seed=0, layers=2)
     assert EagleConfig().fc_bias is True
@@ -599,7 +599,7 @@ def test_fc_bias_defaults_to_the_references():
 def test_a_head_for_a_bfloat16_target_trains_in_float32_master_weights(variant):
     """The precision policy: trained weights are float32 whatever the frozen target's dtype (AdamW's updates on
     bfloat16 weights round away below 2^-8 of each weight); the draft vocabulary's index maps stay integers."""
-    from draftsmith.trainers.eagle import build_eagle_head
+    from draftsmith.trainers.eagle.trainer import build_eagle_head
 
     target = random_model("llama", seed=0, layers=4).to(torch.bfloat16)
     config = EagleConfig(variant=variant, data_mode="fixed", draft_vocab_size=64)
@@ -614,7 +614,7 @@ def test_peagle_trains_its_placeholder_with_the_depth_weights_of_the_reference(t
     import transformers
 
     from draftsmith.inference.drafters.peagle import PEagleHead
-    from draftsmith.trainers.eagle import EagleTrainer, build_eagle_head
+    from draftsmith.trainers.eagle.trainer import EagleTrainer, build_eagle_head
 
     target = random_model("llama", seed=0, layers=4)
     config = EagleConfig(variant="peagle", data_mode="fixed", draft_vocab_size=64, ttt_steps=5, draft_length=5)
@@ -645,7 +645,7 @@ def test_ttt_attention_equals_attention_under_the_visibility_mask(step, start):
     """The training-time test's structured attention (step 0's keys causally, each later step's key at its own anchor)
     equals SDPA over every step's keys under :func:`ttt_visibility`, grouped-query heads included, in value and
     gradient."""
-    from draftsmith.trainers.eagle3 import ttt_attention, ttt_visibility
+    from draftsmith.trainers.eagle.ttt import ttt_attention, ttt_visibility
 
     gen = torch.Generator().manual_seed(step)
     rows = 6 - start  # queries at anchors start .. 5; step 0's keys at all 6, later steps' at the same rows
@@ -669,8 +669,8 @@ def test_eagle3_token_loss_choices_against_the_cross_entropy():
     nla and lk_hybrid are their divergences of the same two distributions over the draft vocabulary, step by step."""
     from draftsmith.inference.drafters.eagle import Eagle3Head, draft_vocab
     from draftsmith.kernels.divergences import divergence_per_token
-    from draftsmith.trainers.eagle3 import shifted, unrolled_states
-    from draftsmith.trainers.eagle3_loss import Eagle3Training
+    from draftsmith.trainers.eagle.loss import Eagle3Training
+    from draftsmith.trainers.eagle.ttt import shifted, unrolled_states
 
     target = random_model("llama", seed=0, layers=4)
     d2t, t2d = draft_vocab(torch.arange(128), 64)
@@ -694,7 +694,7 @@ def test_eagle3_token_loss_choices_against_the_cross_entropy():
                 want = divergence_per_token(draft_logits, target_logits, loss).sum()
                 assert float(runs[loss][1][j]) == pytest.approx(float(want), rel=1e-4), (loss, j)
     with pytest.raises(Exception, match="token_loss"):
-        from draftsmith.trainers.eagle_config import EagleConfig
+        from draftsmith.trainers.eagle.config import EagleConfig
 
         EagleConfig(variant="eagle3", token_loss="hinge")
 
@@ -705,7 +705,7 @@ def test_later_steps_run_from_the_first_trained_anchor_with_the_full_unrolls_val
     gradient are those of the unroll over every anchor."""
     from draftsmith.inference.drafters.eagle import Eagle3Head, draft_vocab
     from draftsmith.inference.drafters.peagle import PEagleHead
-    from draftsmith.trainers.eagle3 import Eagle3TTT, ttt_start
+    from draftsmith.trainers.eagle.ttt import Eagle3TTT, ttt_start
 
     target = random_model("llama", seed=0, layers=4)
     d2t, t2d = draft_vocab(torch.arange(128), 64)

@@ -1,5 +1,5 @@
 """LayerSkip: the dropout schedule, the curricula's enabled exits and the exit-loss scales against the paper's
-formulas (module docstring of draftsmith.trainers.layerskip), and the layer-by-layer forward against the model's own
+formulas (module docstring of draftsmith.trainers.layerskip.trainer), and the layer-by-layer forward against the model's own
 (the recipe end to end: tests/launch/test_recipe_layerskip.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.data.tiny_models import random_model
-from draftsmith.trainers.layerskip import (
+from draftsmith.trainers.layerskip.trainer import (
     LayerSkipConfig,
     dropout_rates,
     enabled_exits,
@@ -128,7 +128,7 @@ def test_held_out_figures_are_the_full_logits_ones(tokenizer, tmp_path):
     """The evaluation's per-exit CE and agreement and the original target's CE, chunked, against the full logits."""
     import transformers
 
-    from draftsmith.trainers.layerskip import LayerSkipTrainer, build_layerskip_model
+    from draftsmith.trainers.layerskip.trainer import LayerSkipTrainer, build_layerskip_model
 
     target = random_model("llama", seed=0, layers=3)
     cfg = LayerSkipConfig(dropout_max=0.0, curriculum="all")

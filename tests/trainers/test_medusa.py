@@ -15,7 +15,7 @@ from draftsmith.inference.core.trees import chain_choices, tree_from_choices
 from draftsmith.inference.drafters.medusa import MedusaHeads
 from draftsmith.inference.proposers.medusa import MedusaProposer
 from draftsmith.trainers.losses import LinearHead
-from draftsmith.trainers.medusa import (
+from draftsmith.trainers.medusa.trainer import (
     MedusaConfig,
     build_heads,
     head_targets,

@@ -21,7 +21,7 @@ set -euo pipefail
 
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 ACCEL_CONFIG=${ACCEL_CONFIG:-launch/configs/accelerate/deepspeed_zero2.yaml}
-RECIPE_CONFIG=${RECIPE_CONFIG:-recipes/configs/distillspec_small.yaml}
+RECIPE_CONFIG=${RECIPE_CONFIG:-launch/configs/recipes/distillspec_small.yaml}
 OUTPUT_DIR=${OUTPUT_DIR:-runs/distillspec-${SLURM_JOB_ID}}
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_PORT=${MASTER_PORT:-29500}

@@ -512,16 +512,18 @@ def test_stop_string_search_decodes_a_bounded_window(pair):
     assert sum(tok.calls) <= res.steps * window
 
 
-def test_engine_steps_count_as_an_engine_and_change_no_token(pair):
-    """``engine_steps``: no draft with the first new token (an engine's prefill), full-length drafts to the end (what
-    the target accepts past max_new_tokens is counted, then cut); the answer is the same."""
+def test_an_engines_stepping_changes_no_token(pair):
+    """A serving engine's stepping (``draft_first_step=False, shorten_last_drafts=False``): no draft with the first new
+    token (the prefill's), full-length drafts to the end (what the target accepts past max_new_tokens is counted,
+    then cut); the answer is the same."""
     target, draft_model = pair
     adapter = ModelAdapter(target)
     for seed in range(3):
         p = _prompt(seed)
         plain = generate(adapter, p, GenerationConfig(max_new_tokens=13),
                          DraftModelProposer(draft_model, DraftLengthPolicy(length=4)))
-        engine = generate(adapter, p, GenerationConfig(max_new_tokens=13, engine_steps=True),
+        engine = generate(adapter, p, GenerationConfig(max_new_tokens=13, draft_first_step=False,
+                                                           shorten_last_drafts=False),
                           DraftModelProposer(draft_model, DraftLengthPolicy(length=4)))
         assert engine.output_ids == plain.output_ids
         assert engine.accept_lengths[0] == 1  # the first step verified no draft

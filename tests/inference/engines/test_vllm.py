@@ -12,7 +12,11 @@ from draftsmith.common.errors import ConfigError
 from draftsmith.data.tiny_models import random_model
 from draftsmith.inference.drafters.eagle import Eagle3Head, aux_layers, draft_vocab
 from draftsmith.inference.drafters.medusa import MedusaHeads
-from draftsmith.inference.engines.vllm import EngineSetup, draft_model, eagle, medusa, ngram
+from draftsmith.inference.engines.vllm import EngineSetup
+from draftsmith.inference.methods.draft_model import vllm_engine as draft_model
+from draftsmith.inference.methods.eagle import vllm_engine as eagle
+from draftsmith.inference.methods.medusa import vllm_engine as medusa
+from draftsmith.inference.methods.prompt_lookup import vllm_engine as ngram
 
 
 def _artefact(path, module):
@@ -81,7 +85,7 @@ def test_a_peagle_head_runs_as_eagle3_with_parallel_drafting_and_its_placeholder
 
 def test_a_dflash_draft_runs_as_dflash_with_its_block_and_layer_ids(tmp_path):
     from draftsmith.inference.drafters.dflash import DFlashDraft
-    from draftsmith.inference.engines.vllm import dflash
+    from draftsmith.inference.methods.dflash import vllm_engine as dflash
 
     target = random_model("llama", seed=0, layers=4)
     art = _artefact(tmp_path / "art", DFlashDraft.for_target(target, 2, block_size=6, mask_token_id=5))

@@ -46,7 +46,7 @@ def test_target_layers_follow_the_reference_and_stay_distinct_on_shallow_targets
 def test_the_training_blocks_are_what_the_proposer_drafts():
     """Block n of the training forward (anchor a: context s < a, bidirectional block) gives the logits the proposer's
     block gives with the first a tokens processed and x_a pending."""
-    from draftsmith.trainers.dflash import DFlashTraining, block_inputs, block_visibility
+    from draftsmith.trainers.dflash.trainer import DFlashTraining, block_inputs, block_visibility
 
     target = random_model("llama", seed=0, layers=4)
     draft = _draft(target)

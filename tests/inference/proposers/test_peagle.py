@@ -36,7 +36,7 @@ def _proposer(target, head, length=4) -> PEagleProposer:
 def test_the_unrolled_placeholder_steps_are_what_the_block_drafts():
     """Step j's logits at anchor t (training) equal the block's slot j after the true inputs 0..t (decoding): mask
     embeddings and fc(mask_hidden) at positions t+1 .. t+j, causal."""
-    from draftsmith.trainers.eagle3 import Eagle3TTT, shifted
+    from draftsmith.trainers.eagle.ttt import Eagle3TTT, shifted
 
     target = random_model("llama", seed=0, layers=4)
     unrolled = Eagle3TTT(_head(target)).eval()

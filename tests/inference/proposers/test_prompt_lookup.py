@@ -12,7 +12,8 @@ from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.inference.core.generate import GenerationConfig, generate
 from draftsmith.inference.core.proposer import StepFeedback
 from draftsmith.inference.core.sampling import SamplingParams
-from draftsmith.inference.methods import ProposerContext, prompt_lookup_proposer
+from draftsmith.inference.methods import ProposerContext
+from draftsmith.inference.methods.prompt_lookup import prompt_lookup_proposer
 from draftsmith.inference.proposers.prompt_lookup import (
     CopyAcceptance,
     NgramTable,

@@ -1,0 +1,1 @@
+"""CLLM: consistency training on the target's Jacobi trajectories — config, trainer, spec."""
