@@ -342,6 +342,8 @@ def run_dflash(args: argparse.Namespace) -> dict:
         subprocess.run([str(peer_python()), str(PEERS_DIR / "to_speculators.py"), str(cache), str(tiny_target()),
                         str(data), ",".join(map(str, layers))], check=True, cwd=ROOT)
     per_step = round(int(config["per_device_train_batch_size"]) * manifest["tokens"] / manifest["rows"])
+    from draftsmith.trainers.dflash.trainer import DFlashConfig
+
     save = out / "speculators"
     argv = [str(peer_python()), str(PEERS_DIR / "speculators_cpu.py"), "--speculator-type", "dflash",
             "--verifier-name-or-path", str(tiny_target()), "--data-path", str(data), "--hidden-states-path",
@@ -351,7 +353,8 @@ def run_dflash(args: argparse.Namespace) -> dict:
             str(config["block_size"]), "--max-anchors",
             str(int(config["anchors"]) * int(config["per_device_train_batch_size"])),
             "--mask-token-id", "0", "--loss-fn", "ce", "--per-position-loss-weight", "fixed-exp-decay",
-            "--dflash-decay-gamma", str(config["loss_gamma"]), "--total-seq-len", str(per_step), "--optimizer",
+            "--dflash-decay-gamma", str(DFlashConfig(block_size=int(config["block_size"]),
+                                                     loss_gamma=float(config["loss_gamma"])).gamma()), "--total-seq-len", str(per_step), "--optimizer",
             "adamw", "--lr", str(config["learning_rate"]), "--weight-decay", str(config["weight_decay"]),
             "--scheduler-type", "cosine", "--scheduler-warmup-ratio",
             str(min(int(config["warmup_steps"]) / args.steps, 0.99)), "--epochs", "1", "--max-steps", str(args.steps),

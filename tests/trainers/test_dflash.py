@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from draftsmith.common.errors import ConfigError
 from draftsmith.data.tiny_models import random_model
 from draftsmith.inference.drafters.dflash import block_visibility
 from draftsmith.trainers.dflash.trainer import DFlashConfig, block_inputs, build_dflash, sample_anchors
@@ -59,6 +60,15 @@ def test_slot_weights_are_the_papers_decay():
     cfg = DFlashConfig(block_size=8, loss_gamma=4.0)
     assert cfg.slot_weights() == pytest.approx([math.exp(-(k - 1) / 4) for k in range(1, 8)])
     assert DFlashConfig(block_size=4, loss_gamma=0).slot_weights() == [1.0, 1.0, 1.0]
+
+
+def test_the_default_decay_follows_the_block_size_as_in_the_paper():
+    """Eq. 4's gamma: 7 for blocks of 16, 5 for 10, 4 for 8 (the paper's pairs), linear between and beyond."""
+    assert [DFlashConfig(block_size=b).gamma() for b in (8, 10, 16)] == [4.0, 5.0, 7.0]
+    assert DFlashConfig(block_size=12).gamma() == pytest.approx(5 + 2 * 2 / 6)
+    assert DFlashConfig(block_size=4).gamma() == 2.0 and DFlashConfig(block_size=8, loss_gamma=3).gamma() == 3.0
+    with pytest.raises(ConfigError, match="loss_gamma"):
+        DFlashConfig(loss_gamma=-2)
     with pytest.raises(Exception, match="draft_length=8"):
         DFlashConfig(block_size=8, draft_length=8)
 

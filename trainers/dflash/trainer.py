@@ -54,6 +54,15 @@ IGNORE = -100
 EVAL_SEED = 0  # evaluation draws the same anchors for the same held-out batch every time
 
 
+PAPER_GAMMA = ((8, 4.0), (10, 5.0), (16, 7.0))  # (block size, gamma) the paper trains with (eq. 4)
+
+
+def paper_gamma(block_size: int) -> float:
+    """The paper's decay for ``block_size``: its three pairs, linear between them and along the nearest segment beyond."""
+    (b0, g0), (b1, g1) = PAPER_GAMMA[:2] if block_size <= PAPER_GAMMA[1][0] else PAPER_GAMMA[1:]
+    return max(1.0, g0 + (g1 - g0) * (block_size - b0) / (b1 - b0))
+
+
 @dataclass
 class DFlashConfig(TargetAnswers, FeatureCache):
     """DFlash settings (recipe flags; ``method.KEY`` on clashes with TrainingArguments)."""
@@ -68,9 +77,10 @@ class DFlashConfig(TargetAnswers, FeatureCache):
                                                       "8)."))
     anchors: int = field(default=16, metadata=_help("Blocks drawn per training sequence (the reference: up to 512 per "
                                                     "3,072 tokens)."))
-    loss_gamma: float = field(default=4.0, metadata=_help("Slot k's loss weight exp(-(k-1)/gamma) (the paper's eq. 4: "
-                                                          "7 for blocks of 16, 5 for 10, 4 for 8); 0 = every slot "
-                                                          "alike."))
+    loss_gamma: float = field(default=-1.0, metadata=_help("Slot k's loss weight exp(-(k-1)/gamma) (the paper's eq. 4); "
+                                                           "-1 = the paper's for the block size (7 for blocks of 16, 5 "
+                                                           "for 10, 4 for 8, linear between and beyond); 0 = every "
+                                                           "slot alike."))
     loss_weighting: str = field(default="decay", metadata=_help("Slot weights: decay = exp(-(k-1)/loss_gamma) (the "
                                                                 "paper's eq. 4); dpace = D-PACE's, from the draft's "
                                                                 "own confidence in each slot and the slots before it "
@@ -90,8 +100,9 @@ class DFlashConfig(TargetAnswers, FeatureCache):
         if self.loss_weighting not in ("decay", "dpace") or not 0.0 < float(self.dpace_alpha) <= 1.0:
             raise ConfigError(f"loss_weighting={self.loss_weighting!r}, dpace_alpha={self.dpace_alpha}: choose decay "
                               "or dpace, and dpace_alpha in (0, 1]")
-        if float(self.loss_gamma) < 0:
-            raise ConfigError(f"loss_gamma={self.loss_gamma} must be >= 0 (0 = no decay)")
+        if float(self.loss_gamma) < 0 and float(self.loss_gamma) != -1:
+            raise ConfigError(f"loss_gamma={self.loss_gamma} must be >= 0 (0 = no decay), or -1 (the paper's for the "
+                              "block size)")
         if not 0 <= int(self.draft_length) <= int(self.block_size) - 1:
             raise ConfigError(f"draft_length={self.draft_length}: a block of {self.block_size} drafts 1 to "
                               f"{int(self.block_size) - 1} tokens (0 = all of them)")
@@ -106,9 +117,13 @@ class DFlashConfig(TargetAnswers, FeatureCache):
             return dflash_layers(int(target.config.num_hidden_layers), int(self.draft_layers))
         return tuple(int(x) for x in str(self.layers).split(","))
 
+    def gamma(self) -> float:
+        """``loss_gamma``, or with -1 the paper's for ``block_size`` (:func:`paper_gamma`)."""
+        return paper_gamma(int(self.block_size)) if float(self.loss_gamma) == -1 else float(self.loss_gamma)
+
     def slot_weights(self) -> list[float]:
         """``w_k`` for slots ``k = 1 .. B-1`` (eq. 4)."""
-        g = float(self.loss_gamma)
+        g = self.gamma()
         return [math.exp(-(k - 1) / g) if g > 0 else 1.0 for k in range(1, int(self.block_size))]
 
     def proposer_settings(self) -> dict[str, Any]:
