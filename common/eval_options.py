@@ -61,6 +61,18 @@ class EvalOption:
         return dataclasses.replace(self, default=default)
 
 
+def defaults_from(config: type, options: tuple[EvalOption, ...], names: Iterable[str]) -> tuple[EvalOption, ...]:
+    """``options`` with the defaults of ``names`` taken from the method's config dataclass (its fields of the same
+    names): the config is the one source of a trained method's decoding defaults, which its spec derives."""
+    fields = {f.name: f.default for f in dataclasses.fields(config)}
+    names = tuple(names)
+    missing = [n for n in names if fields.get(n, dataclasses.MISSING) is dataclasses.MISSING]
+    unknown = [n for n in names if n not in {o.name for o in options}]
+    if missing or unknown:
+        raise ConfigError(f"{config.__name__}: no default for {missing} or no option for {unknown}: declare both")
+    return tuple(o.default_to(fields[o.name]) if o.name in names else o for o in options)
+
+
 @dataclass(frozen=True)
 class MergedOption:
     """An option name across every method that declares it: one command-line flag."""

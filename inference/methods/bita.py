@@ -7,7 +7,7 @@ from draftsmith.common.errors import ConfigError
 from draftsmith.common.eval_options import SEED, TREE, TREE_TOP_K
 from draftsmith.inference.methods.context import ProposerContext
 
-OPTIONS = (TREE.default_to("chain"), TREE_TOP_K.default_to(5), SEED)
+OPTIONS = (TREE, TREE_TOP_K, SEED)  # tree and tree_top_k: BitaConfig's (the spec derives them)
 
 
 def bita_proposer(ctx: ProposerContext):

@@ -12,9 +12,9 @@ from draftsmith.inference.methods.trees import static_tree, tree_verify_cost
 
 AUTO_TREE_TOKENS = 64  # the most tokens a cost-sized EAGLE tree (--tree-nodes auto) verifies in one forward
 EAGLE_OPTIONS = (
-    TREE.default_to("dynamic"), TREE_NODES.default_to(32), DRAFT_LENGTH.default_to(5), TREE_TOP_K.default_to(8),
+    TREE, TREE_NODES, DRAFT_LENGTH, TREE_TOP_K,  # these and tree_depth: EagleConfig's (the spec derives them)
     TREE_CALIBRATION,
-    EvalOption("tree_depth", int, 5, metavar="D", help="eagle --tree dynamic: levels the head expands"),
+    EvalOption("tree_depth", int, metavar="D", help="eagle --tree dynamic: levels the head expands"),
 )
 
 

@@ -12,7 +12,7 @@ from draftsmith.inference.methods.context import ProposerContext
 from draftsmith.inference.methods.trees import static_tree
 
 MEDUSA_OPTIONS = (
-    TREE.default_to("auto"), TREE_NODES.default_to(32), TREE_CALIBRATION,
+    TREE, TREE_NODES, TREE_CALIBRATION,  # tree and tree_nodes: MedusaConfig's (the spec derives them)
     EvalOption("acceptance", str, "exact", choices=("exact", "typical"),
                help="head drafters: exact (lossless) or typical (Medusa's typical acceptance: the longest candidate "
                     "whose tokens pass p > min(E, D exp(-entropy)), ties by likelihood, then the target's argmax; "

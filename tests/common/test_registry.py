@@ -126,3 +126,21 @@ def test_method_commands_and_export_formats_come_from_the_entries():
     clash = MethodSpec(name="clash", summary="", proposer=lambda ctx: None, commands={"exit-layer": "elsewhere"})
     with registered(clash), pytest.raises(ConfigError, match="another method adds too"):
         method_commands()
+
+
+# an evaluation option that shares a name with a config field but not its meaning or encoding
+DIFFERENT = {("distillspec", "draft_vocab"): "training: keep or refit the draft's vocabulary; decoding: auto or full",
+             ("layerskip", "exit_layer"): "training: 0 = choose after training; decoding: unset = the artefact's",
+             ("dflash", "draft_length"): "training: 0 = the whole block; decoding: unset = the artefact's",
+             ("peagle", "tree"): "EagleConfig's dynamic tree is EAGLE's; a P-EAGLE block decodes as a chain"}
+
+
+def test_a_trained_methods_decoding_defaults_come_from_its_config():
+    import dataclasses
+
+    for name in REGISTRY.names(trained=True):
+        spec = REGISTRY.get(name)
+        fields = {f.name: f.default for f in dataclasses.fields(spec.config)}
+        for option in spec.eval_options:
+            if option.name in fields and (name, option.name) not in DIFFERENT:
+                assert option.default == fields[option.name], (name, option.name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from draftsmith.common.eval_options import defaults_from
 from draftsmith.common.registry import MethodSpec
 from draftsmith.inference.drafters.bita import BitaEmbeddings
 from draftsmith.inference.methods.bita import OPTIONS, bita_proposer
@@ -23,5 +24,6 @@ def memory_shape(target, draft=None) -> MemoryShape:
 SPEC = MethodSpec(name="bita", summary="prompt and mask tokens tuned on the frozen target, which drafts and verifies "
                   "in one forward (BiTA, Lin et al. 2024); without an artefact: untrained embeddings",
                   proposer=bita_proposer, artefact_kind="embeddings", config=BitaConfig, trainer=BitaTrainer,
-                  trainable=build_bita, eval_method=True, eval_options=OPTIONS, memory={"bita": memory_shape},
+                  trainable=build_bita, eval_method=True,
+                  eval_options=defaults_from(BitaConfig, OPTIONS, ("tree", "tree_top_k")), memory={"bita": memory_shape},
                   default_config="bita_tiny")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from draftsmith.common.eval_options import defaults_from
 from draftsmith.common.registry import MethodSpec
 from draftsmith.inference.methods.draft_model import OPTIONS, draft_model_proposer, vllm_engine
 from draftsmith.trainers.distillspec.trainer import DistillSpecConfig, DistillSpecTrainer, build_draft
@@ -18,6 +19,7 @@ def memory_shape(target, draft) -> MemoryShape:
 
 SPEC = MethodSpec(name="distillspec", summary="a draft model distilled into its target (Zhou et al. 2023)",
                   proposer=draft_model_proposer, artefact_kind="draft_model", models=("target", "draft"),
-                  config=DistillSpecConfig, trainer=DistillSpecTrainer, trainable=build_draft, eval_options=OPTIONS,
+                  config=DistillSpecConfig, trainer=DistillSpecTrainer, trainable=build_draft,
+                  eval_options=defaults_from(DistillSpecConfig, OPTIONS, ("draft_length",)),
                   engine_configs={"vllm": vllm_engine}, memory={"distillspec": memory_shape},
                   default_config="distillspec_tiny")

@@ -8,7 +8,7 @@ from functools import partial
 
 import torch
 
-from draftsmith.common.eval_options import TREE
+from draftsmith.common.eval_options import defaults_from
 from draftsmith.common.registry import MethodSpec
 from draftsmith.inference.artefacts.eagle import export_eagle_artefact
 from draftsmith.inference.core.adapter import ModelAdapter
@@ -18,6 +18,8 @@ from draftsmith.trainers.eagle.config import EagleConfig
 from draftsmith.trainers.eagle.trainer import EagleTrainer, build_eagle_head
 from draftsmith.trainers.memory import MemoryShape
 
+DERIVED = ("tree", "tree_nodes", "draft_length", "tree_top_k", "tree_depth")  # EagleConfig's decoding defaults
+OPTIONS = defaults_from(EagleConfig, EAGLE_OPTIONS, DERIVED)
 EXPORTS = ("eagle3", "vllm-eagle", "sglang-eagle", "speculators")
 
 
@@ -49,10 +51,10 @@ SPEC = MethodSpec(name="eagle", summary="EAGLE-1 feature-level draft head on the
                   "EAGLE-3 and EAGLE-3.1 with --variant eagle3", proposer=eagle_proposer, artefact_kind="heads",
                   config=EagleConfig, trainer=EagleTrainer, trainable=build_eagle_head,
                   export_formats=dict.fromkeys(EXPORTS, export_eagle_artefact), engine_configs={"vllm": vllm_engine},
-                  eval_options=EAGLE_OPTIONS, calibrated_tree=True, chain_options=chain_options,
+                  eval_options=OPTIONS, calibrated_tree=True, chain_options=chain_options,
                   memory={"eagle": memory_shape, "eagle3": partial(memory_shape, variant="eagle3")},
                   default_config="eagle_tiny")
 PEAGLE = replace(SPEC, name="peagle", summary="P-EAGLE: an EAGLE-3 head drafting its whole block in one forward from "
                  "placeholder tokens (parallel drafting)", config_defaults={"variant": "peagle"},
-                 eval_options=tuple(TREE.default_to("chain") if o.name == "tree" else o for o in EAGLE_OPTIONS),
+                 eval_options=tuple(o.default_to("chain") if o.name == "tree" else o for o in OPTIONS),  # a block: a chain
                  memory={"peagle": partial(memory_shape, variant="peagle")}, default_config="peagle_tiny")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from draftsmith.common.eval_options import defaults_from
 from draftsmith.common.registry import MethodSpec
 from draftsmith.inference.methods.early_exit import OPTIONS, early_exit_proposer
 from draftsmith.trainers.layerskip.trainer import LayerSkipConfig, LayerSkipTrainer, build_layerskip_model
@@ -19,4 +20,4 @@ SPEC = MethodSpec(name="layerskip", summary="layer dropout and early-exit losses
                   "layers (LayerSkip, Elhoushi et al. 2024)", proposer=early_exit_proposer,
                   artefact_kind="adapted_target", config=LayerSkipConfig, trainer=LayerSkipTrainer,
                   trainable=build_layerskip_model, commands={"exit-layer": "draftsmith.launch.exit_cli"},
-                  eval_options=OPTIONS, memory={"layerskip": memory_shape}, default_config="layerskip_tiny")
+                  eval_options=defaults_from(LayerSkipConfig, OPTIONS, ("draft_length",)), memory={"layerskip": memory_shape}, default_config="layerskip_tiny")

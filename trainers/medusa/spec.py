@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from draftsmith.common.eval_options import defaults_from
 from draftsmith.common.registry import MethodSpec
 from draftsmith.inference.artefacts.medusa import export_medusa_artefact
 from draftsmith.inference.drafters.medusa import MedusaHeads
@@ -25,6 +26,7 @@ def memory_shape(target, draft=None, medusa2: bool = False) -> MemoryShape:
 SPEC = MethodSpec(name="medusa", summary="Medusa-1 heads on the frozen target, static token tree (Cai et al. 2024)",
                   proposer=medusa_proposer, artefact_kind="heads", config=MedusaConfig, trainer=MedusaTrainer,
                   trainable=build_heads, export_formats={"vllm-medusa": export_medusa_artefact},
-                  engine_configs={"vllm": vllm_engine}, eval_options=MEDUSA_OPTIONS, calibrated_tree=True,
+                  engine_configs={"vllm": vllm_engine},
+                  eval_options=defaults_from(MedusaConfig, MEDUSA_OPTIONS, ("tree", "tree_nodes")), calibrated_tree=True,
                   memory={"medusa": memory_shape, "medusa2": partial(memory_shape, medusa2=True)},
                   default_config="medusa_tiny")
