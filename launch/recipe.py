@@ -41,6 +41,7 @@ from draftsmith.launch.run_settings import (
     training_settings,
 )
 from draftsmith.launch.targets import resolve_model_arg, tokenizer_source, zoo_model_dir
+from draftsmith.trainers.hooks import AdaptsTarget, ArtefactConfig, ArtefactTensors, PreparesDatasets, TunesTarget
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"  # the Trainer writes it last: a checkpoint without it is incomplete
@@ -268,18 +269,18 @@ def artefact_weights(trainer, kind: str, tokenizer) -> dict[str, Any]:
     if state_dict is None:  # another process under ZeRO-3: it writes nothing
         return {}
     if kind in ("heads", "embeddings"):
-        config = module.artefact_config() if hasattr(module, "artefact_config") else None
+        config = module.artefact_config() if isinstance(module, ArtefactConfig) else None
         extra = {}
-        if getattr(module, "target_adapter", None) is not None:  # the method tuned the target too (Medusa-2)
+        if isinstance(module, TunesTarget) and module.target_adapter is not None:  # it tuned the target too (Medusa-2)
             extra["target_adapter"] = module.target_adapter  # saved from the gathered weights (ZeRO-3's are partitioned)
             extra["target_adapter_state"] = {k.removeprefix("target."): v for k, v in state_dict.items()
                                              if k.startswith("target.")}
-        if hasattr(module, "artefact_tensors"):
+        if isinstance(module, ArtefactTensors):
             state_dict = module.artefact_tensors(state_dict)
         return {"tensors": state_dict, "config": config} | extra
     if kind == "none":
         return {}
-    if kind == "adapted_target" and hasattr(module, "artefact_model"):  # the model a training wrapper adapted
+    if kind == "adapted_target" and isinstance(module, AdaptsTarget):  # the model a training wrapper adapted
         if not trainer.sharded():
             return {"model": module.artefact_model(), "tokenizer": tokenizer}
         if hasattr(module.model, "get_base_model"):
@@ -316,7 +317,7 @@ def build_trainer(spec: MethodSpec, models: dict, method_config, training_args, 
                   checkpoint_records: dict | None = None):
     trainer_cls = spec.trainer
     collator = None
-    if hasattr(trainer_cls, "prepare_datasets"):  # e.g. EAGLE's offline features: the datasets it trains on
+    if isinstance(trainer_cls, PreparesDatasets):  # e.g. EAGLE's offline features: the datasets it trains on
         train, heldout, collator = trainer_cls.prepare_datasets(models, method_config, train, heldout, tokenizer,
                                                                 training_args)
     trainable = models.get("draft")

@@ -28,7 +28,7 @@ import torch
 from draftsmith.common.errors import ProposerError
 from draftsmith.inference.core.adapter import AdapterOutput, ModelAdapter
 from draftsmith.inference.core.kv_cache import KVCache, KVPrefix
-from draftsmith.inference.core.proposer import Proposer, StepFeedback, TargetView
+from draftsmith.inference.core.proposer import Proposer, SelfDrafting, StepFeedback, TargetView
 from draftsmith.inference.core.sampling import SamplingParams, process_logits
 from draftsmith.inference.core.stops import find_stop, stop_lookback, truncate
 from draftsmith.inference.core.timing import sync_device
@@ -121,9 +121,8 @@ def start_sequence(
     prompt_hidden: dict[int, torch.Tensor],  # layer -> [L - 1, H]
 ) -> None:
     """Bind a self-drafting proposer to the target and this sequence's cache, then reset it."""
-    bind = getattr(proposer, "bind", None)
-    if bind is not None:
-        bind(TargetView(target, cache))
+    if isinstance(proposer, SelfDrafting):
+        proposer.bind(TargetView(target, cache))
     proposer.reset(prompt_ids)
     if getattr(proposer, "hidden_layers", ()):
         proposer.prefill_hidden(prompt_hidden)

@@ -29,7 +29,8 @@ from draftsmith.inference.core.kv_cache import KVCache
 from draftsmith.inference.core.sampling import SamplingParams
 from draftsmith.inference.core.verify import Draft
 
-__all__ = ["Draft", "Proposer", "StepFeedback", "TargetView", "common_prefix_length"]
+__all__ = ["Draft", "Proposer", "ReportsSection", "ResetsStats", "RunsDraftModel", "SelfDrafting", "StepFeedback",
+           "TargetView", "common_prefix_length"]
 
 
 @dataclass(frozen=True)
@@ -74,11 +75,9 @@ class StepFeedback:
 
 @runtime_checkable
 class Proposer(Protocol):
-    """Required members. Optional ones the loop uses when present: ``bind(target: TargetView)``
-    (self-drafting, see :class:`TargetView`) and ``prefill_hidden`` (when ``hidden_layers``). The evaluator
-    uses ``reset_stats()`` (after the warm-up) and ``report_section() -> (key, dict)`` (added to the report
-    under ``key``) when a proposer keeps figures of its own, and ``draft_model`` (the separate draft model a
-    proposer runs, which transformers' assisted generation and ``draftsmith tune`` take) when it has one."""
+    """Required members. The optional hooks are declared below (:class:`SelfDrafting`, :class:`ResetsStats`,
+    :class:`ReportsSection`, :class:`RunsDraftModel`): a proposer offers one by defining its member, and the loop and
+    the evaluator test for it with ``isinstance``. ``prefill_hidden`` is called when ``hidden_layers`` is non-empty."""
 
     name: str
     lossless: bool  # False for rules that change the output distribution (must be reported)
@@ -104,6 +103,39 @@ class Proposer(Protocol):
 
     def observe(self, feedback: StepFeedback) -> None:
         """Told after every verification step that proposed something."""
+
+
+# -- optional hooks: a proposer offers them by defining the member; callers test with isinstance -----------------
+
+
+@runtime_checkable
+class SelfDrafting(Protocol):
+    """Drafts with the target's own layers: the loop binds it to the target and the sequence's cache before
+    ``reset`` (:class:`TargetView`)."""
+
+    def bind(self, target: TargetView) -> None: ...
+
+
+@runtime_checkable
+class ResetsStats(Protocol):
+    """Keeps counts of its own, which the evaluator clears after the warm-up."""
+
+    def reset_stats(self) -> None: ...
+
+
+@runtime_checkable
+class ReportsSection(Protocol):
+    """Adds ``(key, figures)`` to the evaluation report (Jacobi's fast-forwarded and stationary tokens, ...)."""
+
+    def report_section(self) -> tuple[str, dict]: ...
+
+
+@runtime_checkable
+class RunsDraftModel(Protocol):
+    """Runs a separate draft model, which transformers' assisted generation and ``draftsmith tune`` take."""
+
+    @property
+    def draft_model(self) -> torch.nn.Module: ...
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:

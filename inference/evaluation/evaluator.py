@@ -39,7 +39,7 @@ import torch
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.inference.core.generate import GenerationConfig
-from draftsmith.inference.core.proposer import Proposer
+from draftsmith.inference.core.proposer import Proposer, ReportsSection, ResetsStats, RunsDraftModel
 from draftsmith.inference.core.sampling import SamplingParams
 from draftsmith.inference.evaluation.baselines import HF_PROMPT_LOOKUP_TOKENS, hf_pad_id, hf_runners, hf_variants
 from draftsmith.inference.evaluation.cost import (
@@ -124,7 +124,7 @@ def evaluate(
         hf = hf_runners(target_model, variants, max_new_tokens, config.eos_token_ids, hf_pad_id(tokenizer))
     torch.manual_seed(seed)
     warm_up(target, tokenizer, questions, warmup, config, proposer, seed, max_prompt, list(hf.values()))
-    if hasattr(inner, "reset_stats"):  # a proposer's own counts cover the measured questions only
+    if isinstance(inner, ResetsStats):  # a proposer's own counts cover the measured questions only
         inner.reset_stats()
     curve, plan = None, {}
     if inner is not None:  # the verification cost by rows; where padding a forward makes it cheaper, the loop pads
@@ -170,9 +170,8 @@ def evaluate(
         report["skip_set"] = {
             "attention": "".join("x" if i in (skip_attention or ()) else "." for i in range(target.num_layers)),
             "mlp": "".join("x" if i in (skip_mlp or ()) else "." for i in range(target.num_layers))}
-    section = getattr(inner, "report_section", None)
-    if section is not None:  # a proposer's own figures (Jacobi's fast-forwarded and stationary tokens)
-        key, value = section()
+    if isinstance(inner, ReportsSection):  # a proposer's own figures (Jacobi's fast-forwarded and stationary tokens)
+        key, value = inner.report_section()
         report[key] = value
     exit_layer = getattr(inner, "exit_layer", None)
     if exit_layer is not None:  # self-speculation from the first E layers: how often layer E's top-1 is the model's
@@ -223,7 +222,7 @@ def _max_prompt(target: ModelAdapter, max_new_tokens: int) -> int:
 def _assistant(draft_model, proposer: Proposer | None):
     """The draft for transformers' assisted generation: ``draft_model``, else a draft proposer's own model."""
     if draft_model is None and proposer is not None:
-        return getattr(proposer, "draft_model", None)
+        return proposer.draft_model if isinstance(proposer, RunsDraftModel) else None
     return draft_model
 
 
