@@ -329,11 +329,17 @@ class ShardOrderSampler(torch.utils.data.Sampler[int]):
     """The rows of a :class:`FeatureDataset` in shard order, for training: each epoch the shards in a shuffled
     order and the rows of each shard shuffled, so a reader that keeps one shard loaded reads each shard once per
     epoch (a uniform sampler over millions of rows reloads a shard for almost every row). Seeded by ``seed`` and
-    the epoch (``set_epoch``): a resumed run sees the same order."""
+    the epoch (``set_epoch``): a resumed run sees the same order.
 
-    def __init__(self, dataset: FeatureDataset, seed: int = 0) -> None:
+    ``group`` (the per-device batch size; 0 = off): within each shard, batches of rows of similar length — the
+    shard's shuffled rows sorted by length, cut into batches on the loader's batch grid, the batches in a shuffled
+    order — so a batch pads less (on the tiny zoo's cache, batches of 8 in shard order compute 1.41 x the real tokens,
+    length-grouped ones 1.01 x). Each batch still holds the rows of one shard, or of two neighbours at a boundary."""
+
+    def __init__(self, dataset: FeatureDataset, seed: int = 0, group: int = 0) -> None:
         self.spans = dataset.shard_spans()  # [(first index, rows)] per shard
-        self.seed, self.epoch = int(seed), 0
+        self.seed, self.epoch, self.group = int(seed), 0, int(group)
+        self.lengths = dataset.row_lengths if self.group > 0 else None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -343,9 +349,27 @@ class ShardOrderSampler(torch.utils.data.Sampler[int]):
 
     def __iter__(self):
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        emitted = 0
         for k in torch.randperm(len(self.spans), generator=gen).tolist():
             first, n = self.spans[k]
-            yield from (first + torch.randperm(n, generator=gen)).tolist()
+            rows = torch.randperm(n, generator=gen)
+            if self.group > 0:
+                rows = grouped_by_length(rows, self.lengths(k), self.group, emitted, gen)
+            yield from (first + rows).tolist()
+            emitted += n
+
+
+def grouped_by_length(rows: torch.Tensor, lengths: Sequence[int], group: int, emitted: int,
+                      gen: torch.Generator) -> torch.Tensor:  # [n] shuffled row numbers -> [n]
+    """``rows`` (a shard's, shuffled) sorted by length (ties kept in their shuffled order), then cut into batches of
+    ``group`` on the loader's grid (``emitted`` rows came before: the first ``-emitted % group`` finish its open batch),
+    the whole batches in a shuffled order, a partial last one kept last."""
+    by_length = rows[torch.tensor([lengths[i] for i in rows.tolist()]).argsort(stable=True)]
+    head = (-emitted) % group
+    body = by_length[head:]
+    whole = body.numel() // group * group
+    batches = body[:whole].view(-1, group)[torch.randperm(whole // group, generator=gen)].flatten()
+    return torch.cat([by_length[:head], batches, body[whole:]])
 
 
 class FeatureDataset(torch.utils.data.Dataset):
@@ -368,6 +392,7 @@ class FeatureDataset(torch.utils.data.Dataset):
         self._rows = [shard["rows"][1] - shard["rows"][0] for shard in manifest["shards"]]
         self.loads = 0  # shard files read so far
         self._loaded: tuple[int, dict] | None = None
+        self._lengths: dict[int, list[int]] = {}
 
     def __len__(self) -> int:
         return len(self._index)
@@ -376,6 +401,16 @@ class FeatureDataset(torch.utils.data.Dataset):
         """``(index of its first row, rows)`` of each shard, in file order."""
         starts = torch.tensor([0, *self._rows]).cumsum(0).tolist()
         return [(starts[k], n) for k, n in enumerate(self._rows)]
+
+    def row_lengths(self, k: int) -> list[int]:
+        """The token counts of shard ``k``'s rows, from its offsets alone (read once; the rows themselves are checked
+        when the shard is read)."""
+        if k not in self._lengths:
+            from safetensors import safe_open
+
+            with safe_open(str(self.directory / self._files[k]), "pt") as f:
+                self._lengths[k] = f.get_tensor("offsets").diff().tolist()
+        return self._lengths[k]
 
     def _shard(self, k: int) -> dict[str, torch.Tensor]:
         if self._loaded is None or self._loaded[0] != k:
@@ -423,4 +458,4 @@ def features_of(batch: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
 
 __all__ = ["CacheSpec", "FeatureCollator", "FeatureDataset", "ShardOrderSampler", "answer_rows", "build_feature_cache",
            "bytes_per_token", "cache_key", "check_manifest", "covering_cache", "data_key", "feature_datasets", "features_of",
-           "finish_feature_cache", "stored"]
+           "finish_feature_cache", "grouped_by_length", "stored"]

@@ -94,14 +94,17 @@ class FrozenTargetTrainer(CpuFsdpCheckpoints, transformers.Trainer):
             self.is_distributed_loading_by_transformers = True  # the Trainer's flag: no DDP wrapper, no placement
 
     def _get_train_sampler(self, train_dataset=None):
-        """Cached features are read in shard order (each shard once per epoch: ``ShardOrderSampler``) unless the
-        method config's ``feature_order`` is ``random``; any other dataset as the Trainer samples it."""
+        """Cached features are read in shard order (each shard once per epoch: ``ShardOrderSampler``; with the method
+        config's ``feature_order`` ``length``, batches of similar lengths within each shard) unless it is ``random``;
+        any other dataset as the Trainer samples it."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        if hasattr(dataset, "shard_spans") and getattr(self.method_config, "feature_order", "shard") == "shard":
+        order = getattr(self.method_config, "feature_order", "shard")
+        if hasattr(dataset, "shard_spans") and order in ("shard", "length"):
             from draftsmith.data.feature_cache import ShardOrderSampler
 
+            group = int(self.args.per_device_train_batch_size) if order == "length" else 0
             return ShardOrderSampler(dataset, seed=self.args.data_seed if self.args.data_seed is not None
-                                     else self.args.seed)
+                                     else self.args.seed, group=group)
         return super()._get_train_sampler(train_dataset)
 
     # ------------------------------------------------------------------------------------------ placement

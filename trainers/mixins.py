@@ -94,13 +94,15 @@ class FeatureCache:
 
     feature_order: str = field(default="shard", metadata=help_text("Offline features: the training order. shard = "
                                                                    "the shards shuffled and the rows of each "
-                                                                   "shuffled, each shard read once per epoch; "
-                                                                   "random = the Trainer's uniform order (the online "
-                                                                   "run's; reads a shard for almost every row)."))
+                                                                   "shuffled, each shard read once per epoch; length "
+                                                                   "= the same, each shard's batches of rows of "
+                                                                   "similar length (less padding); random = the "
+                                                                   "Trainer's uniform order (the online run's; reads "
+                                                                   "a shard for almost every row)."))
 
     def check_features(self) -> None:
         check_choice("features", self.features, FEATURE_MODES)
-        check_choice("feature_order", self.feature_order, ("shard", "random"))
+        check_choice("feature_order", self.feature_order, ("shard", "length", "random"))
 
 
 def is_placed(model) -> bool:

@@ -295,3 +295,28 @@ def test_a_cache_of_the_targets_answers_is_found_again_without_answering(tmp_pat
         next(target.parameters()).add_(1e-3)
     feature_cache.feature_datasets(target, None, [ROWS], tmp_path, spec, answer)
     assert calls == [1, 1, 1]  # other weights (same config): answered again
+
+
+def test_length_grouped_batches_pad_less_and_keep_the_shard_order(tmp_path):
+    """ShardOrderSampler(group=B): every row once per epoch, each shard's rows together, batches on the loader's
+    grid of similar length (the padded tokens of 4-row batches fall), seeded as before."""
+    target = random_model("llama", seed=0, layers=3)
+    lengths = [4 + (7 * i) % 37 for i in range(46)]
+    rows = [{"input_ids": list(range(3, 3 + n)), "labels": [-100] + list(range(4, 3 + n))} for n in lengths]
+    data = FeatureDataset(build_feature_cache(target, rows, tmp_path, CacheSpec(layers=(-1,), shard_rows=10), IDENTITY,
+                                              progress=False))
+    assert [data.row_lengths(k) for k in range(5)] == [lengths[i:i + 10] for i in range(0, 46, 10)]
+
+    def padded(order):  # tokens the loader's 4-row batches compute
+        return sum(max(lengths[i] for i in order[j:j + 4]) * len(order[j:j + 4]) for j in range(0, len(order), 4))
+
+    plain, grouped = ShardOrderSampler(data, seed=3), ShardOrderSampler(data, seed=3, group=4)
+    order = list(grouped)
+    assert sorted(order) == list(range(46)) and order == list(grouped)  # every row once; seeded
+    shards = [i // 10 for i in order]
+    assert [shards[i] for i in range(46) if i == 0 or shards[i] != shards[i - 1]] == \
+        [shards[i] for i in range(46) if i == 0 or shards[i] != shards[i - 1]][:5]  # each shard's rows together
+    real = sum(lengths)
+    assert padded(order) - real < 0.6 * (padded(list(plain)) - real)  # (on the grid, across shard ends too)
+    grouped.set_epoch(1)
+    assert list(grouped) != order
