@@ -156,9 +156,10 @@ LLAMA_LAYER_KEYS = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_
 
 
 def check_portable(head) -> None:
-    """Refuse, in one line, a head whose decoder layer the engines would load as a Llama layer wrongly: a target
-    family other than Llama/Mistral (Qwen2's q/k/v biases, Qwen3's and OLMo2's q/k norms, Gemma's norms and
-    activation) would load with parameters dropped, or draft with other math, and accept nearly nothing."""
+    """Refuse, in one line, a head whose decoder layer the engines would load as a Llama layer wrongly: one built as
+    the layer of a target family other than Llama/Mistral (``layer: target``; Qwen2's q/k/v biases, Qwen3's and OLMo2's
+    q/k norms, Gemma's norms and activation) would load with parameters dropped, or draft with other math, and accept
+    nearly nothing. A head with the Llama layer (the default, for every family) passes."""
     family = str(getattr(head.config, "model_type", ""))
     if family in PORTABLE_FAMILIES:
         return
@@ -167,7 +168,8 @@ def check_portable(head) -> None:
     lacks = LLAMA_LACKS.get(family) or (", ".join(extra) if extra else f"{family}'s own layer math")
     raise ConfigError(f"this EAGLE head has a {family} decoder layer, but vLLM and SGLang load EAGLE heads as Llama "
                       f"layers, which lack {lacks}: the export would draft wrongly, so it is refused; evaluate the "
-                      "head in draftsmith (`draftsmith eval --artefact`), or train it on a Llama/Mistral target")
+                      "head in draftsmith (`draftsmith eval --artefact`), or train it with the Llama layer "
+                      "(head_layer=llama, the default)")
 
 
 def speculators_config(head, target_config, speculative_tokens: int = 5) -> dict:
@@ -249,14 +251,15 @@ def load_eagle_head(directory, target: torch.nn.Module) -> EagleHead | Eagle3Hea
         raise ArtefactError(f"{directory}/heads_config.json is missing or not an EAGLE head: pass an EAGLE artefact")
     tensors = read_weights(directory / "heads.safetensors")
     try:
-        v31 = {"fc_norm": bool(config.get("fc_norm", False)), "norm_output": bool(config.get("norm_output", False))}
+        v31 = {"fc_norm": bool(config.get("fc_norm", False)), "norm_output": bool(config.get("norm_output", False)),
+               "layer": str(config.get("layer", "target"))}  # heads written before the Llama layer: the target's
         if config.get("variant", "eagle1") == "peagle":
             head = PEagleHead.for_target(target, tensors["d2t"], tensors["t2d"], tuple(config["layers"]),
                                          mask_token_id=int(config["mask_token_id"]), **v31)
         elif config.get("variant", "eagle1") == "eagle3":
             head = Eagle3Head.for_target(target, tensors["d2t"], tensors["t2d"], tuple(config["layers"]), **v31)
         else:
-            head = EagleHead.for_target(target, fc_bias=bool(config.get("fc_bias", False)))
+            head = EagleHead.for_target(target, fc_bias=bool(config.get("fc_bias", False)), layer=v31["layer"])
         head.load_state_dict(tensors)
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         raise config_misfit(directory / "heads_config.json", err) from None

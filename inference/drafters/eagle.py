@@ -29,8 +29,12 @@ Both heads answer the same calls, which is all the proposer uses: ``hidden_layer
 cache), ``draft_logits`` (head output -> logits over the draft vocabulary) and ``to_target`` (draft ids -> target
 ids).
 
-Llama-style targets only (Llama, Qwen2, Mistral, ...): the heads need the target's decoder layer, norm and rotary
-embedding classes. The module lives in ``inference`` because the decode loop runs it; the trainer
+The head's decoder layer is Llama's whatever the target's family (``layer="llama"``, the default): vLLM and SGLang
+load every EAGLE head as Llama layers (so do speculators' and SpecForge's heads for Qwen3, Gemma and gpt-oss targets),
+so the layer's sizes, rope and norm eps come from the target's config (:func:`llama_head_config`) and its math is
+Llama's — no Qwen2 biases, no Qwen3/OLMo2 q/k norms, no Gemma (1 + w) norms or GELU. ``layer="target"`` builds the
+target family's own layer, norm and rotary classes instead, which only draftsmith's loop loads (the export refuses it
+for families whose layer is not Llama's). Llama-style targets (Llama, Qwen2/3, Mistral, Gemma, OLMo2, ...). The module lives in ``inference`` because the decode loop runs it; the trainer
 (``draftsmith.trainers.eagle.trainer``) builds and trains it.
 """
 
@@ -114,6 +118,59 @@ def _llama_adapter(target: nn.Module) -> ModelAdapter:
     return adapter
 
 
+HEAD_LAYERS = ("llama", "target")  # the head's decoder layer: Llama's (what the engines load), or the target family's
+
+
+def head_rope(config) -> dict:
+    """The target's rope settings for a full-attention layer (a model with per-layer-type rope, e.g. Gemma 3: its
+    ``full_attention`` entry)."""
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if isinstance(rope.get("full_attention"), dict):
+        rope = dict(rope["full_attention"])
+    if not rope:
+        rope = {"rope_type": "default", "rope_theta": float(getattr(config, "rope_theta", 10000.0))}
+    return rope
+
+
+def llama_head_config(target_config):
+    """A one-layer ``LlamaConfig`` of the target's shape (hidden size, heads, KV heads, head dim, MLP size, norm eps,
+    full-attention rope, positions, vocabulary): the layer the engines build an EAGLE head of, whatever the target's
+    family (no biases, SiLU MLP: vLLM's Llama MLP takes no other activation)."""
+    from transformers import LlamaConfig
+
+    c = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    heads = int(c.num_attention_heads)
+    return LlamaConfig(vocab_size=int(c.vocab_size), hidden_size=int(c.hidden_size),
+                       intermediate_size=int(c.intermediate_size), num_hidden_layers=1, num_attention_heads=heads,
+                       num_key_value_heads=int(getattr(c, "num_key_value_heads", None) or heads),
+                       head_dim=int(getattr(c, "head_dim", None) or int(c.hidden_size) // heads),
+                       rms_norm_eps=float(getattr(c, "rms_norm_eps", None) or 1e-6),
+                       max_position_embeddings=int(getattr(c, "max_position_embeddings", None) or 2048),
+                       hidden_act="silu", attention_bias=False, mlp_bias=False, rope_parameters=head_rope(c),
+                       tie_word_embeddings=False)
+
+
+def head_classes(adapter: ModelAdapter, layer: str) -> tuple:
+    """``(config, layer class, rotary class, norm class)`` of a head's decoder layer: Llama's of the target's shape,
+    or (``layer="target"``) the target family's own (:data:`HEAD_LAYERS`)."""
+    if layer == "llama":
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+        return llama_head_config(adapter.model.config), LlamaDecoderLayer, LlamaRotaryEmbedding, LlamaRMSNorm
+    if layer != "target":
+        raise ConfigError(f"head layer {layer!r}: choose llama (what vLLM and SGLang load) or target")
+    return head_config(adapter.model.config), type(adapter.layers[0]), type(adapter.rotary), type(adapter.final_norm)
+
+
+def norm_scale(norm: nn.Module, width: int) -> torch.Tensor:  # [H] float32, on the CPU
+    """What an RMSNorm multiplies the normalised input by, whatever its parametrisation (Llama's ``w``, Gemma's
+    ``1 + w``): its output on a constant input (root mean square 1), its ``eps`` undone."""
+    eps = float(getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) or 0.0)
+    with torch.no_grad(), whole(list(norm.parameters())):  # ZeRO-3: gathered
+        out = copy.deepcopy(norm).float().cpu()(torch.ones(1, width))
+    return out[0] * (1.0 + eps) ** 0.5
+
+
 def head_config(target_config):
     """A copy of the target's config for a one-layer head (the layer index 0 of a one-layer stack)."""
     config = copy.deepcopy(target_config)
@@ -126,12 +183,14 @@ def head_config(target_config):
 class EagleHead(nn.Module):
     """``fc`` over ``[E(x_{t+1}); f_t]`` then one decoder layer of the target's architecture (module docstring)."""
 
-    def __init__(self, config, layer_cls: type[nn.Module], rotary_cls: type[nn.Module], fc_bias: bool = False) -> None:
+    def __init__(self, config, layer_cls: type[nn.Module], rotary_cls: type[nn.Module], fc_bias: bool = False,
+                 layer: str = "target") -> None:
         super().__init__()
         self.config = config
         hidden = int(config.hidden_size)
         self.hidden = hidden
         self.fc_bias = fc_bias
+        self.layer_kind = layer  # HEAD_LAYERS: which class built the decoder layer (artefact_config records it)
         self.fc = nn.Linear(2 * hidden, hidden, bias=fc_bias)
         self.layer = layer_cls(config, layer_idx=0)
         # as in EAGLE and in the engines that serve its heads (vLLM, SGLang): the layer reads the fc output without
@@ -140,11 +199,11 @@ class EagleHead(nn.Module):
         self.rotary = rotary_cls(config=config)
 
     @classmethod
-    def for_target(cls, target: nn.Module, fc_bias: bool = False) -> EagleHead:
-        """A fresh head for ``target`` (its dtype; on the CPU)."""
+    def for_target(cls, target: nn.Module, fc_bias: bool = False, layer: str = "llama") -> EagleHead:
+        """A fresh head for ``target`` (its dtype; on the CPU); ``layer``: :data:`HEAD_LAYERS`."""
         adapter = _llama_adapter(target)
-        config = head_config(target.config)
-        head = cls(config, type(adapter.layers[0]), type(adapter.rotary), fc_bias=fc_bias)
+        config, layer_cls, rotary_cls, _ = head_classes(adapter, layer)
+        head = cls(config, layer_cls, rotary_cls, fc_bias=fc_bias, layer=layer)
         return head.to(adapter.dtype)
 
     def new_cache(self, capacity: int = 256) -> KVCache:
@@ -184,7 +243,8 @@ class EagleHead(nn.Module):
         return ids
 
     def artefact_config(self) -> dict:
-        return {"method": "eagle", "variant": "eagle1", "hidden_size": self.hidden, "fc_bias": self.fc_bias}
+        return {"method": "eagle", "variant": "eagle1", "hidden_size": self.hidden, "fc_bias": self.fc_bias,
+                "layer": self.layer_kind}
 
 
 class Eagle3Head(nn.Module):
@@ -193,9 +253,10 @@ class Eagle3Head(nn.Module):
 
     def __init__(self, config, layer_cls: type[nn.Module], rotary_cls: type[nn.Module], norm_cls: type[nn.Module],
                  layers: tuple[int, ...], d2t: torch.Tensor, t2d: torch.Tensor, target_hidden: int | None = None,
-                 fc_norm: bool = False, norm_output: bool = False) -> None:
+                 fc_norm: bool = False, norm_output: bool = False, layer: str = "target") -> None:
         super().__init__()
         self.config = config
+        self.layer_kind = layer  # HEAD_LAYERS: which class built the decoder layer (artefact_config records it)
         hidden = int(config.hidden_size)
         eps = float(getattr(config, "rms_norm_eps", 1e-6))
         self.hidden, self.target_hidden = hidden, int(target_hidden or hidden)
@@ -220,9 +281,10 @@ class Eagle3Head(nn.Module):
     @classmethod
     def for_target(cls, target: nn.Module, d2t: torch.Tensor, t2d: torch.Tensor,
                    layers: tuple[int, ...] | None = None, fc_norm: bool = False,
-                   norm_output: bool = False) -> Eagle3Head:
+                   norm_output: bool = False, layer: str = "llama") -> Eagle3Head:
         """A fresh head for ``target`` (its dtype, on the CPU); its LM head starts as the target's rows of the draft
-        vocabulary. ``fc_norm``, ``norm_output``: EAGLE-3.1's options (module docstring)."""
+        vocabulary, its final norm as the target's (the same scale, in the head's norm's parametrisation).
+        ``fc_norm``, ``norm_output``: EAGLE-3.1's options (module docstring); ``layer``: :data:`HEAD_LAYERS`."""
         adapter = _llama_adapter(target)
         layers = tuple(layers) if layers else aux_layers(adapter.num_layers)
         bad = [i for i in layers if not 1 <= i < adapter.num_layers]
@@ -230,12 +292,15 @@ class Eagle3Head(nn.Module):
             raise ConfigError(f"EAGLE-3 layers {list(layers)}: give three hidden-state indices in 1..{adapter.num_layers - 1}")
         if t2d.numel() != adapter.vocab_size:
             raise ConfigError(f"t2d covers {t2d.numel()} target tokens; the target has {adapter.vocab_size}")
-        head = cls(head_config(target.config), type(adapter.layers[0]), type(adapter.rotary),
-                   type(adapter.final_norm), layers, d2t, t2d, fc_norm=fc_norm, norm_output=norm_output)
+        config, layer_cls, rotary_cls, norm_cls = head_classes(adapter, layer)
+        head = cls(config, layer_cls, rotary_cls, norm_cls, layers, d2t, t2d, fc_norm=fc_norm, norm_output=norm_output,
+                   layer=layer)
         with torch.no_grad(), whole([adapter.lm_head.weight, adapter.final_norm.weight]):  # ZeRO-3: gathered
             ids = torch.arange(d2t.numel()) + d2t
             head.lm_head.weight.copy_(adapter.lm_head.weight[ids.to(adapter.device)].cpu())
-            head.norm.weight.copy_(adapter.final_norm.weight.cpu())
+            scale = adapter.final_norm.weight.cpu() if layer == "target" else norm_scale(adapter.final_norm,
+                                                                                          head.hidden)
+            head.norm.weight.copy_(scale)
         return head.to(adapter.dtype)
 
     def new_cache(self, capacity: int = 256) -> KVCache:
@@ -287,7 +352,8 @@ class Eagle3Head(nn.Module):
     def artefact_config(self) -> dict:
         return {"method": "eagle", "variant": "eagle3", "hidden_size": self.hidden, "layers": list(self.hidden_layers),
                 "draft_vocab_size": int(self.d2t.numel()), "vocab_size": int(self.t2d.numel()),
-                "fc_norm": self.fc_norm is not None, "norm_output": self.norm_output}
+                "fc_norm": self.fc_norm is not None, "norm_output": self.norm_output, "layer": self.layer_kind}
 
 
-__all__ = ["Eagle3Head", "EagleHead", "GrowingCache", "aux_layers", "draft_vocab", "head_config", "head_mask"]
+__all__ = ["HEAD_LAYERS", "Eagle3Head", "EagleHead", "GrowingCache", "aux_layers", "draft_vocab", "head_classes",
+           "head_config", "head_mask", "head_rope", "llama_head_config", "norm_scale"]

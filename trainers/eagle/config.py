@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftsmith.common.errors import ConfigError
+from draftsmith.inference.drafters.eagle import HEAD_LAYERS
 from draftsmith.kernels.divergences import DIVERGENCES
 from draftsmith.trainers.mixins import FeatureCache, TargetAnswers
 from draftsmith.trainers.mixins import help_text as _help
@@ -47,6 +48,11 @@ class EagleConfig(TargetAnswers, FeatureCache):
                                                                  "ties; 0 = every training prompt. Offline features "
                                                                  "count the cached answers, data_mode=fixed the "
                                                                  "dataset's responses."))
+    head_layer: str = field(default="llama", metadata=_help("The head's decoder layer: llama = a Llama layer of the "
+                                                            "target's sizes and rope, whatever its family (what vLLM "
+                                                            "and SGLang load EAGLE heads as); target = the target "
+                                                            "family's own layer (draftsmith's loop only: the export "
+                                                            "refuses it where the family's layer is not Llama's)."))
     fc_bias: bool = field(default=True, metadata=_help("EAGLE-1: bias in the (2H -> H) fc layer, as the reference's "
                                                        "head (EAGLE-3's fc has none). vLLM's EAGLE-1 fc has no bias: "
                                                        "the vllm-eagle export folds it into the layer's attention "
@@ -74,6 +80,8 @@ class EagleConfig(TargetAnswers, FeatureCache):
         self.check_features()
         if self.variant not in VARIANTS:
             raise ConfigError(f"variant={self.variant!r} is unknown: choose one of {', '.join(VARIANTS)}")
+        if self.head_layer not in HEAD_LAYERS:
+            raise ConfigError(f"head_layer={self.head_layer!r} is unknown: choose one of {', '.join(HEAD_LAYERS)}")
         if int(self.ttt_steps) < 1 or int(self.draft_vocab_size) < 1 or not 0.0 < float(self.step_decay) <= 1.0:
             raise ConfigError("ttt_steps and draft_vocab_size must be >= 1 and step_decay in (0, 1]")
         if int(self.draft_vocab_prompts) < 0:

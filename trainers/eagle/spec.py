@@ -12,7 +12,7 @@ from draftsmith.common.eval_options import defaults_from
 from draftsmith.common.registry import MethodSpec
 from draftsmith.inference.artefacts.eagle import export_eagle_artefact
 from draftsmith.inference.core.adapter import ModelAdapter
-from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, aux_layers, head_config
+from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, aux_layers, head_classes
 from draftsmith.inference.methods.eagle import EAGLE_OPTIONS, eagle_proposer, vllm_engine
 from draftsmith.trainers.eagle.config import EagleConfig
 from draftsmith.trainers.eagle.trainer import EagleTrainer, build_eagle_head
@@ -27,17 +27,14 @@ def memory_shape(target, draft=None, variant: str = "eagle1") -> MemoryShape:
     """EAGLE-1: one layer over [H] features (regression and classification, two kept feature tensors). EAGLE-3 (and
     P-EAGLE, the same head and unroll): one layer over the fused [2 H] input, three auxiliary layers and the last
     kept, one loss call per unrolled step on the draft vocabulary's rows, each step's input kept for the backward."""
-    cfg, adapter = target.config, ModelAdapter(target)
-    layer_cls, rotary_cls = type(adapter.layers[0]), type(adapter.rotary)
+    cfg, c = target.config, EagleConfig(variant=variant)
+    config, layer_cls, rotary_cls, norm_cls = head_classes(ModelAdapter(target), c.head_layer)
     hidden, vocab = int(cfg.hidden_size), int(cfg.vocab_size)
     if variant == "eagle1":
-        head = EagleHead(head_config(cfg), layer_cls, rotary_cls, fc_bias=EagleConfig().fc_bias)
-        return MemoryShape(head, 1, 2, vocab)
-    c = EagleConfig(variant=variant)
+        return MemoryShape(EagleHead(config, layer_cls, rotary_cls, fc_bias=c.fc_bias), 1, 2, vocab)
     dv = min(c.draft_vocab_size, vocab)
     d2t, t2d = torch.zeros(dv, dtype=torch.long), torch.zeros(vocab, dtype=torch.bool)
-    head = Eagle3Head(head_config(cfg), layer_cls, rotary_cls, type(adapter.final_norm),
-                      aux_layers(int(cfg.num_hidden_layers)), d2t, t2d)
+    head = Eagle3Head(config, layer_cls, rotary_cls, norm_cls, aux_layers(int(cfg.num_hidden_layers)), d2t, t2d)
     return MemoryShape(head, 1, 4, dv, loss_calls=c.ttt_steps, unrolled=c.ttt_steps, trained_hidden=2 * hidden,
                        loss_head_trained=True)
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from draftsmith.common.errors import ConfigError
 from draftsmith.data.tiny_models import random_model
-from draftsmith.inference.artefacts.eagle import export_eagle, read_eagle_export
+from draftsmith.inference.artefacts.eagle import LLAMA_LAYER_KEYS, export_eagle, read_eagle_export
 from draftsmith.inference.drafters.eagle import Eagle3Head, EagleHead, draft_vocab
 
 CONTRACTS = json.loads((Path(__file__).resolve().parents[2] / "contracts" / "engines.json").read_text())
@@ -164,7 +164,7 @@ def test_wrong_format_for_the_head_is_refused(tmp_path):
     config = tiny_config("llama", layers=6)
     config.attention_bias = True  # a layer with attention biases of its own
     own = transformers.AutoModelForCausalLM.from_config(config).eval()
-    biased = EagleHead.for_target(own, fc_bias=True)
+    biased = EagleHead.for_target(own, fc_bias=True, layer="target")  # the target's own (biased) layer
     with pytest.raises(ConfigError, match="attention biases of its own.*sglang-eagle"):
         export_eagle(biased, own.config, "vllm-eagle", tmp_path / "y")
 
@@ -205,26 +205,70 @@ def _family_target(family: str):
     import transformers
 
     cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config, "gemma": transformers.GemmaConfig,
-           "olmo2": transformers.Olmo2Config}[family]
+           "olmo2": transformers.Olmo2Config,
+           "mistral": transformers.MistralConfig}[family]
     config = cls(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=8, max_position_embeddings=256, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config).eval()
+    target = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # norms away from their initial values, so a wrong parametrisation shows
+        for name, param in target.named_parameters():
+            if "norm" in name:
+                param.add_(0.1 * torch.randn_like(param))
+    return target
+
+
+def _family_head(family: str, fmt: str, layer: str = "llama"):
+    target = _family_target(family)
+    if fmt == "eagle3":
+        d2t, t2d = draft_vocab(torch.arange(128).flip(0), 80)
+        return target, Eagle3Head.for_target(target, d2t, t2d, None, layer=layer)
+    return target, EagleHead.for_target(target, layer=layer)
 
 
 @pytest.mark.parametrize("family, named", [("qwen2", "q_proj.bias"), ("qwen3", "q_norm"), ("olmo2", "q_norm"),
                                            ("gemma", "Gemma's")])
 @pytest.mark.parametrize("fmt", ["eagle3", "vllm-eagle"])
-def test_heads_of_non_llama_families_are_refused_naming_what_llama_layers_lack(family, named, fmt, tmp_path):
-    target = _family_target(family)
-    if fmt == "eagle3":
-        d2t, t2d = draft_vocab(torch.arange(128).flip(0), 80)
-        head = Eagle3Head.for_target(target, d2t, t2d, None)
-    else:
-        head = EagleHead.for_target(target)
+def test_heads_built_on_a_non_llama_layer_are_refused_naming_what_llama_layers_lack(family, named, fmt, tmp_path):
+    target, head = _family_head(family, fmt, layer="target")
     with pytest.raises(ConfigError, match=named):
         export_eagle(head, target.config, fmt, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "olmo2", "gemma", "mistral"])
+@pytest.mark.parametrize("fmt", ["eagle3", "vllm-eagle"])
+def test_every_familys_head_is_a_llama_layer_the_engines_load_and_drafts_the_same_read_back(family, fmt, tmp_path):
+    """The default head layer is Llama's of the target's shape and rope (what vLLM and SGLang build): it exports
+    for every family, its export holds Llama's keys only, and read back it computes what the head computes."""
+    from draftsmith.inference.drafters.eagle import norm_scale
+
+    target, head = _family_head(family, fmt)
+    assert type(head.midlayer if fmt == "eagle3" else head.layer).__name__ == "LlamaDecoderLayer"
+    text = target.config.get_text_config()
+    assert head.config.head_dim == 8 and head.config.num_key_value_heads == 2 and head.config.hidden_act == "silu"
+    rope = text.rope_parameters.get("full_attention", text.rope_parameters)
+    assert head.config.rope_parameters["rope_theta"] == rope["rope_theta"]
+    out = export_eagle(head, target.config, fmt, tmp_path / "x")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["head_dim"] == 8
+    tensors = load_file(str(out / "model.safetensors"))
+    layer_keys = {k.removeprefix("midlayer.").removeprefix("layers.0.") for k in tensors
+                  if k.startswith(("midlayer.", "layers.0."))}
+    assert layer_keys <= LLAMA_LAYER_KEYS | {"hidden_norm.weight"}, layer_keys - LLAMA_LAYER_KEYS
+    back = read_eagle_export(out, target)
+    torch.manual_seed(1)
+    if fmt == "eagle3":
+        assert torch.allclose(head.norm.weight, norm_scale(target.model.norm, 32).to(head.norm.weight.dtype),
+                              atol=1e-6)  # the target's final norm's scale, whatever its parametrisation
+        feats = {i: torch.randn(1, 5, 32) for i in head.hidden_layers}
+        e, pos = torch.randn(1, 5, 32), torch.arange(5)[None]
+        with torch.no_grad():
+            assert torch.allclose(back(e, back.fuse(feats), pos), head(e, head.fuse(feats), pos), atol=1e-5)
+    else:
+        e, f, pos = torch.randn(1, 5, 32), torch.randn(1, 5, 32), torch.arange(5)[None]
+        with torch.no_grad():
+            assert torch.allclose(back(e, f, pos), head(e, f, pos), atol=1e-5)
 
 
 def test_the_speculators_layout_carries_the_eagle3_head_and_reads_back(tmp_path):
