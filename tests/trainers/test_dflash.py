@@ -35,6 +35,8 @@ def test_anchors_are_distinct_ascending_positions_followed_by_an_answer_token():
     assert anchors[0, 0] == 4 and anchors[1, 0] == 2  # the answer's first block is drafted from the last prompt token
     again = sample_anchors(labels, 9, torch.Generator().manual_seed(0))
     assert torch.equal(again[0], anchors)  # a seeded draw repeats (evaluation)
+    answers, valid = sample_anchors(labels, 9, torch.Generator().manual_seed(0), prompt_anchor=False)
+    assert valid.sum(1).tolist() == [6, 5] and answers[0, 0] == 5 and answers[1, 0] == 3  # answer tokens only
 
 
 def test_blocks_hold_the_anchor_then_masks_and_label_the_same_positions():

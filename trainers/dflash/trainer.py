@@ -87,6 +87,10 @@ class DFlashConfig(TargetAnswers, FeatureCache):
                                                                 "(module docstring)."))
     dpace_alpha: float = field(default=0.5, metadata=_help("loss_weighting=dpace: the confidence floor alpha in "
                                                            "alpha + (1 - alpha) q, in (0, 1] (the reference's 0.5)."))
+    prompt_anchor: bool = field(default=True, metadata=_help("Anchor blocks on the last prompt token too (draftsmith's "
+                                                             "loop drafts an answer's first block from it); false = "
+                                                             "on answer tokens only, as the reference and as vLLM "
+                                                             "drafts (its first answer token comes from the prefill)."))
     mask_token_id: int = field(default=-1, metadata=_help("The mask token; -1 = the tokenizer's mask token, else its "
                                                           "pad, unknown or end-of-sequence token."))
     draft_length: int = field(default=0, metadata=_help("Evaluation: tokens drafted per step, the block's first N "
@@ -178,17 +182,19 @@ def dpace_weights(probs: torch.Tensor, labelled: torch.Tensor, alpha: float) -> 
         return w * (m.sum() / w.sum().clamp_min(1e-12))
 
 
-def sample_anchors(labels: torch.Tensor, count: int,
-                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_anchors(labels: torch.Tensor, count: int, generator: torch.Generator | None = None,
+                   prompt_anchor: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Up to ``count`` distinct anchors per row of ``labels`` ``[B, T]``, ascending: positions ``a >= 1`` whose next
     token is an answer token -> ``(anchors [B, N], valid [B, N])``, ``N = min(count, T)`` (rows with fewer candidates:
-    the rest invalid, at position 0). The last prompt token is one: draftsmith's loop drafts its first block from it
-    (the pending token after the prefill); the reference anchors on answer tokens only, as vLLM takes the first answer
-    token from the prefill without a draft."""
+    the rest invalid, at position 0). The last prompt token is one (``prompt_anchor``): draftsmith's loop drafts its
+    first block from it (the pending token after the prefill); the reference anchors on answer tokens only
+    (``prompt_anchor=False``), as vLLM takes the first answer token from the prefill without a draft."""
     b, t = labels.shape
     pos = torch.arange(t, device=labels.device)
     following = torch.cat([labels[:, 1:], labels.new_full((b, 1), IGNORE)], dim=1)  # [B, T] label of x_{a+1}
     candidate = (following != IGNORE) & (pos >= 1)  # [B, T]
+    if not prompt_anchor:  # the anchor token itself an answer token
+        candidate &= labels != IGNORE
     noise = torch.rand(b, t, generator=generator, device="cpu" if generator is not None else None).to(labels.device)
     score = torch.where(candidate, noise, torch.full_like(noise, -1.0))
     top = score.topk(min(int(count), t), dim=1)
@@ -236,7 +242,7 @@ class DFlashTrainer(SeededBatches, EagleTrainer):
         inputs = super().prepare_training_batch(model, inputs)
         cfg = self.method_config
         generator = self.batch_generator() if generator is None else generator
-        anchors, valid = sample_anchors(inputs["labels"], int(cfg.anchors), generator)
+        anchors, valid = sample_anchors(inputs["labels"], int(cfg.anchors), generator, bool(cfg.prompt_anchor))
         ids, positions, targets = block_inputs(inputs["input_ids"], inputs["labels"], anchors, valid,
                                                int(cfg.block_size), self._draft(model).mask_token_id)
         return inputs | {"block_anchors": anchors, "block_valid": valid, "block_ids": ids, "block_positions": positions,
