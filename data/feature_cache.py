@@ -325,53 +325,6 @@ def _interleaved(mine: list[dict], group, world: int) -> list[dict]:
     return [parts[i % world][i // world] for i in range(sum(len(p) for p in parts))]
 
 
-class ShardOrderSampler(torch.utils.data.Sampler[int]):
-    """The rows of a :class:`FeatureDataset` in shard order, for training: each epoch the shards in a shuffled
-    order and the rows of each shard shuffled, so a reader that keeps one shard loaded reads each shard once per
-    epoch (a uniform sampler over millions of rows reloads a shard for almost every row). Seeded by ``seed`` and
-    the epoch (``set_epoch``): a resumed run sees the same order.
-
-    ``group`` (the per-device batch size; 0 = off): within each shard, batches of rows of similar length — the
-    shard's shuffled rows sorted by length, cut into batches on the loader's batch grid, the batches in a shuffled
-    order — so a batch pads less (on the tiny zoo's cache, batches of 8 in shard order compute 1.41 x the real tokens,
-    length-grouped ones 1.01 x). Each batch still holds the rows of one shard, or of two neighbours at a boundary."""
-
-    def __init__(self, dataset: FeatureDataset, seed: int = 0, group: int = 0) -> None:
-        self.spans = dataset.shard_spans()  # [(first index, rows)] per shard
-        self.seed, self.epoch, self.group = int(seed), 0, int(group)
-        self.lengths = dataset.row_lengths if self.group > 0 else None
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def __len__(self) -> int:
-        return sum(n for _, n in self.spans)
-
-    def __iter__(self):
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        emitted = 0
-        for k in torch.randperm(len(self.spans), generator=gen).tolist():
-            first, n = self.spans[k]
-            rows = torch.randperm(n, generator=gen)
-            if self.group > 0:
-                rows = grouped_by_length(rows, self.lengths(k), self.group, emitted, gen)
-            yield from (first + rows).tolist()
-            emitted += n
-
-
-def grouped_by_length(rows: torch.Tensor, lengths: Sequence[int], group: int, emitted: int,
-                      gen: torch.Generator) -> torch.Tensor:  # [n] shuffled row numbers -> [n]
-    """``rows`` (a shard's, shuffled) sorted by length (ties kept in their shuffled order), then cut into batches of
-    ``group`` on the loader's grid (``emitted`` rows came before: the first ``-emitted % group`` finish its open batch),
-    the whole batches in a shuffled order, a partial last one kept last."""
-    by_length = rows[torch.tensor([lengths[i] for i in rows.tolist()]).argsort(stable=True)]
-    head = (-emitted) % group
-    body = by_length[head:]
-    whole = body.numel() // group * group
-    batches = body[:whole].view(-1, group)[torch.randperm(whole // group, generator=gen)].flatten()
-    return torch.cat([by_length[:head], batches, body[whole:]])
-
-
 class FeatureDataset(torch.utils.data.Dataset):
     """The rows of a built cache: ``input_ids``, ``labels``, ``attention_mask`` and ``feat_<i>`` ``[T, H]`` per
     layer of ``layers`` (default: every layer the cache keeps). Loads one shard at a time."""
@@ -456,6 +409,6 @@ def features_of(batch: dict[str, torch.Tensor]) -> dict[int, torch.Tensor]:
     return {int(k.removeprefix("feat_")): v for k, v in batch.items() if k.startswith("feat_")}
 
 
-__all__ = ["CacheSpec", "FeatureCollator", "FeatureDataset", "ShardOrderSampler", "answer_rows", "build_feature_cache",
+__all__ = ["CacheSpec", "FeatureCollator", "FeatureDataset", "answer_rows", "build_feature_cache",
            "bytes_per_token", "cache_key", "check_manifest", "covering_cache", "data_key", "feature_datasets", "features_of",
-           "finish_feature_cache", "grouped_by_length", "stored"]
+           "finish_feature_cache", "stored"]

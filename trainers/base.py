@@ -3,11 +3,10 @@
 :class:`FrozenTargetTrainer` is a ``transformers.Trainer`` that trains one module (a draft model, heads, prompt
 embeddings) beside a frozen target, and does once what each of those methods would otherwise copy:
 
-- the target is frozen, in eval mode, placed on the training device, or sharded under ZeRO-3 in an
-  inference engine that gathers each layer in forward (TRL's ``prepare_deepspeed`` recipe);
-- the trained module is gathered for generation under ZeRO-3 / FSDP (:meth:`generation_model`);
-- a hook turns every micro-batch before it is counted (:meth:`prepare_training_batch`: on-policy or
-  target-generated responses);
+- the target is frozen, in eval mode, placed on the training device, or sharded under ZeRO-3 in an inference engine
+  that gathers each layer in forward (TRL's ``prepare_deepspeed`` recipe); the trained module is gathered for
+  generation under ZeRO-3 / FSDP (:meth:`generation_model`);
+- a hook turns every micro-batch before it is counted (:meth:`prepare_training_batch`: on-policy or target answers);
 - the loss is normalised by the number of loss tokens of the whole gradient-accumulation window, over every
   process — not a mean of micro-batch means, which weights a short generated answer like a long one::
 
@@ -94,17 +93,16 @@ class FrozenTargetTrainer(CpuFsdpCheckpoints, transformers.Trainer):
             self.is_distributed_loading_by_transformers = True  # the Trainer's flag: no DDP wrapper, no placement
 
     def _get_train_sampler(self, train_dataset=None):
-        """Cached features are read in shard order (each shard once per epoch: ``ShardOrderSampler``; with the method
-        config's ``feature_order`` ``length``, batches of similar lengths within each shard) unless it is ``random``;
-        any other dataset as the Trainer samples it."""
+        """Cached features in shard order (``ShardOrderSampler``; ``feature_order: length``: each shard's batches of
+        similar lengths) unless ``feature_order`` is ``random``; any other dataset as the Trainer samples it."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         order = getattr(self.method_config, "feature_order", "shard")
         if hasattr(dataset, "shard_spans") and order in ("shard", "length"):
-            from draftsmith.data.feature_cache import ShardOrderSampler
+            from draftsmith.data.feature_order import ShardOrderSampler
 
+            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
             group = int(self.args.per_device_train_batch_size) if order == "length" else 0
-            return ShardOrderSampler(dataset, seed=self.args.data_seed if self.args.data_seed is not None
-                                     else self.args.seed, group=group)
+            return ShardOrderSampler(dataset, seed=seed, group=group)
         return super()._get_train_sampler(train_dataset)
 
     # ------------------------------------------------------------------------------------------ placement

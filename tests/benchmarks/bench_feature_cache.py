@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from draftsmith.data.feature_cache import CacheSpec, FeatureDataset, ShardOrderSampler, build_feature_cache
+    from draftsmith.data.feature_cache import CacheSpec, FeatureDataset, build_feature_cache
+    from draftsmith.data.feature_order import ShardOrderSampler
     from draftsmith.data.tiny_models import random_model
 
     target = random_model("llama", seed=0, vocab_size=1000, hidden=args.hidden, layers=args.layers + 1,

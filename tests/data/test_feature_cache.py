@@ -12,12 +12,12 @@ from draftsmith.data.feature_cache import (
     CacheSpec,
     FeatureCollator,
     FeatureDataset,
-    ShardOrderSampler,
     build_feature_cache,
     bytes_per_token,
     cache_key,
     finish_feature_cache,
 )
+from draftsmith.data.feature_order import ShardOrderSampler
 from draftsmith.data.tiny_models import random_model
 
 ROWS = [{"input_ids": list(range(3, 3 + n)), "labels": [-100] * 2 + list(range(5, 3 + n))} for n in (5, 9, 7, 6, 8)]

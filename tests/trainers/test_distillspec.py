@@ -584,7 +584,7 @@ def test_chunked_evaluation_equals_the_full_logits_one(pair, tokenizer, tmp_path
 
 @pytest.mark.parametrize("order", ["shard", "random"])
 def test_cached_features_train_in_shard_order_unless_asked_for_the_uniform_one(pair, tokenizer, tmp_path, order):
-    from draftsmith.data.feature_cache import ShardOrderSampler
+    from draftsmith.data.feature_order import ShardOrderSampler
 
     rows = [{"input_ids": [1, 5, 6, 7, 8, 9], "labels": [-100, -100, 6, 7, 8, 9]}] * 6
     cfg = DistillSpecConfig(features="offline", feature_cache_dir=str(tmp_path / "cache"), feature_order=order)
