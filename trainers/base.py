@@ -13,8 +13,7 @@ embeddings) beside a frozen target, and does once what each of those methods wou
       L = (sum over micro-batches m, processes r, loss tokens t of l_t) / N_window
 
   (the correction transformers applies to its own causal-LM loss since 4.46); subclasses return the *sum* of
-  their per-token losses from :meth:`loss_sum`;
-- loss tokens are counted and logged (``trained_tokens``), resumed runs continue the count;
+  their per-token losses from :meth:`loss_sum`; loss tokens are counted and logged (``trained_tokens``, resumed);
 - evaluation accumulates sums (TVD, greedy agreement) that :meth:`eval_metrics` turns into metrics over processes;
 - every checkpoint records the sha256 of its files, which a resume verifies.
 
