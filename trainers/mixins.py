@@ -96,7 +96,8 @@ class FeatureCache:
                                                                    "the shards shuffled and the rows of each "
                                                                    "shuffled, each shard read once per epoch; length "
                                                                    "= the same, each shard's batches of rows of "
-                                                                   "similar length (less padding); random = the "
+                                                                   "similar length (less padding, but less accepted: "
+                                                                   "docs/BENCHMARKS.md); random = the "
                                                                    "Trainer's uniform order (the online run's; reads "
                                                                    "a shard for almost every row)."))
 
