@@ -184,6 +184,12 @@ def cache_root(out: Path, target: str) -> Path:
     return features_dir() if target == "smollm2" else out / "cache"
 
 
+def peer_epochs(steps: int, config: dict, rows: int) -> int:
+    """Epochs a peer is allowed so that it runs all ``steps`` (both stop at the end of their epochs even under a
+    step cap, and both decay their schedule over the step cap): the steps' rows over the data's, one more as slack."""
+    return -(-int(steps) * int(config["per_device_train_batch_size"]) // max(1, int(rows))) + 1
+
+
 def train_speculators(out: Path, steps: int, data: dict, config: dict, target: str = "tiny") -> dict:
     """speculators' EAGLE-3 with draftsmith's settings (``config``: the target's recipe config)."""
     from transformers import AutoConfig
@@ -204,7 +210,8 @@ def train_speculators(out: Path, steps: int, data: dict, config: dict, target: s
             "--full-attention-indices", "0", "--no-norm-before-fc", "--no-norm-output",
             "--total-seq-len", str(per_step), "--optimizer", "adamw", "--lr", str(config["learning_rate"]),
             "--weight-decay", str(config["weight_decay"]), "--scheduler-type", "cosine",
-            "--scheduler-warmup-ratio", str(min(int(config["warmup_steps"]) / steps, 0.99)), "--epochs", "1",
+            "--scheduler-warmup-ratio", str(min(int(config["warmup_steps"]) / steps, 0.99)), "--epochs",
+            str(peer_epochs(steps, config, data["rows"])),
             "--max-steps", str(steps), "--ttt-steps", str(config["ttt_steps"]), "--seed", str(config["seed"]),
             "--save-path", str(save), "--no-resume-from-checkpoint", "--loss-implementation", "eager",
             "--draft-attn-impl", "sdpa", "--hidden-states-dtype", "bfloat16", "--num-workers", "0",
@@ -249,7 +256,7 @@ def specforge_inputs(out: Path, artefact: Path, export: Path, target: str = "tin
     return root
 
 
-def train_specforge(out: Path, steps: int, config: dict, inputs: Path, target: str = "tiny") -> dict:
+def train_specforge(out: Path, steps: int, config: dict, inputs: Path, target: str = "tiny", rows: int = 1) -> dict:
     """SpecForge's EAGLE-3 with draftsmith's settings on the converted features; exported for vLLM."""
     import yaml
 
@@ -267,7 +274,8 @@ def train_specforge(out: Path, steps: int, config: dict, inputs: Path, target: s
         "training": {"strategy": "eagle3", "attention_backend": "sdpa", "fsdp_sharding": "NO_SHARD",
                      "batch_size": int(config["per_device_train_batch_size"]), "accumulation_steps": 1,
                      "learning_rate": float(config["learning_rate"]), "lr_scheduler": "cosine",
-                     "warmup_ratio": min(int(config["warmup_steps"]) / steps, 0.99), "num_epochs": 1,
+                     "warmup_ratio": min(int(config["warmup_steps"]) / steps, 0.99),
+                     "num_epochs": peer_epochs(steps, config, rows),
                      "max_steps": steps, "ttt_length": int(config["ttt_steps"]), "seed": int(config["seed"]),
                      "log_interval": min(10, steps), "save_interval": 0}}
     (out / "specforge_run.yaml").write_text(yaml.safe_dump(run_config))
@@ -357,7 +365,8 @@ def run_dflash(args: argparse.Namespace) -> dict:
                                                      loss_gamma=float(config["loss_gamma"])).gamma()), "--total-seq-len", str(per_step), "--optimizer",
             "adamw", "--lr", str(config["learning_rate"]), "--weight-decay", str(config["weight_decay"]),
             "--scheduler-type", "cosine", "--scheduler-warmup-ratio",
-            str(min(int(config["warmup_steps"]) / args.steps, 0.99)), "--epochs", "1", "--max-steps", str(args.steps),
+            str(min(int(config["warmup_steps"]) / args.steps, 0.99)), "--epochs",
+            str(peer_epochs(args.steps, config, manifest["rows"])), "--max-steps", str(args.steps),
             "--seed", str(config["seed"]), "--save-path", str(save), "--no-resume-from-checkpoint",
             "--loss-implementation", "eager", "--draft-attn-impl", "sdpa", "--hidden-states-dtype", "bfloat16",
             "--num-workers", "0", "--train-data-ratio", "0.98", "--log-freq", "10"]
@@ -399,7 +408,8 @@ def run(args: argparse.Namespace) -> dict:
     result = {"target": target, "steps": args.steps, "data": data, "draftsmith": ours, "speculators": theirs}
     if "specforge" in args.peers.split(","):
         inputs = specforge_inputs(out, Path(ours["artefact"]), export, target)
-        forge = once(out / "specforge.json", lambda: train_specforge(out, args.steps, config, inputs, target))
+        forge = once(out / "specforge.json", lambda: train_specforge(out, args.steps, config, inputs, target,
+                                                                    rows=data["rows"]))
         forge["tokens_per_s"] = forge["samples_per_s"] and forge["samples_per_s"] * data["mean_length"]
         result["specforge"], heads["specforge"] = forge, forge["checkpoint"]
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()] if args.concurrency else []
