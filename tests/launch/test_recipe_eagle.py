@@ -169,3 +169,26 @@ def test_zoo_eagle_greedy_identical_on_every_dev_question(tmp_path):
             assert rep["num_questions"] == 324
             differing = [(r["question_id"], r["difference"]) for r in rep["questions"] if not r["identical"]]
             assert rep["summary"]["greedy_identical"] == 1.0, (variant, tree, differing[:3])
+
+
+def test_peagle_trains_by_name_and_decodes_identically(tiny_pair, tmp_path):
+    """`draftsmith train peagle`: EAGLE's spec with the P-EAGLE variant fixed — a P-EAGLE head, an artefact of method
+    peagle, drafting its block token-identically to AR; a config that names another variant is refused."""
+    from draftsmith.common.errors import ConfigError
+    from draftsmith.inference.drafters.peagle import PEagleHead
+
+    torch.set_num_threads(1)
+    target_dir = write_target(tmp_path, 4)
+    argv = ["--config", "eagle_test", "ttt_steps=3", "draft_vocab_size=64", "layers=auto", "--target", str(target_dir),
+            "--dataset", str(tiny_pair["dataset"]), "--output_dir", str(tmp_path / "p"), "calibrate_tree=false"]
+    result = run_recipe("peagle", argv)
+    assert result.manifest["method"] == "peagle"
+    target = random_model("llama", seed=0, layers=4)
+    proposer, _ = load_artefact(result.artefact, target, None)
+    assert isinstance(proposer.head, PEagleHead)
+    adapter = ModelAdapter(target)
+    prompt = torch.randint(3, 100, (12,), generator=torch.Generator().manual_seed(0))
+    ar = generate(adapter, prompt, GenerationConfig(max_new_tokens=20))
+    assert generate(adapter, prompt, GenerationConfig(max_new_tokens=20), proposer).output_ids == ar.output_ids
+    with pytest.raises(ConfigError, match="fixes"):
+        run_recipe("peagle", [*argv[:-1], "variant=eagle3"])
