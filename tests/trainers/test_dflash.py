@@ -83,7 +83,7 @@ def test_the_loss_is_the_weighted_cross_entropy_of_the_slots(tmp_path):
 
     torch.manual_seed(0)
     target = random_model("llama", seed=0, layers=4)
-    cfg = DFlashConfig(block_size=4, anchors=3, data_mode="fixed", draft_layers=1)
+    cfg = DFlashConfig(block_size=4, anchors=3, data_mode="fixed", draft_layers=1, loss_weighting="decay")
     module = build_dflash({"target": target}, cfg)
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
     trainer = DFlashTrainer(module, target, cfg, args=args)

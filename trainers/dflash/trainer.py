@@ -81,10 +81,12 @@ class DFlashConfig(TargetAnswers, FeatureCache):
                                                            "-1 = the paper's for the block size (7 for blocks of 16, 5 "
                                                            "for 10, 4 for 8, linear between and beyond); 0 = every "
                                                            "slot alike."))
-    loss_weighting: str = field(default="decay", metadata=_help("Slot weights: decay = exp(-(k-1)/loss_gamma) (the "
-                                                                "paper's eq. 4); dpace = D-PACE's, from the draft's "
-                                                                "own confidence in each slot and the slots before it "
-                                                                "(module docstring)."))
+    loss_weighting: str = field(default="dpace", metadata=_help("Slot weights: dpace = D-PACE's, from the draft's own "
+                                                                "confidence in each slot and the slots before it "
+                                                                "(module docstring; above the paper's decay on the dev "
+                                                                "questions in vLLM and on 10 of the broad set's 12 "
+                                                                "categories: docs/BENCHMARKS.md); decay = "
+                                                                "exp(-(k-1)/loss_gamma) (the paper's eq. 4)."))
     dpace_alpha: float = field(default=0.5, metadata=_help("loss_weighting=dpace: the confidence floor alpha in "
                                                            "alpha + (1 - alpha) q, in (0, 1] (the reference's 0.5)."))
     prompt_anchor: bool = field(default=True, metadata=_help("Anchor blocks on the last prompt token too (draftsmith's "
