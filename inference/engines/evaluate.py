@@ -61,9 +61,12 @@ def classify(target_model, prompts: Sequence[list[int]], answers: Sequence[Seque
 
 def engine_evaluate(target_model, tokenizer, questions: Sequence[Question], method: EngineMethod, *, python: Path,
                     model_dir: str, tokenizer_dir: str, max_new_tokens: int, dtype: str = "float32", seed: int = 0,
-                    concurrency: Sequence[int] = (), threads: int | None = None, log_dir: Path | None = None) -> dict:
+                    concurrency: Sequence[int] = (), threads: int | None = None, log_dir: Path | None = None,
+                    references: dict | None = None) -> dict:
     """Run ``method`` and plain decoding in vLLM on the questions' first turns; returns the engine report
-    (:mod:`draftsmith.inference.engines.report`)."""
+    (:mod:`draftsmith.inference.engines.report`). ``references``: a dict the caller keeps across several methods on
+    the same questions and settings, holding the plain-decoding runs (vLLM's and draftsmith's) by served model, so
+    judging several heads decodes each reference once."""
     target = ModelAdapter(target_model)
     k = int(method.speculative_config.get("num_speculative_tokens") or 0)
     prompts = first_turn_prompts(tokenizer, questions, target.max_positions - max_new_tokens - k - 1)
@@ -72,11 +75,16 @@ def engine_evaluate(target_model, tokenizer, questions: Sequence[Question], meth
             "max_tokens": max_new_tokens, "max_model_len": int(target.max_positions), "sequential": True,
             "concurrency": list(concurrency)}
     logs = {name: (log_dir / f"engine_{name}.log" if log_dir else None) for name in ("ar", "spec")}
-    ar = run_engine(base | {"speculative_config": None}, python, threads=threads, log=logs["ar"])
+    known = (references or {}).get(served)
+    if known is None:
+        eos = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
+        known = (run_engine(base | {"speculative_config": None}, python, threads=threads, log=logs["ar"]),
+                 draftsmith_ar(target_model, prompts, max_new_tokens, eos) if method.served_model is None else None)
+        if references is not None:
+            references[served] = known
+    ar, ours = known
     spec = run_engine(base | {"speculative_config": method.speculative_config}, python, threads=threads,
                       log=logs["spec"])
-    eos = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
-    ours = draftsmith_ar(target_model, prompts, max_new_tokens, eos) if method.served_model is None else None
     dtype = next(target_model.parameters()).dtype
     categories = [q.category for q in questions]
     report = {

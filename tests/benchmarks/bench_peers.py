@@ -312,12 +312,12 @@ def judge(heads: dict[str, str], limit: int, max_new_tokens: int, k: int, concur
     verifier = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
     questions = [replace(q, turns=q.turns[:1]) for q in read_questions("dev", limit=limit)]
-    out = {"vllm": versions}
+    out, references = {"vllm": versions}, {}  # the plain-decoding runs, decoded once for every head
     for name, head in heads.items():
         engine = EngineMethod({"method": method, "model": head, "num_speculative_tokens": k}, {})
         report = engine_evaluate(verifier, tokenizer, questions, engine, python=python, model_dir=str(model_dir),
                                  tokenizer_dir=str(tokenizer_dir), max_new_tokens=max_new_tokens, threads=1,
-                                 concurrency=concurrency)
+                                 concurrency=concurrency, references=references)
         out[name] = report["summary"] | {"throughput": report["throughput"]}
     return out
 
