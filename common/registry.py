@@ -78,7 +78,7 @@ class MethodSpec:
     ``shape(target, draft) -> MemoryShape`` (``draftsmith.trainers.memory``) for ``draftsmith memory``;
     ``calibrated_tree`` says ``draftsmith tune`` calibrates its static or dynamic tree, ``chain_options`` the decoding
     settings of the chain that calibration measures. ``default_config`` names the config (shipped with draftsmith,
-    ``draftsmith.launch.recipe_configs``) ``draftsmith train NAME`` runs without ``--config``; ``config_defaults``
+    ``launch/configs/recipes``, found by name) ``draftsmith train NAME`` runs without ``--config``; ``config_defaults``
     are settings a variant fixes over its config's defaults (P-EAGLE: ``variant: peagle``)."""
 
     name: str
@@ -101,7 +101,7 @@ class MethodSpec:
     engine_configs: dict[str, Callable] = field(default_factory=dict)
     memory: dict[str, Callable] = field(default_factory=dict)  # variant -> shape(target, draft) (`draftsmith memory`)
     calibrated_tree: bool = False  # `draftsmith tune` calibrates its tree after training
-    chain_options: Callable[[dict], dict] | None = None  # manifest -> the chain's settings tree calibration measures
+    chain_options: Callable[[int], dict] | None = None  # depth -> the chain's settings tree calibration measures
     default_config: str | None = None  # the shipped config `draftsmith train NAME` runs without --config
     config_defaults: dict[str, Any] = field(default_factory=dict)  # a variant's settings over its config's defaults
 

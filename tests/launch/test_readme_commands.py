@@ -177,9 +177,9 @@ def _check_method_args(method: str, args: list[str]) -> None:
 
     spec = get_method(method)
     if not spec.trained:  # a search with its own command line (Draft & Verify)
-        from draftsmith.common.registry import resolve
+        from draftsmith.launch.draft_verify import parser as search_parser
 
-        parser = resolve(spec.train.replace(":main", ":parser"))()
+        parser = search_parser()
         try:
             parser.parse_args(args)
         except SystemExit as stop:
