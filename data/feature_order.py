@@ -1,5 +1,6 @@
 """The order training reads a feature cache in (:class:`~draftsmith.data.feature_cache.FeatureDataset`): shard by
-shard, so each shard file is read once per epoch, and optionally in batches of rows of similar length."""
+shard, so each shard file is read once per epoch; within each optimizer step the micro-batches by length; and
+optionally in batches of rows of similar length across a shard."""
 
 from __future__ import annotations
 
@@ -17,12 +18,19 @@ class ShardOrderSampler(torch.utils.data.Sampler[int]):
     ``group`` (the per-device batch size; 0 = off): within each shard, batches of rows of similar length — the
     shard's shuffled rows sorted by length, cut into batches on the loader's batch grid, the batches in a shuffled
     order — so a batch pads less (on the tiny zoo's cache, batches of 8 in shard order compute 1.41 x the real tokens,
-    length-grouped ones 1.01 x). Each batch still holds the rows of one shard, or of two neighbours at a boundary."""
+    length-grouped ones 1.01 x). Each batch still holds the rows of one shard, or of two neighbours at a boundary.
 
-    def __init__(self, dataset, seed: int = 0, group: int = 0) -> None:  # a FeatureDataset
+    ``window`` (the rows of one optimizer step over every process: per-device batch x accumulation x processes; 0 or
+    ``group`` = off): the rows of each step are sorted by length, so that its micro-batches pad less (batches of 4
+    with 2 accumulated on the tiny zoo's cache: 1.17 x the real tokens, against 1.41 x for batches of 8). The rows
+    of each step are unchanged (only which micro-batch of the step holds a row), and so is the gradient, since the
+    loss is normalised over the step's tokens (``FrozenTargetTrainer.get_batch_samples``)."""
+
+    def __init__(self, dataset, seed: int = 0, group: int = 0, window: int = 0) -> None:  # a FeatureDataset
         self.spans = dataset.shard_spans()  # [(first index, rows)] per shard
         self.seed, self.epoch, self.group = int(seed), 0, int(group)
-        self.lengths = dataset.row_lengths if self.group > 0 else None
+        self.window = int(window) if self.group == 0 and int(window) > 1 else 0
+        self.lengths = dataset.row_lengths if self.group > 0 or self.window > 0 else None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -38,6 +46,8 @@ class ShardOrderSampler(torch.utils.data.Sampler[int]):
             rows = torch.randperm(n, generator=gen)
             if self.group > 0:
                 rows = grouped_by_length(rows, self.lengths(k), self.group, emitted, gen)
+            elif self.window > 0:
+                rows = sorted_within_steps(rows, self.lengths(k), self.window, emitted)
             yield from (first + rows).tolist()
             emitted += n
 
@@ -55,4 +65,16 @@ def grouped_by_length(rows: torch.Tensor, lengths: Sequence[int], group: int, em
     return torch.cat([by_length[:head], batches, body[whole:]])
 
 
-__all__ = ["ShardOrderSampler", "grouped_by_length"]
+def sorted_within_steps(rows: torch.Tensor, lengths: Sequence[int], window: int,
+                        emitted: int) -> torch.Tensor:  # [n] shuffled row numbers -> [n]
+    """``rows`` (a shard's, shuffled) with each step's ``window`` rows on the loader's grid sorted by length (ties
+    kept in their shuffled order): the first ``-emitted % window`` rows finish the step the previous shard opened and
+    stay as they are, so no step's rows change and no step alternates between two shards."""
+    head = (-emitted) % window
+    body = rows[head:]
+    steps = [part[torch.tensor([lengths[i] for i in part.tolist()]).argsort(stable=True)]
+             for part in body.split(window)]
+    return torch.cat([rows[:head], *steps])
+
+
+__all__ = ["ShardOrderSampler", "grouped_by_length", "sorted_within_steps"]

@@ -11,7 +11,22 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models
 
-FAMILIES = ("llama", "qwen2", "mistral", "gpt2")
+FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma3", "olmo2", "gpt2")
+ROPE_FAMILIES = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                 "mistral": transformers.MistralConfig, "qwen3": transformers.Qwen3Config,
+                 "gemma3": transformers.Gemma3TextConfig, "olmo2": transformers.Olmo2Config}
+
+
+def family_extras(family: str, hidden: int, heads: int, layers: int, window: int) -> dict:
+    """What a family's config needs beyond Llama's fields: Qwen3's and Gemma 3's explicit head size; Gemma 3's
+    sliding-window layers (every layer but the last, as its 5:1 pattern would have it in a deeper model) with their
+    window ``window``, and its query scale."""
+    if family == "qwen3":
+        return {"head_dim": hidden // heads}
+    if family == "gemma3":
+        return {"head_dim": hidden // heads, "query_pre_attn_scalar": hidden // heads, "sliding_window": window,
+                "layer_types": ["sliding_attention"] * (layers - 1) + ["full_attention"]}
+    return {}
 
 
 def tiny_config(
@@ -21,20 +36,22 @@ def tiny_config(
     hidden: int = 32,
     attn: str = "sdpa",
     max_positions: int = 256,
+    window: int = 8,
 ) -> transformers.PretrainedConfig:
-    """A config of ``family`` (one of :data:`FAMILIES`) with a few thousand parameters."""
+    """A config of ``family`` (one of :data:`FAMILIES`) with a few thousand parameters (``window``: Gemma 3's
+    sliding window)."""
     common = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "gpt2":
         cfg = transformers.GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions, **common)
-    elif family in ("llama", "qwen2", "mistral"):
-        cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "mistral": transformers.MistralConfig}
-        cfg = cls[family](
+    elif family in ROPE_FAMILIES:
+        cfg = ROPE_FAMILIES[family](
             hidden_size=hidden,
             intermediate_size=2 * hidden,
             num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=2,
             max_position_embeddings=max_positions,
+            **family_extras(family, hidden, 4, layers, window),
             **common,
         )
     else:

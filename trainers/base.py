@@ -92,16 +92,18 @@ class FrozenTargetTrainer(CpuFsdpCheckpoints, transformers.Trainer):
             self.is_distributed_loading_by_transformers = True  # the Trainer's flag: no DDP wrapper, no placement
 
     def _get_train_sampler(self, train_dataset=None):
-        """Cached features in shard order (``ShardOrderSampler``; ``feature_order: length``: each shard's batches of
-        similar lengths) unless ``feature_order`` is ``random``; any other dataset as the Trainer samples it."""
+        """Cached features in shard order (``ShardOrderSampler``: each step's micro-batches by length; ``feature_order:
+        length``: each shard's batches of similar lengths) unless ``feature_order`` is ``random``; any other dataset
+        as the Trainer samples it."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         order = getattr(self.method_config, "feature_order", "shard")
         if hasattr(dataset, "shard_spans") and order in ("shard", "length"):
             from draftsmith.data.feature_order import ShardOrderSampler
 
-            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-            group = int(self.args.per_device_train_batch_size) if order == "length" else 0
-            return ShardOrderSampler(dataset, seed=seed, group=group)
+            args, batch = self.args, int(self.args.per_device_train_batch_size)
+            return ShardOrderSampler(dataset, seed=args.data_seed if args.data_seed is not None else args.seed,
+                                     group=batch if order == "length" else 0,
+                                     window=batch * int(args.gradient_accumulation_steps) * int(args.world_size))
         return super()._get_train_sampler(train_dataset)
 
     # ------------------------------------------------------------------------------------------ placement
@@ -115,8 +117,7 @@ class FrozenTargetTrainer(CpuFsdpCheckpoints, transformers.Trainer):
         return self._zero_stage() == 3 or self.is_fsdp_enabled or self.own_fsdp
 
     def parallelism(self) -> str:
-        """How the training is spread over processes, for the manifest: ``zero<stage>``, ``fsdp<version>``, ``ddp``
-        or ``none`` (one process)."""
+        """How the training is spread over processes (manifest): ``zero<stage>``, ``fsdp<version>``, ``ddp``, ``none``."""
         if self.is_deepspeed_enabled:
             return f"zero{self._zero_stage()}"
         if self.is_fsdp_enabled:
@@ -187,8 +188,7 @@ class FrozenTargetTrainer(CpuFsdpCheckpoints, transformers.Trainer):
 
     def answers_batch(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``inputs`` with the target's own answers when the method config (a
-        :class:`~draftsmith.trainers.mixins.TargetAnswers`) says
-        ``data_mode=target``, else unchanged."""
+        :class:`~draftsmith.trainers.mixins.TargetAnswers`) says ``data_mode=target``, else unchanged."""
         cfg = self.method_config
         if getattr(cfg, "data_mode", "fixed") == "fixed":
             return inputs

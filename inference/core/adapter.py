@@ -28,6 +28,8 @@ public submodules, for the layouts listed in :data:`SUBLAYER_LAYOUTS`.
 
 from __future__ import annotations
 
+import inspect
+
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -44,16 +46,20 @@ from draftsmith.inference.core.masks import additive_mask, visibility
 from draftsmith.kernels.tree_attention import TREE_KWARG, tree_attention_backend
 
 LLAMA_LIKE = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "gemma", "phi3", "olmo", "olmo2")
-# Model types whose decoder layer is exactly ``h + attn(norm1(h))`` then ``h + mlp(norm2(h))``, so one
-# sublayer can run without the other; value: (norm1, attention, norm2, mlp) attribute names.
-_LLAMA_SUBLAYERS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+# Model types whose decoder layer is ``h + post1(attn(pre1(h)))`` then ``h + post2(mlp(pre2(h)))``, so one sublayer
+# can run without the other; value: (pre1, attention, post1, pre2, mlp, post2) attribute names, None where the
+# layer has no such norm (Llama's are pre-norms only, OLMo2's post-norms only, Gemma 3 has both).
+_LLAMA_SUBLAYERS = ("input_layernorm", "self_attn", None, "post_attention_layernorm", "mlp", None)
 SUBLAYER_LAYOUTS = MappingProxyType(
     {
         "llama": _LLAMA_SUBLAYERS,
         "qwen2": _LLAMA_SUBLAYERS,
         "qwen3": _LLAMA_SUBLAYERS,
         "mistral": _LLAMA_SUBLAYERS,
-        "gpt2": ("ln_1", "attn", "ln_2", "mlp"),
+        "olmo2": (None, "self_attn", "post_attention_layernorm", None, "mlp", "post_feedforward_layernorm"),
+        "gemma3_text": ("input_layernorm", "self_attn", "post_attention_layernorm", "pre_feedforward_layernorm", "mlp",
+                        "post_feedforward_layernorm"),
+        "gpt2": ("ln_1", "attn", None, "ln_2", "mlp", None),
     }
 )
 
@@ -107,6 +113,9 @@ class ModelAdapter:
             window if (window and (layer_types is None or layer_types[i] == "sliding_attention")) else None
             for i in range(self.num_layers)
         ]
+        # rotary tables by layer type where the model keeps one per type (Gemma 3: local and global bases)
+        takes_type = self._rotary is not None and "layer_type" in inspect.signature(self._rotary.forward).parameters
+        self._rope_types: list[str] | None = list(layer_types) if takes_type and layer_types else None
         self.max_positions = int(
             getattr(self.config, "max_position_embeddings", None) or getattr(self.config, "n_positions", 0) or 1 << 30
         )
@@ -240,7 +249,7 @@ class ModelAdapter:
             tree = torch.ones(t, t, dtype=torch.bool, device=hidden.device).tril()
         else:
             tree = tree.to(hidden.device)
-        rope = self._rotary(hidden, position_ids) if self._rotary is not None else None
+        rope = self._rope(hidden, position_ids)
         states: dict[int, torch.Tensor] = {}
         if start in want:
             states[start] = hidden
@@ -248,6 +257,15 @@ class ModelAdapter:
             hidden = self._layer_loop(hidden, position_ids, cache, layer_cache, tree, kernel_tree, rope, start, end,
                                       skip, partial, no_attn, no_mlp, kv_prefix, want, states, causal)
         return hidden, states
+
+    def _rope(self, hidden: torch.Tensor, position_ids: torch.Tensor):
+        """The rotary ``(cos, sin)`` of ``position_ids`` (None: learned positions), or a dict of them by layer type
+        where the model keeps a table per type."""
+        if self._rotary is None:
+            return None
+        if self._rope_types is None:
+            return self._rotary(hidden, position_ids)
+        return {kind: self._rotary(hidden, position_ids, kind) for kind in dict.fromkeys(self._rope_types)}
 
     def _layer_loop(self, hidden, position_ids, cache, layer_cache, tree, kernel_tree, rope, start, end, skip, partial,
                     no_attn, no_mlp, kv_prefix, want, states, causal=None) -> torch.Tensor:
@@ -260,13 +278,14 @@ class ModelAdapter:
                     masks[key] = self._layer_mask(past, tree, position_ids, self._windows[i], hidden.dtype, kv_prefix,
                                                   causal)
                 layer_tree = tree if kernel_tree and self._windows[i] is None else None
+                layer_rope = rope[self._rope_types[i]] if isinstance(rope, dict) else rope
                 if i in partial:
                     hidden = self._run_sublayers(
-                        i, hidden, masks[key], position_ids, layer_cache, rope, attn=i not in no_attn,
+                        i, hidden, masks[key], position_ids, layer_cache, layer_rope, attn=i not in no_attn,
                         mlp=i not in no_mlp, tree=layer_tree,
                     )
                 else:
-                    hidden = self._run_layer(i, hidden, masks[key], position_ids, layer_cache, rope, layer_tree)
+                    hidden = self._run_layer(i, hidden, masks[key], position_ids, layer_cache, layer_rope, layer_tree)
             if i + 1 in want:
                 states[i + 1] = hidden
         return hidden
@@ -305,13 +324,15 @@ class ModelAdapter:
             raise ConfigError(f"sublayer skip lists name layers {bad} outside 0..{self.num_layers - 1}")
 
     def _run_sublayers(self, i, hidden, mask, position_ids, cache, rope, *, attn: bool, mlp: bool, tree=None):
-        """``h + attn(norm1(h))`` and/or ``h + mlp(norm2(h))``: the layer's own submodules, either half alone."""
-        norm1, attention, norm2, ffn = (getattr(self._layers[i], name) for name in SUBLAYER_LAYOUTS[self.model_type])
+        """``h + post1(attn(pre1(h)))`` and/or ``h + post2(mlp(pre2(h)))``: the layer's own submodules, either half
+        alone (a norm the layout lacks is the identity)."""
+        pre1, attention, post1, pre2, ffn, post2 = (getattr(self._layers[i], name) if name else nn.Identity()
+                                                    for name in SUBLAYER_LAYOUTS[self.model_type])
         if attn:
             kwargs = self._attention_kwargs(mask, position_ids, cache, rope, tree)
-            hidden = hidden + attention(norm1(hidden), **kwargs)[0]
+            hidden = hidden + post1(attention(pre1(hidden), **kwargs)[0])
         if mlp:
-            hidden = hidden + ffn(norm2(hidden))
+            hidden = hidden + post2(ffn(pre2(hidden)))
         return hidden
 
     def forward(

@@ -320,3 +320,26 @@ def test_length_grouped_batches_pad_less_and_keep_the_shard_order(tmp_path):
     assert padded(order) - real < 0.6 * (padded(list(plain)) - real)  # (on the grid, across shard ends too)
     grouped.set_epoch(1)
     assert list(grouped) != order
+
+
+def test_each_steps_rows_are_sorted_by_length_and_stay_the_steps_rows(tmp_path):
+    """ShardOrderSampler(window=W): the rows of every step (W on the loader's grid) are the plain shard order's,
+    sorted by length within the step wherever the step lies in one shard, so its micro-batches pad less."""
+    target = random_model("llama", seed=0, layers=3)
+    lengths = [4 + (7 * i) % 37 for i in range(46)]
+    rows = [{"input_ids": list(range(3, 3 + n)), "labels": [-100] + list(range(4, 3 + n))} for n in lengths]
+    data = FeatureDataset(build_feature_cache(target, rows, tmp_path, CacheSpec(layers=(-1,), shard_rows=10), IDENTITY,
+                                              progress=False))
+    plain, stepped = list(ShardOrderSampler(data, seed=3)), ShardOrderSampler(data, seed=3, window=8)
+    order = list(stepped)
+    assert sorted(order) == list(range(46)) and order == list(stepped)  # every row once; seeded
+    steps = [(order[j:j + 8], plain[j:j + 8]) for j in range(0, 46, 8)]
+    assert all(sorted(a) == sorted(b) for a, b in steps)  # no step's rows change
+    one_shard = [a for a, _ in steps if len({i // 10 for i in a}) == 1]
+    assert one_shard and all([lengths[i] for i in a] == sorted(lengths[i] for i in a) for a in one_shard)
+
+    def padded(order):  # tokens the loader's 2-row micro-batches compute
+        return sum(max(lengths[i] for i in order[j:j + 2]) * len(order[j:j + 2]) for j in range(0, len(order), 2))
+
+    assert padded(order) < padded(plain)
+    assert ShardOrderSampler(data, seed=3, window=8, group=4).window == 0  # length groups already sort every batch

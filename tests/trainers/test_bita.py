@@ -13,8 +13,9 @@ from draftsmith.trainers.bita.trainer import BitaTraining, chain_tau, insertion_
 
 
 def test_training_masks_see_what_decoding_masks_see(family):
-    """Group after token t in training == group 0 of a decoding step whose pending token is x_t."""
-    model = random_model(family, seed=0, layers=2, hidden=32)
+    """Group after token t in training == group 0 of a decoding step whose pending token is x_t (Gemma 3's sliding
+    window wider than the row: the prompt tokens' keys are outside a window's count in training)."""
+    model = random_model(family, seed=0, layers=2, hidden=32, window=64)
     adapter = ModelAdapter(model)
     emb = BitaEmbeddings.for_target(model, prompt_tokens=3, mask_tokens=2)
     emb.init_from_target(adapter, seed=1)

@@ -594,3 +594,6 @@ def test_cached_features_train_in_shard_order_unless_asked_for_the_uniform_one(p
     trainer = make_trainer(pair, tokenizer, tmp_path, cfg)
     sampler = trainer._get_train_sampler(train)
     assert isinstance(sampler, ShardOrderSampler) == (order == "shard")
+    if order == "shard":  # each step's rows (batch x accumulation x processes) sorted by length
+        trainer.args.gradient_accumulation_steps = 3
+        assert trainer._get_train_sampler(train).window == 3 * trainer.args.per_device_train_batch_size

@@ -410,8 +410,9 @@ def _plain_forward_of_step(model, step):
 
 @pytest.mark.parametrize("as_embeds", [False, True], ids=["ids", "embeds"])
 def test_extra_inputs_get_the_logits_of_a_plain_forward(family, as_embeds):
-    target = random_model(family, seed=0, layers=3, hidden=64)
-    weak = random_model(family, seed=1, layers=1, hidden=32)
+    # a sliding window wider than the rows: the plain forward's one 4-D mask holds for every layer
+    target = random_model(family, seed=0, layers=3, hidden=64, window=64)
+    weak = random_model(family, seed=1, layers=1, hidden=32, window=64)
     adapter = ModelAdapter(target)
     for inner in (DraftModelProposer(weak, DraftLengthPolicy(3)), _TreeProposer(target, depth=2)):
         p = _prompt(5)
