@@ -29,7 +29,6 @@ public submodules, for the layouts listed in :data:`SUBLAYER_LAYOUTS`.
 from __future__ import annotations
 
 import inspect
-
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -45,7 +44,7 @@ from draftsmith.inference.core.kv_cache import KVCache, KVPrefix, PrefixedCache
 from draftsmith.inference.core.masks import additive_mask, visibility
 from draftsmith.kernels.tree_attention import TREE_KWARG, tree_attention_backend
 
-LLAMA_LIKE = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "gemma", "phi3", "olmo", "olmo2")
+LLAMA_LIKE = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "gemma", "gemma3_text", "phi3", "olmo", "olmo2")
 # Model types whose decoder layer is ``h + post1(attn(pre1(h)))`` then ``h + post2(mlp(pre2(h)))``, so one sublayer
 # can run without the other; value: (pre1, attention, post1, pre2, mlp, post2) attribute names, None where the
 # layer has no such norm (Llama's are pre-norms only, OLMo2's post-norms only, Gemma 3 has both).
