@@ -205,10 +205,11 @@ def _family_target(family: str):
     import transformers
 
     cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config, "gemma": transformers.GemmaConfig,
-           "olmo2": transformers.Olmo2Config,
+           "gemma3": transformers.Gemma3TextConfig, "olmo2": transformers.Olmo2Config,
            "mistral": transformers.MistralConfig}[family]
+    extra = {"sliding_window": 8, "query_pre_attn_scalar": 8} if family == "gemma3" else {}
     config = cls(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=8, max_position_embeddings=256, eos_token_id=2, pad_token_id=0)
+                 num_key_value_heads=2, head_dim=8, max_position_embeddings=256, eos_token_id=2, pad_token_id=0, **extra)
     torch.manual_seed(0)
     target = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # norms away from their initial values, so a wrong parametrisation shows
@@ -227,7 +228,7 @@ def _family_head(family: str, fmt: str, layer: str = "llama"):
 
 
 @pytest.mark.parametrize("family, named", [("qwen2", "q_proj.bias"), ("qwen3", "q_norm"), ("olmo2", "q_norm"),
-                                           ("gemma", "Gemma's")])
+                                           ("gemma", "Gemma's"), ("gemma3", "post_feedforward_layernorm")])
 @pytest.mark.parametrize("fmt", ["eagle3", "vllm-eagle"])
 def test_heads_built_on_a_non_llama_layer_are_refused_naming_what_llama_layers_lack(family, named, fmt, tmp_path):
     target, head = _family_head(family, fmt, layer="target")
@@ -236,7 +237,7 @@ def test_heads_built_on_a_non_llama_layer_are_refused_naming_what_llama_layers_l
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "olmo2", "gemma", "mistral"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "olmo2", "gemma", "gemma3", "mistral"])
 @pytest.mark.parametrize("fmt", ["eagle3", "vllm-eagle"])
 def test_every_familys_head_is_a_llama_layer_the_engines_load_and_drafts_the_same_read_back(family, fmt, tmp_path):
     """The default head layer is Llama's of the target's shape and rope (what vLLM and SGLang build): it exports
