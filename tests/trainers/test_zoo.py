@@ -4,6 +4,7 @@ determinism, resume after an interruption, skip on rerun, the thread choice and 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 
@@ -17,6 +18,7 @@ from draftsmith.common.paths import zoo_dir
 from draftsmith.common.threads import THREADS_ENV
 from draftsmith.data import zoo
 from draftsmith.data.corpus import corpus_sha256
+from draftsmith.data.tiny_models import ROPE_FAMILIES
 from draftsmith.launch import zoo_cli
 from draftsmith.trainers.pretrain import heldout_loss
 from draftsmith.trainers.zoo import build_zoo, ensure_zoo
@@ -212,3 +214,33 @@ def test_a_bad_thread_count_is_a_one_line_error_naming_the_fix(monkeypatch, tmp_
         run_cli(["zoo", "build", "--size", "tiny", "--home", str(tmp_path), *argv])
     assert "\n" not in str(err.value) and ("--threads N" if argv else f"{THREADS_ENV}=N") in str(err.value)
     assert not (tmp_path / "zoo" / "tiny").exists()
+
+
+# ----------------------------------------------------------------------------------------------- families
+
+
+@pytest.mark.parametrize("family", [f for f in zoo.ZOO_FAMILIES if f != "llama"])
+def test_a_zoo_of_another_family_builds_in_that_familys_layers_with_the_same_tokenizer(built, tmp_path, family,
+                                                                                      capsys):
+    """``zoo build --family F``: the tiny zoo's stages in F's decoder layers, under its own name (``tiny-F``), with
+    the tokenizer the Llama zoo trains from the same corpus; the models train (held-out loss under the uniform
+    guess's) and draftsmith's adapter runs them as transformers does."""
+    from draftsmith.inference.core.adapter import ModelAdapter
+
+    llama_home, llama = built
+    size = zoo.family_size("tiny", family)
+    spec = dataclasses.replace(reduced_spec(), size=size, family=family)
+    out = build_zoo(size, home=tmp_path, spec=spec, progress=False, threads=1)
+    assert out == zoo_dir(size, tmp_path)
+    assert (out / "tokenizer" / "tokenizer.json").read_bytes() == (llama / "tokenizer" / "tokenizer.json").read_bytes()
+    manifest = zoo.read_zoo_manifest(size, tmp_path)
+    cls = ROPE_FAMILIES[family]
+    for role in zoo.MODEL_ROLES:
+        model = transformers.AutoModelForCausalLM.from_pretrained(out / role).eval()
+        assert isinstance(model.config, cls) and model.config.tie_word_embeddings
+        assert manifest["models"][role]["heldout_loss"] < math.log(512)
+        ids = torch.randint(3, 512, (1, 40), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            assert torch.allclose(ModelAdapter(model).forward(ids).logits, model(ids).logits.float(), atol=1e-4)
+    assert run_cli(["zoo", "path", "--size", "tiny", "--family", family, "--home", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
