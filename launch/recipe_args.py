@@ -34,8 +34,10 @@ from draftsmith.common.precision import (
     resolve_dtype,
 )
 from draftsmith.launch.typed_settings import check_values, one_line, settings_parser
+from draftsmith.launch.zoo_cli import FAMILIES
 
 METHOD_PREFIX = "method."
+TRAINABLE_ZOOS = ("tiny", "small", *(f"tiny-{f}" for f in FAMILIES if f != "llama"))  # zoos a recipe trains on
 
 
 def _help(text: str) -> dict:
@@ -56,7 +58,8 @@ class RecipeArguments:
                                                            "methods that train a separate draft. Default: the zoo's "
                                                            "draft."))
     tokenizer: str | None = field(default=None, metadata=_help("Tokenizer (default: the target's, or the zoo's)."))
-    zoo_size: str = field(default="tiny", metadata=_help("Built-in zoo used when --target is not given: tiny or small."))
+    zoo_size: str = field(default="tiny", metadata=_help("Built-in zoo used when --target is not given: tiny or small, or "
+                                                         "tiny-<family> (qwen2, qwen3, gemma3, olmo2, mistral)."))
     dtype: str = field(default="auto", metadata=_help("Precision (draftsmith.common.precision): auto = bfloat16 where "
                                                       "it is native (CUDA, CPUs with AVX512-BF16 or AMX), else float32; a 16-bit dtype holds the frozen "
                                                       "target in it and trains float32 master weights under autocast; "
@@ -98,8 +101,9 @@ class RecipeArguments:
                                                                        "which, at which step); refused otherwise."))
 
     def __post_init__(self) -> None:
-        if self.zoo_size not in ("tiny", "small"):
-            raise ConfigError(f"zoo_size={self.zoo_size!r} is unknown: choose tiny or small")
+        if self.zoo_size not in TRAINABLE_ZOOS:
+            raise ConfigError(f"zoo_size={self.zoo_size!r} is unknown: choose tiny or small, or tiny-<family> "
+                              f"({', '.join(f for f in FAMILIES if f != 'llama')})")
         if self.dtype not in DTYPE_NAMES:
             raise ConfigError(f"dtype={self.dtype!r} is unknown: choose {', '.join(DTYPE_NAMES)}")
         if self.max_length < 2:

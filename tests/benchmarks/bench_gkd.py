@@ -154,12 +154,13 @@ def worker(args: argparse.Namespace) -> dict:
     from draftsmith.data.datasets import examples_to_dataset
     from draftsmith.launch.recipe import resolve_models
     from draftsmith.launch.recipe_args import RecipeArguments
+    from draftsmith.launch.targets import tokenizer_source
 
     torch.set_num_threads(args.threads)
     transformers.set_seed(args.seed)
     paths = resolve_models(RecipeArguments(target=args.target, draft=args.draft, tokenizer=args.tokenizer),
                            get_method("distillspec"))
-    tokenizer = load_tokenizer(paths["tokenizer"])
+    tokenizer = load_tokenizer(tokenizer_source(paths["target"], paths["tokenizer"]))
     target, draft = load_model(paths["target"]), load_model(paths["draft"])
     rows = load_corpus("train")[: args.examples]
     train, _ = examples_to_dataset(rows, tokenizer, args.max_length, 0.05, source="draftsmith corpus (train)")

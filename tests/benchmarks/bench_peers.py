@@ -184,10 +184,16 @@ def cache_root(out: Path, target: str) -> Path:
     return features_dir() if target == "smollm2" else out / "cache"
 
 
+def rows_per_step(config: dict) -> int:
+    """The rows of one optimizer step of draftsmith's config (its per-device batch times its accumulated
+    micro-batches): what every peer is given a step."""
+    return int(config["per_device_train_batch_size"]) * int(config.get("gradient_accumulation_steps", 1))
+
+
 def peer_epochs(steps: int, config: dict, rows: int) -> int:
     """Epochs a peer is allowed so that it runs all ``steps`` (both stop at the end of their epochs even under a
     step cap, and both decay their schedule over the step cap): the steps' rows over the data's, one more as slack."""
-    return -(-int(steps) * int(config["per_device_train_batch_size"]) // max(1, int(rows))) + 1
+    return -(-int(steps) * rows_per_step(config) // max(1, int(rows))) + 1
 
 
 def train_speculators(out: Path, steps: int, data: dict, config: dict, target: str = "tiny") -> dict:
@@ -201,7 +207,7 @@ def train_speculators(out: Path, steps: int, data: dict, config: dict, target: s
     save = out / "speculators"
     metrics = out / "speculators_metrics.jsonl"
     metrics.unlink(missing_ok=True)
-    per_step = round(int(config["per_device_train_batch_size"]) * data["mean_length"])
+    per_step = round(rows_per_step(config) * data["mean_length"])
     argv = [str(peer_python()), str(PEERS_DIR / "speculators_cpu.py"), "--speculator-type", "eagle3",
             "--verifier-name-or-path", str(model), "--data-path", str(out / "speculators_data"),
             "--hidden-states-path", str(out / "speculators_data" / "hidden_states"), "--on-missing", "raise",
@@ -272,7 +278,7 @@ def train_specforge(out: Path, steps: int, config: dict, inputs: Path, target: s
         "data": {"hidden_states_path": str(features), "max_length": int(config["max_length"]),
                  "dataloader_num_workers": 0, "cache_dir": str(out / "specforge_cache")},
         "training": {"strategy": "eagle3", "attention_backend": "sdpa", "fsdp_sharding": "NO_SHARD",
-                     "batch_size": int(config["per_device_train_batch_size"]), "accumulation_steps": 1,
+                     "batch_size": rows_per_step(config), "accumulation_steps": 1,
                      "learning_rate": float(config["learning_rate"]), "lr_scheduler": "cosine",
                      "warmup_ratio": min(int(config["warmup_steps"]) / steps, 0.99),
                      "num_epochs": peer_epochs(steps, config, rows),
@@ -349,7 +355,7 @@ def run_dflash(args: argparse.Namespace) -> dict:
     if not (data / "dataset_info.json").is_file():
         subprocess.run([str(peer_python()), str(PEERS_DIR / "to_speculators.py"), str(cache), str(tiny_target()),
                         str(data), ",".join(map(str, layers))], check=True, cwd=ROOT)
-    per_step = round(int(config["per_device_train_batch_size"]) * manifest["tokens"] / manifest["rows"])
+    per_step = round(rows_per_step(config) * manifest["tokens"] / manifest["rows"])
     from draftsmith.trainers.dflash.trainer import DFlashConfig
 
     save = out / "speculators"
@@ -359,7 +365,7 @@ def run_dflash(args: argparse.Namespace) -> dict:
             "--num-layers", str(config["draft_layers"]), "--full-attention-indices",
             *map(str, range(int(config["draft_layers"]))), "--sliding-window-non-causal", "--block-size",
             str(config["block_size"]), "--max-anchors",
-            str(int(config["anchors"]) * int(config["per_device_train_batch_size"])),
+            str(int(config["anchors"]) * rows_per_step(config)),
             "--mask-token-id", "0", "--loss-fn", "ce", "--per-position-loss-weight", "fixed-exp-decay",
             "--dflash-decay-gamma", str(DFlashConfig(block_size=int(config["block_size"]),
                                                      loss_gamma=float(config["loss_gamma"])).gamma()), "--total-seq-len", str(per_step), "--optimizer",
