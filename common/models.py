@@ -28,7 +28,8 @@ _VOLATILE_CONFIG_KEYS = {"_name_or_path", "transformers_version", "torch_dtype",
                          "_attn_implementation", "_attn_implementation_autoset", "use_cache",
                          "quantization_config"}  # a GGUF file's dequantized weights compute like the plain model's
 # Names that work as a model path everywhere: imported on first use (draftsmith.data.model_import).
-NAMED_MODELS = {"smollm2-135m": "draftsmith.data.model_import:ensure_imported"}
+NAMED_MODELS = {"smollm2-135m": "draftsmith.data.model_import:ensure_imported",
+                "gemma3-270m": "draftsmith.data.model_import:ensure_imported"}
 GGUF_SUFFIX = ".gguf"
 
 

