@@ -50,6 +50,7 @@ def eval_dir() -> Path:
 QUESTION_SETS = {
     "dev": "dev_questions.jsonl",  # 324: HumanEval prompts (coding) and GSM8K test questions (math_reasoning)
     "broad": "dev_broad.jsonl",  # 244 in 12 categories: writing, roleplay, reasoning, math, coding, extraction, ...
+    "openings": "openings.jsonl",  # 74 texts to continue, no chat turns: a base model's prompts (corpus_openings)
 }
 
 
@@ -200,6 +201,25 @@ def example_texts(example: dict) -> list[str]:
     if "messages" in example:
         return [m["content"] for m in example["messages"]]
     return [example["text"]]
+
+
+def corpus_openings(per_source: int = 16, chars: int = 80) -> list[dict]:
+    """Completion prompts for a base model: the first ``chars`` characters (cut at a space) of the answers of the
+    held-out corpus, the first ``per_source`` of each source, as Spec-Bench rows with ``completion: true`` (the
+    text is continued as is, without the chat template). The shipped ``openings`` set is this list."""
+    rows, taken = [], {}
+    for example in load_corpus("heldout"):
+        origin, _, subset = example.get("source", "corpus").partition("/")
+        source = subset.split("-")[0] if origin == "gpteacher" else origin  # gpteacher's subsets: codegen, roleplay ...
+        text = example["messages"][-1]["content"] if "messages" in example else example["text"]
+        if taken.get(source, 0) >= per_source or len(text) <= chars:
+            continue
+        taken[source] = taken.get(source, 0) + 1
+        cut = text[:chars]
+        opening = cut[: cut.rfind(" ")] if " " in cut.strip() else cut
+        rows.append({"question_id": f"{source}-{taken[source]}", "category": source, "turns": [opening.rstrip()],
+                     "completion": True})
+    return rows
 
 
 def random_subset(items: list, n: int | None, seed: int) -> list:

@@ -22,12 +22,13 @@ from draftsmith.inference.engines.report import by_category, summarize, throughp
 from draftsmith.inference.engines.vllm import EngineMethod
 from draftsmith.inference.evaluation.metrics import first_difference, is_near_tie, logit_gap, near_tie_rule
 from draftsmith.inference.evaluation.questions import Question
-from draftsmith.inference.evaluation.runs import chat_prompt_ids, fit_prompt
+from draftsmith.inference.evaluation.runs import fit_prompt, question_prompt_ids
 
 
 def first_turn_prompts(tokenizer, questions: Sequence[Question], max_prompt: int) -> list[list[int]]:
-    """Each question's first turn as chat-formatted prompt ids (left-truncated to ``max_prompt``)."""
-    return [fit_prompt(chat_prompt_ids(tokenizer, [{"role": "user", "content": q.turns[0]}]), max_prompt,
+    """Each question's first turn as prompt ids, chat-formatted unless a completion question (left-truncated to
+    ``max_prompt``)."""
+    return [fit_prompt(question_prompt_ids(tokenizer, q, [{"role": "user", "content": q.turns[0]}]), max_prompt,
                        str(q.question_id))[0] for q in questions]
 
 

@@ -30,6 +30,7 @@ class Question:
     category: str
     turns: tuple[str, ...]
     reference: tuple | None = None
+    completion: bool = False  # the one turn is a text to continue as is, without the chat template (a base model's)
 
 
 def default_questions_path() -> Path:
@@ -81,11 +82,16 @@ def parse_question(row: object, where: str) -> Question:
     if not isinstance(category, str) or not category.strip():
         raise DataError(f"{where}: question {qid} has category {category!r}, expected a non-empty string")
     reference = row.get("reference")
+    completion = row.get("completion", False)
+    if not isinstance(completion, bool) or (completion and len(turns) > 1):
+        raise DataError(f"{where}: question {qid} has completion {completion!r}: true (one text to continue, no chat "
+                        "turns) or false")
     return Question(
         question_id=qid,
         category=category,
         turns=tuple(turns),
         reference=tuple(reference) if isinstance(reference, list) else (None if reference is None else (reference,)),
+        completion=completion,
     )
 
 

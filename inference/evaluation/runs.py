@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -85,6 +85,22 @@ def chat_prompt_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
     return build_prompt_ids(tokenizer, messages)
 
 
+def completion_prompt_ids(tokenizer, text: str) -> list[int]:
+    """Prompt ids of a text continued as is (a completion question): the bos, if the tokenizer has one, and the
+    text's tokens, special-token strings in it encoded as text."""
+    from draftsmith.data.chat import text_ids
+
+    ids, _ = text_ids(tokenizer, text)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return ids[:-1] if eos is not None and ids and ids[-1] == eos else ids
+
+
+def question_prompt_ids(tokenizer, question: Question, messages: Sequence[dict]) -> list[int]:
+    """The prompt of the turn after ``messages``: the chat template's, or a completion question's text as is."""
+    return completion_prompt_ids(tokenizer, question.turns[0]) if question.completion else \
+        chat_prompt_ids(tokenizer, messages)
+
+
 def fit_prompt(ids: list[int], max_prompt: int, where: str = "") -> tuple[list[int], int]:
     """Keep the last ``max_prompt`` tokens (left truncation) with a warning; returns (ids, dropped)."""
     if len(ids) <= max_prompt:
@@ -126,7 +142,8 @@ def answer_question(
     turns: list[TurnRun] = []
     for t, user in enumerate(question.turns):
         messages.append({"role": "user", "content": user})
-        ids, dropped = fit_prompt(chat_prompt_ids(tokenizer, messages), max_prompt, f" of question {question.question_id} turn {t + 1}")
+        ids, dropped = fit_prompt(question_prompt_ids(tokenizer, question, messages), max_prompt,
+                                  f" of question {question.question_id} turn {t + 1}")
         gen = _generator(target.device, seed + t)
         res = generate(target, torch.tensor(ids, dtype=torch.long), config, proposer, generator=gen, tokenizer=tokenizer)
         text = tokenizer.decode(res.output_ids, skip_special_tokens=True)
@@ -155,7 +172,7 @@ def warm_up(
     AR prompt ids)."""
     for i in range(n):
         q = questions[i % len(questions)]
-        q1 = Question(q.question_id, q.category, q.turns[:1])
+        q1 = replace(q, turns=q.turns[:1])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ar = answer_question(target, tokenizer, q1, config, None, seed, max_prompt)

@@ -124,3 +124,18 @@ def test_a_lone_surrogate_and_a_directory_are_named_for_what_they_are(tmp_path):
         read_questions(path)
     with pytest.raises(DataError, match="is a directory: pass --questions with a Spec-Bench question.jsonl"):
         read_questions(tmp_path)
+
+
+def test_completion_questions_are_one_text_and_the_openings_set_is_the_corpus_openings(tmp_path):
+    from draftsmith.data.corpus import corpus_openings
+
+    rows = [{"question_id": 1, "turns": ["Once upon a time"], "completion": True}, {"question_id": 2, "turns": ["Hi"]}]
+    assert [q.completion for q in read_questions(_write(tmp_path / "q.jsonl", rows))] == [True, False]
+    for bad in ({"question_id": 3, "turns": ["a", "b"], "completion": True}, {"question_id": 4, "turns": ["a"],
+                                                                              "completion": "yes"}):
+        with pytest.raises(DataError, match="completion"):
+            read_questions(_write(tmp_path / "bad.jsonl", [bad]))
+    shipped = read_questions("openings")
+    assert [(q.question_id, q.category, q.turns, q.completion) for q in shipped] == \
+        [(r["question_id"], r["category"], tuple(r["turns"]), True) for r in corpus_openings()]
+    assert len({q.category for q in shipped}) == 5

@@ -47,3 +47,17 @@ def test_warm_up_calls_every_baseline_on_the_first_turn_prompt(lm_pair, chat_tok
             [seen.append])
     first = chat_prompt_ids(chat_tokenizer, [{"role": "user", "content": q.turns[0]}])
     assert seen == [first, first]
+
+
+def test_a_completion_question_continues_its_text_without_the_chat_template(lm_pair, chat_tokenizer):
+    """A base model's prompt: the bos and the text's tokens, no template, no end of sequence; the method's answer is
+    AR's."""
+    target, draft = lm_pair
+    q = Question("o1", "prose", ("The quick brown fox",), completion=True)
+    config = GenerationConfig(max_new_tokens=8)
+    ar = answer_question(ModelAdapter(target), chat_tokenizer, q, config, None, 0, 400)
+    text = chat_tokenizer("The quick brown fox", add_special_tokens=False)["input_ids"]
+    assert ar[0].prompt_ids == [chat_tokenizer.bos_token_id, *text]
+    proposer = StepRecorder(DraftModelProposer(draft, DraftLengthPolicy(3)))
+    spec = answer_question(ModelAdapter(target), chat_tokenizer, q, config, proposer, 0, 400)
+    assert spec[0].result.output_ids == ar[0].result.output_ids
