@@ -70,8 +70,9 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("questions and decoding")
     g.add_argument("--questions", metavar="FILE|SET", default=None,
                    help="Spec-Bench/MT-Bench question.jsonl[.gz], or a bundled set: dev (default: HumanEval + GSM8K, "
-                        "324) or broad (244 in 12 categories: writing, roleplay, reasoning, math, coding, extraction, "
-                        "stem, humanities, summarization, qa, rag, translation)")
+                        "324), broad (244 in 12 categories: writing, roleplay, reasoning, math, coding, extraction, "
+                        "stem, humanities, summarization, qa, rag, translation) or openings (74 texts a base model "
+                        "continues without the chat template)")
     g.add_argument("--limit", metavar="N", type=int, default=None, help="use the first N questions")
     g.add_argument("--per-category", metavar="N", type=int, default=None,
                    help="use the first N questions of every category (a stratified subset; --limit applies after it)")
