@@ -36,3 +36,40 @@ def test_every_familys_drafters_draft_in_vllm_as_in_draftsmith(bench, family, tm
         result = bench.round_trip(family, method, steps=40, examples=256, limit=8, max_new_tokens=32, out=tmp_path)
         assert result["identical_to_engine_ar"] == 1.0 and result["differs_from_draftsmith_ar"] == 0, result
         assert sum(result["vllm"]) > 0 and result["max_abs_difference"] <= 0.01, result
+
+
+def test_an_eagle3_head_of_gemma3_270m_loads_in_vllm_and_drafts_as_in_draftsmith(bench, tmp_path):
+    """The real large-vocabulary target (``draftsmith zoo import gemma3-270m``; skipped where it is not imported): an
+    EAGLE-3 head of its shape (a Llama layer, a 32,768-token draft vocabulary of its 262,144), untrained but
+    perturbed, exported and served by vLLM beside draftsmith's loop on completion prompts: every answer identical,
+    acceptance by position the same."""
+    import torch
+
+    from draftsmith.common.models import load_model, load_tokenizer, target_identity
+    from draftsmith.data.model_import import imported_dir, is_imported
+    from draftsmith.inference.artefacts.manifest import write_artefact
+    from draftsmith.inference.drafters.eagle import Eagle3Head, draft_vocab
+    from draftsmith.launch.cli import main
+
+    if not is_imported("gemma3-270m"):
+        pytest.skip("Gemma 3 270M is not imported: `draftsmith zoo import gemma3-270m`")
+    path = imported_dir("gemma3-270m")
+    target, tokenizer = load_model(path, "float32", what="target"), load_tokenizer(path)
+    counts = torch.arange(target.config.get_text_config().vocab_size).flip(0).float()  # the lowest ids first
+    head = Eagle3Head.for_target(target, *draft_vocab(counts, 32768), None)
+    torch.manual_seed(0)
+    for p in head.parameters():
+        p.data.add_(torch.randn_like(p) * 0.02)
+    artefact = tmp_path / "artefact"
+    write_artefact(artefact, "heads", method="eagle", target=target_identity(target, tokenizer, str(path)),
+                   proposer={"tree": "chain"}, tensors=head.state_dict(), config=head.artefact_config())
+    out = tmp_path / "report.json"
+    assert main(["eval", "--engine", "both", "--artefact", str(artefact), "--target", str(path), "--questions",
+                 "openings", "--limit", "4", "--max-new-tokens", "24", "--warmup", "0", "--threads", "1",
+                 "--no-progress", "--out", str(out)]) == 0
+    import json
+
+    report = json.loads(out.read_text())
+    assert report["engine_method"] == "eagle3" and report["summary"]["identical_to_engine_ar"] == 1.0
+    assert report["differences"]["speculative_vs_draftsmith_ar"]["differs"] == 0
+    assert report["parity"]["max_abs_difference"] <= 0.01
