@@ -22,14 +22,16 @@ METHODS = {"eagle3": ("eagle", "eagle3_tiny"), "peagle": ("peagle", "peagle_tiny
 
 
 def train(family: str, method: str, steps: int, examples: int, out: Path) -> str:
-    """The artefact of ``method`` trained on the ``family`` tiny zoo for ``steps`` steps on ``examples`` rows."""
+    """The artefact of ``method`` trained on the ``family`` tiny zoo for ``steps`` steps on ``examples`` corpus rows
+    (the corpus's answers, not the target's own: the round trip needs a head that accepts something, not the best
+    head, and the target's answers would cost each training minutes of generation)."""
     from draftsmith.data.zoo import family_size
     from draftsmith.launch.recipe import run_recipe
     from draftsmith.launch.recipe_args import config_path
 
     recipe, config = METHODS[method]
     extra = [f"draft_vocab_prompts={min(examples, 512)}", "calibrate_tree=false"] if recipe != "dflash" else []
-    result = run_recipe(recipe, [f"zoo_size={family_size('tiny', family)}", "--output_dir",
+    result = run_recipe(recipe, ["data_mode=fixed", f"zoo_size={family_size('tiny', family)}", "--output_dir",
                                  str(out / "run"), f"max_steps={steps}", f"max_train_examples={examples}",
                                  "eval_strategy=no", "save_strategy=no", "evaluate=false", "tune=false",
                                  "report_to=none", "disable_tqdm=true", *extra], default_config=config_path(config))
