@@ -12,6 +12,9 @@ import transformers
 from tokenizers import Tokenizer, decoders, models
 
 FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma3", "olmo2", "gpt2")
+# one family of each position and layer layout the proposers meet (learned positions, rotary pre-norm layers with and
+# without biases, a sliding window): their tests run on these, the adapter's and the decode loop's on every family
+LAYOUT_FAMILIES = ("llama", "qwen2", "mistral", "gpt2")
 ROPE_FAMILIES = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
                  "mistral": transformers.MistralConfig, "qwen3": transformers.Qwen3Config,
                  "gemma3": transformers.Gemma3TextConfig, "olmo2": transformers.Olmo2Config}

@@ -1,10 +1,11 @@
 """BiTA training: the masks' training-time logits are exactly what decoding computes for the same context, the
 insertion points, and the loss."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from draftsmith.data.tiny_models import random_model
+from draftsmith.data.tiny_models import LAYOUT_FAMILIES, random_model
 from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.inference.core.generate import verify_forward
 from draftsmith.inference.core.verify import Draft, ExtraInputs
@@ -12,10 +13,14 @@ from draftsmith.inference.drafters.bita import BitaEmbeddings, decode_extras_lay
 from draftsmith.trainers.bita.trainer import BitaTraining, chain_tau, insertion_points, sequence_kv
 
 
+@pytest.fixture(params=LAYOUT_FAMILIES)
+def family(request):  # the proposers' logic on one family of each layout
+    return request.param
+
+
 def test_training_masks_see_what_decoding_masks_see(family):
-    """Group after token t in training == group 0 of a decoding step whose pending token is x_t (Gemma 3's sliding
-    window wider than the row: the prompt tokens' keys are outside a window's count in training)."""
-    model = random_model(family, seed=0, layers=2, hidden=32, window=64)
+    """Group after token t in training == group 0 of a decoding step whose pending token is x_t."""
+    model = random_model(family, seed=0, layers=2, hidden=32)
     adapter = ModelAdapter(model)
     emb = BitaEmbeddings.for_target(model, prompt_tokens=3, mask_tokens=2)
     emb.init_from_target(adapter, seed=1)

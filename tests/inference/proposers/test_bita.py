@@ -4,7 +4,10 @@ identity, the cache after a partial accept, and the distribution check."""
 import pytest
 import torch
 
-from draftsmith.data.tiny_models import random_model
+from draftsmith.data.tiny_models import (
+    LAYOUT_FAMILIES,
+    random_model,
+)
 from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.inference.core.generate import GenerationConfig, generate
 from draftsmith.inference.core.kv_cache import KVPrefix
@@ -13,6 +16,11 @@ from draftsmith.inference.core.sampling import SamplingParams
 from draftsmith.inference.drafters.bita import BitaEmbeddings, decode_extras_layout, group_visibility, training_layout
 from draftsmith.inference.evaluation.distribution import check_distribution
 from draftsmith.inference.proposers.bita import BitaProposer, triangle_tree
+
+
+@pytest.fixture(params=LAYOUT_FAMILIES)
+def family(request):  # the proposers' logic on one family of each layout
+    return request.param
 
 T, F = True, False
 

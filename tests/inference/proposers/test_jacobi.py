@@ -5,12 +5,20 @@ import pytest
 import torch
 
 from draftsmith.common.errors import ConfigError
-from draftsmith.data.tiny_models import random_model
+from draftsmith.data.tiny_models import (
+    LAYOUT_FAMILIES,
+    random_model,
+)
 from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.inference.core.generate import GenerationConfig, generate
 from draftsmith.inference.core.proposer import StepFeedback
 from draftsmith.inference.core.sampling import SamplingParams
 from draftsmith.inference.proposers.jacobi import JacobiProposer
+
+
+@pytest.fixture(params=LAYOUT_FAMILIES)
+def family(request):  # the proposers' logic on one family of each layout
+    return request.param
 
 
 def _prompt(seed, n=10):

@@ -6,7 +6,10 @@ import pytest
 import torch
 
 from draftsmith.common.errors import ConfigError, ProposerError
-from draftsmith.data.tiny_models import random_model
+from draftsmith.data.tiny_models import (
+    LAYOUT_FAMILIES,
+    random_model,
+)
 from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.inference.core.draft_length import DraftLengthPolicy
 from draftsmith.inference.core.generate import GenerationConfig, generate
@@ -16,6 +19,11 @@ from draftsmith.inference.core.verify import Draft
 from draftsmith.inference.evaluation.distribution import check_distribution
 from draftsmith.inference.proposers.draft_verify import AdaptiveThreshold, DraftVerifyProposer
 from draftsmith.inference.proposers.layerskip import EarlyExitProposer
+
+
+@pytest.fixture(params=LAYOUT_FAMILIES)
+def family(request):  # the proposers' logic on one family of each layout
+    return request.param
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LAYERS = 4
