@@ -193,11 +193,28 @@ def run_engine(request: dict, python: Path, *, threads: int | None = None, log: 
                                   "questions") from None
         result = read_json(out)
         if res.returncode != 0 or result is None or "error" in result:
-            reason = (result or {}).get("error") or _last_line(log_path)
             kept = f" (its log: {log_path})" if log else ""
+            known = known_limit(log_path.read_text(errors="replace"))
+            if known:
+                raise EngineError(f"{known}{kept}")
+            reason = (result or {}).get("error") or _last_line(log_path)
             raise EngineError(f"vLLM failed: {reason}{kept}: check the export and the engine environment "
                               f"({python})")
         return result
+
+
+# what the pinned vLLM cannot do, recognised in its log: (what it prints, what that means for the user)
+KNOWN_LIMITS = (
+    ("Model does not support EAGLE3 interface",
+     f"vLLM {VLLM_VERSION}'s model of this target exposes no auxiliary hidden states (its SupportsEagle3 interface; "
+     "Gemma 3's lacks it), which EAGLE-3, P-EAGLE and DFlash drafts read, so vLLM cannot serve such a draft for this "
+     "target family: evaluate it in draftsmith's loop (`draftsmith eval --artefact DIR`)"),
+)
+
+
+def known_limit(log_text: str) -> str | None:
+    """The explanation of a failure the pinned vLLM is known for (:data:`KNOWN_LIMITS`), if its log shows one."""
+    return next((meaning for said, meaning in KNOWN_LIMITS if said in log_text), None)
 
 
 def _last_line(path: Path) -> str:
@@ -206,4 +223,5 @@ def _last_line(path: Path) -> str:
 
 
 __all__ = ["CPU_DEFAULTS", "PYTHON_ENV", "RUNNER", "VLLM_VERSION", "engine_dir", "engine_env", "engine_python",
-           "engine_record", "engine_versions", "run_engine", "setup_engine", "vllm_package", "absolute_paths"]
+           "engine_record", "engine_versions", "known_limit", "run_engine", "setup_engine", "vllm_package",
+           "absolute_paths"]

@@ -2,7 +2,7 @@
 runner it is handed, answering the runner's protocol (request file in, result file out) with transformers' greedy
 decoding of the requested model and synthetic draft counters (every answer of ``n`` tokens: ``n // (k + 1) + 1``
 drafts, position ``i`` accepted in ``drafts // (i + 1)`` of them), or, for a streaming request, one stream line per
-batch. ``FAKE_ENGINE_FAIL=1`` makes it answer an error; ``FAKE_ENGINE_STOP_AFTER=N`` makes it die after N batches.
+batch. ``FAKE_ENGINE_FAIL=1`` makes it answer an error (after logging ``FAKE_ENGINE_SAYS``); ``FAKE_ENGINE_STOP_AFTER=N`` makes it die after N batches.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def main(request_path: str, result_path: str) -> int:
 
     request = json.loads(Path(request_path).read_text())
     if os.environ.get("FAKE_ENGINE_FAIL"):
+        print(os.environ.get("FAKE_ENGINE_SAYS", ""), flush=True)  # what vLLM would have logged
         Path(result_path).write_text(json.dumps({"error": "ValueError: the fake engine was told to fail"}))
         return 1
     model = AutoModelForCausalLM.from_pretrained(request["model"]).eval()

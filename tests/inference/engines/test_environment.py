@@ -48,6 +48,12 @@ def test_runner_protocol_round_trip_and_failure(tmp_path, tiny_target, monkeypat
     monkeypatch.setenv("FAKE_ENGINE_FAIL", "1")
     with pytest.raises(EngineError, match="told to fail"):
         run_engine(request, fake, log=tmp_path / "engine.log")
+    # a limit the pinned vLLM is known for is explained in one line, naming what to do instead
+    monkeypatch.setenv("FAKE_ENGINE_SAYS", "RuntimeError: Model does not support EAGLE3 interface but "
+                                           "aux_hidden_state_outputs was requested")
+    with pytest.raises(EngineError, match="auxiliary hidden states.*draftsmith eval --artefact") as err:
+        run_engine(request, fake)
+    assert "\n" not in str(err.value)
 
 
 def test_local_model_paths_are_made_absolute_for_the_engines_own_folder(tmp_path, monkeypatch):
