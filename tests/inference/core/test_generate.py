@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from draftsmith.data.tiny_models import random_model
+from draftsmith.data.tiny_models import LAYOUT_FAMILIES, random_model
 from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.inference.core.draft_length import DraftLengthPolicy
 from draftsmith.inference.core.generate import GenerationConfig, generate
@@ -11,6 +11,11 @@ from draftsmith.inference.core.stops import find_stop, stop_lookback, truncate
 from draftsmith.inference.core.verify import Draft, ExtraInputs
 from draftsmith.inference.proposers.draft_model import DraftModelProposer
 from draftsmith.inference.proposers.prompt_lookup import PromptLookupProposer
+
+
+@pytest.fixture(params=LAYOUT_FAMILIES)
+def family(request):  # the loop's logic on one family of each layout; the adapter's tests cover every family
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -410,9 +415,8 @@ def _plain_forward_of_step(model, step):
 
 @pytest.mark.parametrize("as_embeds", [False, True], ids=["ids", "embeds"])
 def test_extra_inputs_get_the_logits_of_a_plain_forward(family, as_embeds):
-    # a sliding window wider than the rows: the plain forward's one 4-D mask holds for every layer
-    target = random_model(family, seed=0, layers=3, hidden=64, window=64)
-    weak = random_model(family, seed=1, layers=1, hidden=32, window=64)
+    target = random_model(family, seed=0, layers=3, hidden=64)
+    weak = random_model(family, seed=1, layers=1, hidden=32)
     adapter = ModelAdapter(target)
     for inner in (DraftModelProposer(weak, DraftLengthPolicy(3)), _TreeProposer(target, depth=2)):
         p = _prompt(5)
