@@ -1,7 +1,10 @@
 """Every target family through vLLM (`make test-engine`; skipped without the vLLM environment): on each family's tiny
 zoo (built on first use, minutes), an EAGLE-3 head, a P-EAGLE head and a DFlash draft trained briefly, exported, and
 served by vLLM draft as in draftsmith's loop (acceptance within 0.01 at every position) and change no answer.
-The same run at the bench's budget: ``tests/benchmarks/bench_families.py`` (docs/BENCHMARKS.md)."""
+The same run at the bench's budget: ``tests/benchmarks/bench_families.py`` (docs/BENCHMARKS.md).
+
+vLLM 0.32's Gemma 3 model exposes no auxiliary hidden states (``SupportsEagle3``), which all three drafts read: for
+Gemma 3 targets the tests hold draftsmith to refusing that in one line instead."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from draftsmith.inference.engines.environment import engine_python
 
 pytestmark = pytest.mark.engine
 BENCH = Path(__file__).parents[2] / "benchmarks" / "bench_families.py"
+NO_AUX_STATES = ("gemma3",)  # target families whose vLLM 0.32 model has no SupportsEagle3
 
 
 @pytest.fixture(scope="module")
@@ -32,17 +36,20 @@ def bench():
 
 @pytest.mark.parametrize("family", ZOO_FAMILIES)
 def test_every_familys_drafters_draft_in_vllm_as_in_draftsmith(bench, family, tmp_path):
+    if family in NO_AUX_STATES:
+        with pytest.raises(EngineError, match="auxiliary hidden states"):
+            bench.round_trip(family, "eagle3", steps=2, examples=32, limit=2, max_new_tokens=8, out=tmp_path)
+        return
     for method in bench.METHODS:
         result = bench.round_trip(family, method, steps=40, examples=256, limit=8, max_new_tokens=32, out=tmp_path)
         assert result["identical_to_engine_ar"] == 1.0 and result["differs_from_draftsmith_ar"] == 0, result
         assert sum(result["vllm"]) > 0 and result["max_abs_difference"] <= 0.01, result
 
 
-def test_an_eagle3_head_of_gemma3_270m_loads_in_vllm_and_drafts_as_in_draftsmith(bench, tmp_path):
+def test_an_eagle3_head_of_gemma3_270m_is_refused_by_vllm_in_one_line(bench, tmp_path):
     """The real large-vocabulary target (``draftsmith zoo import gemma3-270m``; skipped where it is not imported): an
-    EAGLE-3 head of its shape (a Llama layer, a 32,768-token draft vocabulary of its 262,144), untrained but
-    perturbed, exported and served by vLLM beside draftsmith's loop on completion prompts: every answer identical,
-    acceptance by position the same."""
+    EAGLE-3 head of its shape (a Llama layer, a 32,768-token draft vocabulary of its 262,144) exports, and vLLM 0.32,
+    whose Gemma 3 model exposes no auxiliary hidden states, is refused in one line naming why and what to do."""
     import torch
 
     from draftsmith.common.models import load_model, load_tokenizer, target_identity
@@ -63,13 +70,7 @@ def test_an_eagle3_head_of_gemma3_270m_loads_in_vllm_and_drafts_as_in_draftsmith
     artefact = tmp_path / "artefact"
     write_artefact(artefact, "heads", method="eagle", target=target_identity(target, tokenizer, str(path)),
                    proposer={"tree": "chain"}, tensors=head.state_dict(), config=head.artefact_config())
-    out = tmp_path / "report.json"
-    assert main(["eval", "--engine", "both", "--artefact", str(artefact), "--target", str(path), "--questions",
-                 "openings", "--limit", "4", "--max-new-tokens", "24", "--warmup", "0", "--threads", "1",
-                 "--no-progress", "--out", str(out)]) == 0
-    import json
-
-    report = json.loads(out.read_text())
-    assert report["engine_method"] == "eagle3" and report["summary"]["identical_to_engine_ar"] == 1.0
-    assert report["differences"]["speculative_vs_draftsmith_ar"]["differs"] == 0
-    assert report["parity"]["max_abs_difference"] <= 0.01
+    with pytest.raises(EngineError, match="auxiliary hidden states"):  # NO_AUX_STATES
+        main(["eval", "--engine", "both", "--artefact", str(artefact), "--target", str(path), "--questions",
+              "openings", "--limit", "4", "--max-new-tokens", "24", "--warmup", "0", "--threads", "1",
+              "--no-progress", "--out", str(tmp_path / "report.json")])
