@@ -53,11 +53,13 @@ def process_umask() -> int:
 def umask_modes(path: str | os.PathLike) -> None:
     """Give the file ``path``, or every file under the directory ``path``, the mode a plain ``open()`` gives a new
     file under the process umask (safetensors' ``save_file`` creates its files 0600 whatever the umask, so weights
-    would be unreadable to the group that shares a checkpoint or artefact)."""
+    would be unreadable to the group that shares a checkpoint or artefact). A file that vanishes meanwhile (another
+    rank's temporary file in a shared checkpoint folder) is skipped."""
     path, mode = Path(path), 0o666 & ~process_umask()
     for file in (path.rglob("*") if path.is_dir() else [path]):
-        if file.is_file() and not file.is_symlink() and file.stat().st_mode & 0o777 != mode:
-            os.chmod(file, mode)
+        with contextlib.suppress(FileNotFoundError):  # another process's temporary file, gone since it was listed
+            if file.is_file() and not file.is_symlink() and file.stat().st_mode & 0o777 != mode:
+                os.chmod(file, mode)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -69,3 +69,26 @@ def test_weights_written_by_safetensors_get_the_umask_mode(tmp_path, umask, mask
     export = write_export(tmp_path / "export", {"w": torch.zeros(2)}, {"model_type": "llama"}, "eagle")
     for path in (*tmp_path.rglob("*.safetensors"), export / "config.json"):
         assert mode(path) == 0o666 & ~mask, path
+
+
+def test_umask_modes_skips_a_file_that_vanishes_while_the_folder_is_walked(tmp_path, monkeypatch):
+    """Another rank's temporary file in a shared checkpoint folder, listed and then renamed away before its mode is
+    read, is skipped: the walk finishes and fixes the files that stay (a ZeRO-2 checkpoint once failed there)."""
+    from pathlib import Path
+
+    from draftsmith.common.io import process_umask, umask_modes
+
+    stays, goes = tmp_path / "weights.bin", tmp_path / ".tmpabc123"
+    for f in (stays, goes):
+        f.write_bytes(b"x")
+        f.chmod(0o600)
+    real = Path.rglob
+
+    def listing_then_vanishing(self, pattern):
+        found = list(real(self, pattern))
+        goes.unlink()
+        return iter(found)
+
+    monkeypatch.setattr(Path, "rglob", listing_then_vanishing)
+    umask_modes(tmp_path)
+    assert stays.stat().st_mode & 0o777 == 0o666 & ~process_umask()
