@@ -72,7 +72,7 @@ def test_weights_written_by_safetensors_get_the_umask_mode(tmp_path, umask, mask
 
 
 def test_umask_modes_skips_a_file_that_vanishes_while_the_folder_is_walked(tmp_path, monkeypatch):
-    """Another rank's temporary file in a shared checkpoint folder, listed and then renamed away before its mode is
+    """Another rank's temporary file in a shared checkpoint folder, seen and then renamed away before its mode is
     read, is skipped: the walk finishes and fixes the files that stay (a ZeRO-2 checkpoint once failed there)."""
     from pathlib import Path
 
@@ -82,13 +82,14 @@ def test_umask_modes_skips_a_file_that_vanishes_while_the_folder_is_walked(tmp_p
     for f in (stays, goes):
         f.write_bytes(b"x")
         f.chmod(0o600)
-    real = Path.rglob
+    real = Path.is_file
 
-    def listing_then_vanishing(self, pattern):
-        found = list(real(self, pattern))
-        goes.unlink()
-        return iter(found)
+    def seen_then_vanishing(self):  # the other rank renames its file right after this one saw it
+        seen = real(self)
+        if self == goes and seen:
+            goes.unlink()
+        return seen
 
-    monkeypatch.setattr(Path, "rglob", listing_then_vanishing)
+    monkeypatch.setattr(Path, "is_file", seen_then_vanishing)
     umask_modes(tmp_path)
     assert stays.stat().st_mode & 0o777 == 0o666 & ~process_umask()
