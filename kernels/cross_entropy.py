@@ -52,6 +52,24 @@ def soft_cross_entropy_rows(
     return -(p * torch.log_softmax(logits.to(dtype) / temperature, dim=-1)).sum(-1)
 
 
+def soft_cross_entropy_grad_rows(
+    logits: torch.Tensor,  # [C, V] student
+    teacher_logits: torch.Tensor,  # [C, V]
+    temperature: float,
+    grad_scale: float,
+    need_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # [C] float32, [C, V] float32 | None
+    """:func:`soft_cross_entropy_rows` and ``grad_scale * dH/dz`` in closed form, the chunked driver's per-chunk step:
+    ``dH(p, softmax(z / T))/dz_v = (q_v - p_v) / T`` (``p`` sums to 1), with no autograd graph per chunk."""
+    dtype = loss_dtype(logits)
+    p = torch.softmax(teacher_logits.detach().to(dtype) / temperature, dim=-1)  # [C, V]
+    log_q = torch.log_softmax(logits.detach().to(dtype) / temperature, dim=-1)  # [C, V]
+    per_row = -(p * log_q).sum(-1)  # [C]
+    if not need_grad:
+        return per_row, None
+    return per_row, log_q.exp_().sub_(p).mul_(grad_scale / temperature)
+
+
 def teacher_entropy_rows(teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:  # [C, V] -> [C]
     """``H(p) = - sum_v p_v log p_v`` of ``p = softmax(teacher / T)`` (zero-probability entries add 0)."""
     logp = torch.log_softmax(teacher_logits.to(loss_dtype(teacher_logits)) / temperature, dim=-1)  # [C, V]
@@ -112,17 +130,14 @@ def chunked_linear_soft_cross_entropy(
     t = float(temperature)
     if (teacher_logits is None) == (teacher_hidden is None):
         raise ValueError("pass either teacher_logits or teacher_hidden + teacher_weight (exactly one)")
-    if rows_fn is None:
-        return chunked_linear_loss(hidden, weight, lambda z, _, p: soft_cross_entropy_rows(z, p, t), bias=bias,
-                                   teacher_logits=teacher_logits, teacher_hidden=teacher_hidden,
-                                   teacher_weight=teacher_weight, teacher_bias=teacher_bias, mask=mask,
-                                   reduction=reduction, chunk_size=chunk_size)
     hidden, teacher_logits, teacher_hidden, mask, _ = flatten_inputs(hidden, teacher_logits, teacher_hidden, mask)
     check_inputs(hidden, weight, bias, teacher_logits, teacher_hidden, teacher_weight, teacher_bias, reduction)
     teacher = tuple(detached(x) for x in (teacher_logits, teacher_hidden, teacher_weight, teacher_bias))
 
     def chunk_fn(z_c, idx, grad_scale, need_grad):
         t_c = teacher_chunk(idx, *teacher)  # [C, V]
+        if rows_fn is None:
+            return soft_cross_entropy_grad_rows(z_c, t_c, t, grad_scale, need_grad)
         kl, grad = rows_fn(z_c, t_c, "forward_kl", 0.5, t, grad_scale, need_grad)
         return kl + teacher_entropy_rows(t_c, t).to(kl.dtype), grad
 
@@ -133,4 +148,4 @@ def chunked_linear_soft_cross_entropy(
 
 
 __all__ = ["chunked_linear_cross_entropy", "chunked_linear_soft_cross_entropy", "cross_entropy_rows", "labelled",
-           "soft_cross_entropy_rows", "teacher_entropy_rows"]
+           "soft_cross_entropy_grad_rows", "soft_cross_entropy_rows", "teacher_entropy_rows"]

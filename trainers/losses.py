@@ -146,9 +146,17 @@ def _called(head: LinearHead, teacher: LinearHead | None) -> bool:
     return head.called or (teacher is not None and teacher.called)
 
 
-def _teacher_args(teacher_hidden: torch.Tensor | None, teacher: LinearHead | None) -> dict:
+def _check_precomputed(head: LinearHead, teacher_logits: torch.Tensor | None) -> None:
+    if teacher_logits is not None and head.called:
+        raise ValueError("precomputed teacher logits need a head whose weights can be read (not a sharded one)")
+
+
+def _teacher_args(teacher_hidden: torch.Tensor | None, teacher: LinearHead | None,
+                  teacher_logits: torch.Tensor | None = None) -> dict:
     """``teacher_hidden`` / ``teacher_weight`` / ``teacher_bias`` for the kernels (the hidden states in the head's
-    dtype, never cast per step on the weight side)."""
+    dtype, never cast per step on the weight side), or the teacher's precomputed ``teacher_logits``."""
+    if teacher_logits is not None:
+        return {"teacher_logits": teacher_logits.detach()}
     if teacher is None:
         return {}
     weight, bias = (x.detach() if x is not None else None for x in teacher.weights())
@@ -222,16 +230,19 @@ def head_soft_cross_entropy(
     mask: torch.Tensor | None = None,
     chunk_size: int | None = None,
     backend: str = "auto",
+    teacher_logits: torch.Tensor | None = None,  # [N, V]
 ) -> torch.Tensor:  # scalar float32
     """``sum_t H(p_t, q_t) = - sum_t sum_v p_t(v) log q_t(v)``, ``p = softmax(teacher(h'))``, ``q = softmax(head(h))``
-    (EAGLE's ``L_cls``), chunked; the teacher's distribution is computed per chunk from its hidden states."""
+    (EAGLE's ``L_cls``), chunked; the teacher's distribution is computed per chunk from its hidden states, or read
+    from its precomputed ``teacher_logits`` (``teacher_hidden`` and ``teacher`` then unused; not for a sharded head)."""
+    _check_precomputed(head, teacher_logits)
     if _called(head, teacher):
         return head_loss(hidden, head, lambda z, _, t: soft_cross_entropy_rows(z, t), teacher_hidden=teacher_hidden,
                          teacher=teacher, mask=mask, chunk_size=chunk_size)
     weight, bias = head.weights()
     return fused_linear_soft_cross_entropy(hidden, weight, bias=bias, mask=mask, reduction="sum",
                                            chunk_size=chunk_size, backend=backend,
-                                           **_teacher_args(teacher_hidden, teacher))
+                                           **_teacher_args(teacher_hidden, teacher, teacher_logits))
 
 
 def head_divergence(
@@ -246,9 +257,12 @@ def head_divergence(
     mask: torch.Tensor | None = None,  # [...] bool
     chunk_size: int | None = None,
     backend: str = "auto",
+    teacher_logits: torch.Tensor | None = None,  # [N, V]
 ) -> torch.Tensor:  # scalar float32
     """``sum_t D(p_t || q_t)`` (:mod:`draftsmith.kernels.divergences`) between ``softmax(teacher(h') / T)`` and
-    ``softmax(head(h) / T)``, chunked: :func:`~draftsmith.kernels.fused_linear_divergence` (Triton on CUDA)."""
+    ``softmax(head(h) / T)``, chunked: :func:`~draftsmith.kernels.fused_linear_divergence` (Triton on CUDA); the
+    teacher's logits may come precomputed (``teacher_logits``, as :func:`head_soft_cross_entropy`)."""
+    _check_precomputed(head, teacher_logits)
     if _called(head, teacher):
         check_divergence_args(kind, beta, temperature)
         return head_loss(hidden, head, lambda z, _, t: divergence_per_token(z, t, kind, beta, temperature),
@@ -256,7 +270,7 @@ def head_divergence(
     weight, bias = head.weights()
     return fused_linear_divergence(hidden, weight, bias=bias, kind=kind, beta=beta, temperature=temperature,
                                    mask=mask, reduction="sum", chunk_size=chunk_size, backend=backend,
-                                   **_teacher_args(teacher_hidden, teacher))
+                                   **_teacher_args(teacher_hidden, teacher, teacher_logits))
 
 
 def head_rows_map(

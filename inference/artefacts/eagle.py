@@ -19,10 +19,11 @@ engines' loaders in tests/contracts/engines.json), and reading an export back in
   (:func:`fold_fc_bias`); SGLang: ``["LlamaForCausalLMEagle"]`` and an ``fc.bias`` always (zeros for a head trained
   without one: SGLang's ``fc`` has a bias and would keep it randomly initialised otherwise).
 
-Keys the engines read differently are never written (``norm_before_residual``, ``norm_before_fc``; ``bias``, an fc
-bias in SGLang and q/k/v/o biases in vLLM, only in the vllm-eagle layout of a folded fc bias). EAGLE-3.1's
-``fc_norm`` and ``norm_output`` (:func:`eagle31_keys`) are written only for a head trained with them: vLLM's EAGLE-3
-model reads both (0.32), an engine that does not would serve such a head wrongly.
+Keys the engines read differently are never written (``norm_before_fc``; ``bias``, an fc bias in SGLang and q/k/v/o
+biases in vLLM, only in the vllm-eagle layout of a folded fc bias). EAGLE-3.1's ``fc_norm`` and ``norm_output``, and
+``norm_before_residual`` (:func:`eagle31_keys`), are written only for a head trained with them: vLLM's EAGLE-3 model
+reads all three (0.32), an engine that does not would serve such a head wrongly — SGLang (2026-07) ignores
+``norm_before_residual``, so such a head is for vLLM.
 """
 
 from __future__ import annotations
@@ -76,10 +77,11 @@ def layer_config(head, target_config, fmt: str) -> dict:
 
 def eagle31_keys(head) -> dict:
     """EAGLE-3.1's switches as vLLM's EAGLE-3 model (and the speculators layout) read them, only where on: ``fc_norm``
-    (an RMSNorm per fused layer, ``fc_norm.{i}.weight`` in ascending layer order) and ``norm_output`` (the normed
-    output fed back)."""
+    (an RMSNorm per fused layer, ``fc_norm.{i}.weight`` in ascending layer order), ``norm_output`` (the normed
+    output fed back) and ``norm_before_residual`` (the normed input as the residual; vLLM only)."""
     return {k: True for k, on in (("fc_norm", getattr(head, "fc_norm", None) is not None),
-                                  ("norm_output", getattr(head, "norm_output", False))) if on}
+                                  ("norm_output", getattr(head, "norm_output", False)),
+                                  ("norm_before_residual", getattr(head, "norm_before_residual", False))) if on}
 
 
 def ascending_fc(fc: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:  # [H, k Ht] -> [H, k Ht]
@@ -174,17 +176,17 @@ def check_portable(head) -> None:
 
 def speculators_config(head, target_config, speculative_tokens: int = 5) -> dict:
     """The speculators layout's ``config.json`` of an EAGLE-3 head: the eagle3 export's layer config as the
-    ``transformer_layer_config``, the EAGLE-3 keys at the top level with ``norm_before_residual: false`` written out
-    (the layout's default is true; draftsmith's head, like the eagle3 export, adds the un-normed hidden state as the
-    residual), and the ``speculators_config`` block vLLM reads the method and draft length from."""
+    ``transformer_layer_config``, the EAGLE-3 keys at the top level with ``norm_before_residual`` always written out
+    (the layout's default is true; draftsmith's head adds the un-normed hidden state as the residual unless trained
+    with it), and the ``speculators_config`` block vLLM reads the method and draft length from."""
     layer = layer_config(head, target_config, "eagle3")
     top = {k: layer.pop(k) for k in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
-                                     "fc_norm", "norm_output") if k in layer}
+                                     "fc_norm", "norm_output", "norm_before_residual") if k in layer}
     layer.pop("eagle_config", None)
     layer["architectures"] = ["LlamaForCausalLM"]
     return {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
             "speculators_version": SPECULATORS_VERSION, "transformer_layer_config": layer, **top,
-            "norm_before_residual": False, "norm_before_fc": False,
+            "norm_before_residual": bool(top.pop("norm_before_residual", False)), "norm_before_fc": False,
             "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
                                    "proposal_methods": [{"proposal_type": "greedy",
                                                          "speculative_tokens": int(speculative_tokens)}],
@@ -227,7 +229,8 @@ def read_eagle_export(directory: str | os.PathLike, target) -> EagleHead | Eagle
         if "d2t" not in tensors:  # a full-vocabulary head: the identity map
             vocab = int(target.config.vocab_size)
             tensors |= {"d2t": torch.zeros(vocab, dtype=torch.long), "t2d": torch.ones(vocab, dtype=torch.bool)}
-        v31 = {"fc_norm": bool(config.get("fc_norm")), "norm_output": bool(config.get("norm_output"))}
+        v31 = {"fc_norm": bool(config.get("fc_norm")), "norm_output": bool(config.get("norm_output")),
+               "norm_before_residual": bool(config.get("norm_before_residual"))}
         if "mask_hidden" in tensors:  # P-EAGLE, its placeholder in the export's (ascending) layer order
             head = PEagleHead.for_target(target, tensors["d2t"], tensors["t2d"], tuple(layers),
                                          mask_token_id=int(config["mask_token_id"]), **v31)
@@ -252,7 +255,8 @@ def load_eagle_head(directory, target: torch.nn.Module) -> EagleHead | Eagle3Hea
     tensors = read_weights(directory / "heads.safetensors")
     try:
         v31 = {"fc_norm": bool(config.get("fc_norm", False)), "norm_output": bool(config.get("norm_output", False)),
-               "layer": str(config.get("layer", "target"))}  # heads written before the Llama layer: the target's
+               "layer": str(config.get("layer", "target")),  # heads written before the Llama layer: the target's
+               "norm_before_residual": bool(config.get("norm_before_residual", False))}
         if config.get("variant", "eagle1") == "peagle":
             head = PEagleHead.for_target(target, tensors["d2t"], tensors["t2d"], tuple(config["layers"]),
                                          mask_token_id=int(config["mask_token_id"]), **v31)

@@ -23,6 +23,8 @@ answers it trains on; ``d2t``/``t2d`` map between the two vocabularies as in EAG
 drafting, the head's own output ``h`` takes the place of ``g`` (no fc). EAGLE-3.1 (speculators' and vLLM's options
 against attention drift) adds two switches: ``fc_norm``, an RMSNorm on each fused layer before ``fc``, and
 ``norm_output``, the next step reading ``norm(h)`` rather than ``h`` (its logits read ``norm(h)`` either way).
+``norm_before_residual`` (speculators' default, vLLM's ``norm_before_residual``) makes the layer's residual the normed
+input ``hidden_norm(g)`` instead of ``g``.
 
 Both heads answer the same calls, which is all the proposer uses: ``hidden_layers`` (the target layers they read),
 ``fuse`` (target features -> the head's input hidden), ``forward`` (one head step over new positions with a KV
@@ -253,7 +255,8 @@ class Eagle3Head(nn.Module):
 
     def __init__(self, config, layer_cls: type[nn.Module], rotary_cls: type[nn.Module], norm_cls: type[nn.Module],
                  layers: tuple[int, ...], d2t: torch.Tensor, t2d: torch.Tensor, target_hidden: int | None = None,
-                 fc_norm: bool = False, norm_output: bool = False, layer: str = "target") -> None:
+                 fc_norm: bool = False, norm_output: bool = False, layer: str = "target",
+                 norm_before_residual: bool = False) -> None:
         super().__init__()
         self.config = config
         self.layer_kind = layer  # HEAD_LAYERS: which class built the decoder layer (artefact_config records it)
@@ -266,6 +269,7 @@ class Eagle3Head(nn.Module):
         self.fc_norm = nn.ModuleList([norm_cls(self.target_hidden, eps=eps) for _ in self.hidden_layers]) \
             if fc_norm else None
         self.norm_output = bool(norm_output)
+        self.norm_before_residual = bool(norm_before_residual)  # the residual is hidden_norm(g), not g
         self.midlayer = layer_cls(config, layer_idx=0)
         attn = self.midlayer.self_attn
         for name in ("q_proj", "k_proj", "v_proj"):  # our layer instance reads [E(x); g]: 2H wide
@@ -281,10 +285,11 @@ class Eagle3Head(nn.Module):
     @classmethod
     def for_target(cls, target: nn.Module, d2t: torch.Tensor, t2d: torch.Tensor,
                    layers: tuple[int, ...] | None = None, fc_norm: bool = False,
-                   norm_output: bool = False, layer: str = "llama") -> Eagle3Head:
+                   norm_output: bool = False, layer: str = "llama", norm_before_residual: bool = False) -> Eagle3Head:
         """A fresh head for ``target`` (its dtype, on the CPU); its LM head starts as the target's rows of the draft
         vocabulary, its final norm as the target's (the same scale, in the head's norm's parametrisation).
-        ``fc_norm``, ``norm_output``: EAGLE-3.1's options (module docstring); ``layer``: :data:`HEAD_LAYERS`."""
+        ``fc_norm``, ``norm_output``: EAGLE-3.1's options, ``norm_before_residual`` the normed residual (module
+        docstring); ``layer``: :data:`HEAD_LAYERS`."""
         adapter = _llama_adapter(target)
         layers = tuple(layers) if layers else aux_layers(adapter.num_layers)
         bad = [i for i in layers if not 1 <= i < adapter.num_layers]
@@ -294,7 +299,7 @@ class Eagle3Head(nn.Module):
             raise ConfigError(f"t2d covers {t2d.numel()} target tokens; the target has {adapter.vocab_size}")
         config, layer_cls, rotary_cls, norm_cls = head_classes(adapter, layer)
         head = cls(config, layer_cls, rotary_cls, norm_cls, layers, d2t, t2d, fc_norm=fc_norm, norm_output=norm_output,
-                   layer=layer)
+                   layer=layer, norm_before_residual=norm_before_residual)
         with torch.no_grad(), whole([adapter.lm_head.weight, adapter.final_norm.weight]):  # ZeRO-3: gathered
             ids = torch.arange(d2t.numel()) + d2t
             head.lm_head.weight.copy_(adapter.lm_head.weight[ids.to(adapter.device)].cpu())
@@ -319,6 +324,14 @@ class Eagle3Head(nn.Module):
         """The state the next draft step reads: the layer's output ``h`` (pre-norm), or EAGLE-3.1's ``norm(h)``."""
         return self.norm(h) if self.norm_output else h
 
+    def layer_inputs(self, embeds: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``([input_norm(E(x)); hidden_norm(g)] [..., 2H], residual [..., H])`` of the layer: ``g``, or
+        ``hidden_norm(g)`` under ``norm_before_residual``."""
+        layer = self.midlayer
+        normed = layer.hidden_norm(hidden)
+        return torch.cat([layer.input_layernorm(embeds), normed], dim=-1), \
+            (normed if self.norm_before_residual else hidden)
+
     def logits_input(self, out: torch.Tensor) -> torch.Tensor:  # [..., H] -> [..., H]
         """What the draft LM head reads from :meth:`forward`'s output: ``norm(h)`` (already so under ``norm_output``)."""
         return out if self.norm_output else self.norm(out)
@@ -337,10 +350,10 @@ class Eagle3Head(nn.Module):
         mask = head_mask(hidden, position_ids, past, tree, visible)
         rope = self.rotary(hidden, position_ids)
         layer = self.midlayer
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+        x, residual = self.layer_inputs(embeds, hidden)  # [B, T, 2H], [B, T, H]
         attn = layer.self_attn(x, position_embeddings=rope, attention_mask=mask, position_ids=position_ids,
                                **{cache_keyword(layer.self_attn): cache})
-        h = hidden + (attn[0] if isinstance(attn, tuple) else attn)
+        h = residual + (attn[0] if isinstance(attn, tuple) else attn)
         return self.fed_back(h + layer.mlp(layer.post_attention_layernorm(h)))
 
     def draft_logits(self, hidden: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:  # [..., Vd]
@@ -352,7 +365,8 @@ class Eagle3Head(nn.Module):
     def artefact_config(self) -> dict:
         return {"method": "eagle", "variant": "eagle3", "hidden_size": self.hidden, "layers": list(self.hidden_layers),
                 "draft_vocab_size": int(self.d2t.numel()), "vocab_size": int(self.t2d.numel()),
-                "fc_norm": self.fc_norm is not None, "norm_output": self.norm_output, "layer": self.layer_kind}
+                "fc_norm": self.fc_norm is not None, "norm_output": self.norm_output, "layer": self.layer_kind,
+                "norm_before_residual": self.norm_before_residual}
 
 
 __all__ = ["HEAD_LAYERS", "Eagle3Head", "EagleHead", "GrowingCache", "aux_layers", "draft_vocab", "head_classes",

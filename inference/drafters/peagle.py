@@ -31,12 +31,13 @@ class PEagleHead(Eagle3Head):
     @classmethod
     def for_target(cls, target: nn.Module, d2t: torch.Tensor, t2d: torch.Tensor, layers: tuple[int, ...] | None = None,
                    mask_token_id: int = 0, fc_norm: bool = False, norm_output: bool = False,
-                   layer: str = "llama") -> PEagleHead:
+                   layer: str = "llama", norm_before_residual: bool = False) -> PEagleHead:
         vocab = int(target.config.vocab_size)
         if not 0 <= int(mask_token_id) < vocab:
             raise ConfigError(f"mask_token_id={mask_token_id} is not a token of the target's vocabulary (0..{vocab - 1}):"
                               " pass one of its ids, or -1 for the tokenizer's mask token")
-        head = super().for_target(target, d2t, t2d, layers, fc_norm=fc_norm, norm_output=norm_output, layer=layer)
+        head = super().for_target(target, d2t, t2d, layers, fc_norm=fc_norm, norm_output=norm_output, layer=layer,
+                                  norm_before_residual=norm_before_residual)
         head.mask_token_id = int(mask_token_id)
         return head
 

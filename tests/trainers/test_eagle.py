@@ -308,7 +308,8 @@ def test_eagle3_head_shapes_and_layers():
     assert torch.equal(head.lm_head.weight, target.lm_head.weight[ids])  # starts as the target's rows
 
 
-@pytest.mark.parametrize("eagle31", [{}, {"fc_norm": True, "norm_output": True}, {"norm_output": True}])
+@pytest.mark.parametrize("eagle31", [{}, {"fc_norm": True, "norm_output": True}, {"norm_output": True},
+                                     {"norm_before_residual": True}])
 def test_training_time_test_step_j_sees_what_decoding_sees(eagle31):
     """The unrolled step j's logits at every anchor t equal decoding's at draft depth j+1: the head fed true inputs
     up to t, then its own outputs with the next tokens x_{t+2}, x_{t+3}, ... — with EAGLE-3.1's fc norms and normed
@@ -700,18 +701,22 @@ def test_eagle3_token_loss_choices_against_the_cross_entropy():
 
 
 @pytest.mark.parametrize("variant", ["eagle3", "peagle"])
-def test_later_steps_run_from_the_first_trained_anchor_with_the_full_unrolls_values_and_gradients(variant):
-    """Steps after the first run at anchors ttt_start(keep) .. A-1 only: the trained rows' logits, the loss and every
-    gradient are those of the unroll over every anchor."""
+def test_later_steps_run_at_the_anchors_they_train_on_with_the_full_unrolls_values_and_gradients(variant):
+    """Steps after the first run packed at the anchors some of them train on (ttt_rows: not a prompt, not the gaps
+    between trained anchors): the trained rows' logits, the loss and every gradient are those of the unroll over
+    every anchor."""
     from draftsmith.inference.drafters.eagle import Eagle3Head, draft_vocab
     from draftsmith.inference.drafters.peagle import PEagleHead
-    from draftsmith.trainers.eagle.ttt import Eagle3TTT, ttt_start
+    from draftsmith.trainers.eagle.ttt import Eagle3TTT, ttt_rows
 
     target = random_model("llama", seed=0, layers=4)
     d2t, t2d = draft_vocab(torch.arange(128), 64)
     feats, embeds, keep, _ = _unroll_inputs(target, steps=4, anchors=20, seed=6, keep_above=0.4)
-    keep[1:, :, :7] = False  # a prompt: the later steps train from anchor 7 on
-    assert ttt_start(keep) == 7 and bool(keep[0, :, :7].any())
+    keep[1:, 0, :7] = False  # a prompt: the later steps train from anchor 7 on in row 0, and from 3 in row 1
+    keep[1:, 1, :3] = False
+    keep[1:, 1, 12:15] = False  # untrained anchors between trained ones
+    rows = ttt_rows(keep)
+    assert not rows[0, :7].any() and rows[0, 7:].any() and not rows[1, 12:15].any() and bool(keep[0, :, :7].any())
     torch.manual_seed(0)
     head = PEagleHead.for_target(target, d2t, t2d, mask_token_id=0) if variant == "peagle" else \
         Eagle3Head.for_target(target, d2t, t2d)
@@ -721,3 +726,39 @@ def test_later_steps_run_from_the_first_trained_anchor_with_the_full_unrolls_val
     assert torch.allclose(cropped, full, atol=1e-5)
     grads = [torch.autograd.grad(x.square().sum(), list(module.parameters())) for x in (cropped, full)]
     assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(*grads))
+
+
+def test_the_teacher_table_made_once_gives_the_per_step_teachers_loss_and_gradients(monkeypatch):
+    """The target's draft-vocabulary logits made once for every unrolled step (teacher_table) give the loss, each
+    step's sum and every gradient of the teacher computed per step and chunk; it steps aside over its budget or for
+    an anchor whose label lies past the row."""
+    import draftsmith.trainers.eagle.loss as eagle_loss
+    from draftsmith.inference.drafters.eagle import Eagle3Head, draft_vocab
+    from draftsmith.trainers.losses import LinearHead
+
+    target = random_model("llama", seed=0, layers=4)
+    d2t, t2d = draft_vocab(torch.arange(128), 64)
+    feats, embeds, keep, following = _unroll_inputs(target, steps=4, anchors=18, seed=9)
+    for j in range(1, 4):
+        keep[j][:, 18 - j:] = False  # as ttt_anchors: no label past the row
+    lm_head = target.get_output_embeddings()
+    label_head = LinearHead(lm_head, rows=t2d.nonzero().squeeze(1))
+    table, index = eagle_loss.teacher_table(following, keep, label_head)
+    assert table.shape == (int(index.max()) + 1, 64)
+    assert eagle_loss.teacher_table(following, keep, label_head, budget=table.numel() * 4 - 1) is None
+    past = keep.clone()
+    past[2, 0, 17] = True
+    assert eagle_loss.teacher_table(following, past, label_head) is None
+    runs = []
+    for made_once in (True, False):
+        if not made_once:
+            monkeypatch.setattr(eagle_loss, "teacher_table", lambda *args, **kwargs: None)
+        for loss in ("ce", "nla"):
+            torch.manual_seed(0)
+            module = eagle_loss.Eagle3Training(Eagle3Head.for_target(target, d2t, t2d), recompute=False).train()
+            total, per_step, _ = module(feats, embeds, keep, following, lm_head, 0.8, token_loss=loss)
+            total.backward()
+            runs.append((total.detach(), per_step, [p.grad for p in module.parameters() if p.grad is not None]))
+    for once, per_step in zip(runs[:2], runs[2:]):
+        assert torch.allclose(once[0], per_step[0], rtol=1e-5) and torch.allclose(once[1], per_step[1], rtol=1e-5)
+        assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(once[2], per_step[2]))

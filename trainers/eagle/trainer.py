@@ -155,7 +155,7 @@ def build_eagle_head(models: dict, config: EagleConfig, train_dataset=None,
     d2t, t2d = draft_vocab(draft_vocab_counts(target, config, train_dataset, tokenizer), config.draft_vocab_size)
     layers = None if config.layers == "auto" else tuple(int(x) for x in str(config.layers).split(","))
     v31 = {"fc_norm": bool(config.fc_norm), "norm_output": bool(config.norm_output),  # EAGLE-3.1's options
-           "layer": config.head_layer}
+           "layer": config.head_layer, "norm_before_residual": bool(config.norm_before_residual)}
     if config.variant == "peagle":
         mask = int(config.mask_token_id) if int(config.mask_token_id) >= 0 else mask_token(tokenizer, target.config)
         head = PEagleHead.for_target(target, d2t, t2d, layers, mask_token_id=mask, **v31)

@@ -42,10 +42,8 @@ class Eagle3TTT(nn.Module):
         ``[K, B, A, H]`` (``E(x_{t+1+j})`` for step ``j``) -> draft logits ``[K, B, A, Vd]``; with ``keep``
         ``[K, B, A]`` bool (the anchors each step is trained on), only those: ``[sum_j keep[j].sum(), Vd]``, step by
         step (the draft LM head skips the unlabelled anchors, most of a prompt)."""
-        logits = []
-        start = 0 if keep is None else ttt_start(keep)
-        for j, hidden in enumerate(unrolled_states(self.head, features, step_embeds, self.recompute, start)):
-            logits.append(self.head.draft_logits(hidden if keep is None else hidden[kept(keep, j, start)]))
+        logits = [self.head.draft_logits(hidden)
+                  for hidden in unrolled_states(self.head, features, step_embeds, self.recompute, keep)]
         return torch.stack(logits) if keep is None else torch.cat(logits)
 
     def artefact_config(self) -> dict:
@@ -57,10 +55,12 @@ class Eagle3TTT(nn.Module):
 
 
 def unrolled_states(head: Eagle3Head, features: torch.Tensor, step_embeds: torch.Tensor, recompute: bool = False,
-                    start: int = 0) -> Iterator[torch.Tensor]:  # yields [B, A, H], then [B, A - start, H] per step
+                    keep: torch.Tensor | None = None) -> Iterator[torch.Tensor]:  # yields [N_j, H] (or [B, A, H])
     """The training-time test's head outputs ``h^j`` (pre-norm), step by step: ``features`` ``[B, A, 3Ht]`` fused
     by ``fc`` into ``g``, then step ``j`` reads ``step_embeds[j]`` ``[B, A, H]`` and its step ``j-1`` output at
-    positions ``t + j``, seeing what decoding shows draft depth ``j + 1`` (:func:`ttt_visibility`).
+    positions ``t + j``, seeing what decoding shows draft depth ``j + 1`` (:func:`ttt_visibility`). Yields step
+    ``j``'s states at the anchors it trains on, ``keep[j]`` ``[K, B, A]`` in row-major order (``[N_j, H]``), or
+    without ``keep`` at every anchor (``[B, A, H]``).
 
     A P-EAGLE head (:class:`~draftsmith.inference.drafters.peagle.PEagleHead`) drafts depth ``j > 0`` from
     placeholders instead: ``step_embeds[j]`` holds the mask token's embedding and the step reads ``fc(mask_hidden)`` in
@@ -73,48 +73,71 @@ def unrolled_states(head: Eagle3Head, features: torch.Tensor, step_embeds: torch
     are the same; it costs a third more head compute, worth it where those activations do not fit (long rows, wide
     heads), not at SmolLM2's or the tiny zoo's shapes.
 
-    ``start``: steps ``j >= 1`` run at anchors ``start .. A-1`` only (:func:`ttt_start`: the first anchor any of them
-    trains on, after the batch's shortest prompt). Their queries and keys at earlier anchors reach no trained anchor
-    (a later step's key is seen at its own anchor alone), while step 0 keeps every anchor, the keys of the true prefix.
-    The trained rows' values and gradients are the same."""
+    Steps ``j >= 1`` run at the anchors some of them train on only (:func:`ttt_rows`, packed into ``M`` rows: not
+    the prompts, the padding or the rows' last anchors). An anchor's later steps reach no other anchor — a later
+    step's key is seen at its own anchor alone — so the untrained ones change nothing, while step 0 keeps every
+    anchor, the keys of the true prefix. The packed rows' projections and MLP run on ``[1, M, H]``; their attention
+    on the ``[B, A - start]`` grid from the first of them (:func:`on_grid`). The trained rows' values and gradients
+    are the same."""
     steps, b, a = step_embeds.shape[:3]
     hidden = head.fuse_concat(features)  # [B, A, H]: g
-    placeholder = head.mask_state().expand(b, a, -1) if isinstance(head, PEagleHead) else None  # P-EAGLE: [B, A, H]
-    past: list[torch.Tensor] = []  # keys, values of steps 0 .. j-1, [B, KV, A, D] each
     run = partial(checkpoint, partial(_unrolled_step, head), use_reentrant=False) \
         if recompute and torch.is_grad_enabled() else partial(_unrolled_step, head)
-    for j in range(steps):
-        crop = start if j > 0 else 0  # anchors crop .. A-1
-        pos = (torch.arange(crop, a, device=features.device) + j)[None].expand(b, a - crop)  # [B, A - crop]
-        if placeholder is not None and j > 0:  # P-EAGLE: every later depth reads the shared placeholder state
-            hidden = placeholder[:, crop:]
-        elif j == 1:
-            hidden = hidden[:, crop:]
-        hidden, key, value = run(step_embeds[j][:, crop:], hidden, pos, crop, *past)
+    pos = torch.arange(a, device=features.device)[None].expand(b, a)  # [B, A]
+    hidden, key, value = run(step_embeds[0], hidden, pos, 0, None)  # step 0 at every anchor
+    yield hidden if keep is None else hidden[keep[0]]
+    if steps == 1:
+        return
+    later = ttt_rows(keep) if keep is not None else torch.ones(b, a, dtype=torch.bool, device=features.device)
+    rows, cols = later.nonzero(as_tuple=True)  # [M] each, row-major: the packed rows' batch row and anchor
+    start = int(cols.min()) if cols.numel() else a - 1  # the attention grid's first anchor
+    where = (rows, cols - start)
+    placeholder = head.mask_state().expand(1, rows.numel(), -1) if isinstance(head, PEagleHead) else None
+    hidden = hidden[rows, cols][None]  # [1, M, H]
+    past = [key, value]  # keys, values of steps 0 .. j-1: step 0's [B, KV, A, D], later ones' [B, KV, A', D]
+    for j in range(1, steps):
+        if placeholder is not None:  # P-EAGLE: every later depth reads the shared placeholder state
+            hidden = placeholder
+        hidden, key, value = run(step_embeds[j][rows, cols][None], hidden, (cols + j)[None], start, where, *past)
         past += [key, value]
-        yield hidden
+        yield hidden[0].view(b, a, -1) if keep is None else hidden[0][keep[j][rows, cols]]
 
 
 def _unrolled_step(head: Eagle3Head, embeds: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, start: int,
+                   where: tuple[torch.Tensor, torch.Tensor] | None,
                    *past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One unrolled step of the head's layer as a function of its inputs (so it can be recomputed): ``embeds``,
-    ``hidden`` ``[B, A', H]`` and ``pos`` ``[B, A']`` at anchors ``start .. A-1`` (``A' = A - start``), ``past`` the
-    earlier steps' keys and values (step 0's ``[B, KV, A, D]``, then ``[B, KV, A', D]``, alternating) ->
-    ``(h^j [B, A', H], keys [B, KV, A', D], values [B, KV, A', D])`` of this step. The same layer as
-    :meth:`Eagle3Head.forward` under :func:`ttt_visibility`, with the attention computed as :func:`ttt_attention`."""
+    ``hidden`` ``[B, A', H]`` and ``pos`` ``[B, A']``, ``past`` the earlier steps' keys and values (step 0's ``[B,
+    KV, A, D]``, then ``[B, KV, A', D]``, alternating) -> ``(h^j [B, A', H], keys [B, KV, A', D], values [B, KV,
+    A', D])`` of this step. With ``where`` (packed rows' batch row and anchor ``- start``, ``[M]`` each) the states
+    are ``[1, M, H]`` rows, placed on the ``[B, A']`` grid of anchors ``start ..`` for the attention
+    (:func:`on_grid`), and the keys and values returned on that grid. The same layer as :meth:`Eagle3Head.forward`
+    under :func:`ttt_visibility`, with the attention computed as :func:`ttt_attention`."""
     layer = head.midlayer
     attn = layer.self_attn
     b, a, _ = hidden.shape
-    x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, A, 2H]
+    x, residual = head.layer_inputs(embeds, hidden)  # [B, A, 2H], [B, A, H]
     q, k, v = (proj(x).view(b, a, -1, attn.head_dim) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
     if hasattr(attn, "q_norm"):  # Qwen3 and OLMo2 layers normalise each head's query and key before RoPE
         q, k = attn.q_norm(q), attn.k_norm(k)
     cos, sin = head.rotary(hidden, pos)  # [B, A, D] each
     q, k = (rotated(t.transpose(1, 2), cos, sin) for t in (q, k))  # [B, N, A, D], [B, KV, A, D]
     v = v.transpose(1, 2)
+    if where is not None:  # packed rows: the attention on the grid
+        grid = (past[0].shape[0], past[0].shape[2] - start)  # (B, A')
+        q, k, v = (on_grid(t, where, grid) for t in (q, k, v))  # [B, N or KV, A', D]
     out = ttt_attention(q, [*past[0::2], k], [*past[1::2], v], float(attn.scaling), start=start)  # [B, N, A', D]
-    h = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, a, -1))
+    out = out.transpose(1, 2) if where is None else out.transpose(1, 2)[where][None]  # [B, A', N, D] or [1, M, N, D]
+    h = residual + attn.o_proj(out.reshape(b, a, -1))
     return head.fed_back(h + layer.mlp(layer.post_attention_layernorm(h))), k, v
+
+
+def on_grid(x: torch.Tensor, where: tuple[torch.Tensor, torch.Tensor],
+            grid: tuple[int, int]) -> torch.Tensor:  # [1, N, M, D] -> [B, N, A', D]
+    """Packed rows ``x`` placed at ``where`` (batch rows, anchors; ``[M]`` each) of a zero ``grid`` ``(B, A')``."""
+    n, d = x.shape[1], x.shape[3]
+    placed = x.new_zeros(*grid, n, d).index_put(where, x[0].transpose(0, 1))  # [B, A', N, D]
+    return placed.transpose(1, 2)
 
 
 def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # [B, N, A, D] -> same
@@ -163,16 +186,10 @@ def ttt_visibility(anchors: int, step: int, device=None, start: int = 0) -> torc
     return torch.cat([causal] + [eye] * step, dim=1)
 
 
-def ttt_start(keep: torch.Tensor) -> int:  # keep [K, B, A] bool -> anchor index
-    """The first anchor any unrolled step after the first trains on (``keep[1:]``): those steps run from there
-    (:func:`unrolled_states`). Step 0 always runs at every anchor."""
-    later = keep[1:].any(dim=0).any(dim=0).nonzero()  # [n, 1]
-    return int(later[0, 0]) if later.numel() else max(int(keep.shape[-1]) - 1, 0)
-
-
-def kept(keep: torch.Tensor, step: int, start: int) -> torch.Tensor:  # [B, A] or [B, A - start] bool
-    """Step ``step``'s trained anchors in the index space of its states: every anchor for step 0, ``start ..`` after."""
-    return keep[step] if step == 0 else keep[step][:, start:]
+def ttt_rows(keep: torch.Tensor) -> torch.Tensor:  # keep [K, B, A] bool -> [B, A] bool
+    """The anchors the unrolled steps after the first run at (:func:`unrolled_states`): those any of them trains on
+    (``keep[1:]``). Step 0 always runs at every anchor."""
+    return keep[1:].any(dim=0)
 
 
 def ttt_anchors(labels: torch.Tensor, step: int,
@@ -193,5 +210,5 @@ def shifted(x: torch.Tensor, by: int, fill: float = 0) -> torch.Tensor:  # [B, A
     return torch.cat([x[:, by:], x.new_full((x.shape[0], by, *x.shape[2:]), fill)], dim=1)
 
 
-__all__ = ["Eagle3TTT", "kept", "shifted", "ttt_anchors", "ttt_attention", "ttt_start", "ttt_visibility",
+__all__ = ["Eagle3TTT", "on_grid", "shifted", "ttt_anchors", "ttt_attention", "ttt_rows", "ttt_visibility",
            "unrolled_states"]

@@ -289,19 +289,19 @@ def test_the_speculators_layout_carries_the_eagle3_head_and_reads_back(tmp_path)
 
 @pytest.mark.parametrize("fmt", ["eagle3", "speculators"])
 def test_eagle31_heads_export_their_switches_and_norms_in_ascending_order(fmt, tmp_path):
-    """EAGLE-3.1: fc_norm and norm_output written as vLLM reads them (top level, only where on), one fc norm per
-    fused layer in ascending layer order like fc's columns, and the read-back head computes what the trained one
-    does (fused features, feedback and logits)."""
-    target, head = _head("eagle3", layers=8, aux=(6, 1, 4), fc_norm=True, norm_output=True)
+    """EAGLE-3.1: fc_norm and norm_output (and the normed residual, norm_before_residual) written as vLLM reads them
+    (top level, only where on), one fc norm per fused layer in ascending layer order like fc's columns, and the
+    read-back head computes what the trained one does (fused features, feedback and logits)."""
+    target, head = _head("eagle3", layers=8, aux=(6, 1, 4), fc_norm=True, norm_output=True, norm_before_residual=True)
     export = export_eagle(head, target.config, fmt, tmp_path / fmt)
     config = json.loads((export / "config.json").read_text())
-    assert config["fc_norm"] is True and config["norm_output"] is True
+    assert config["fc_norm"] is True and config["norm_output"] is True and config["norm_before_residual"] is True
     tensors = load_file(str(export / "model.safetensors"))
     order = {layer: i for i, layer in enumerate(head.hidden_layers)}
     for n, layer in enumerate((1, 4, 6)):
         assert torch.equal(tensors[f"fc_norm.{n}.weight"], head.fc_norm[order[layer]].weight.detach())
     back = read_eagle_export(export, target)
-    assert back.fc_norm is not None and back.norm_output
+    assert back.fc_norm is not None and back.norm_output and back.norm_before_residual
     features = {i: torch.randn(1, 5, 32) for i in (1, 4, 6)}
     e, pos, lm = torch.randn(1, 5, 32), torch.arange(5)[None], target.get_output_embeddings()
     with torch.no_grad():
@@ -312,3 +312,4 @@ def test_eagle31_heads_export_their_switches_and_norms_in_ascending_order(fmt, t
     other, plain_head = _head("eagle3")
     plain = json.loads((export_eagle(plain_head, other.config, fmt, tmp_path / "plain") / "config.json").read_text())
     assert "fc_norm" not in plain and "norm_output" not in plain
+    assert plain.get("norm_before_residual", False) is False  # the speculators layout writes it out, false
