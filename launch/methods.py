@@ -8,6 +8,7 @@ from draftsmith.trainers.bita import spec as bita
 from draftsmith.trainers.cllm import spec as cllm
 from draftsmith.trainers.dflash import spec as dflash
 from draftsmith.trainers.distillspec import spec as distillspec
+from draftsmith.trainers.dspark import spec as dspark
 from draftsmith.trainers.eagle import spec as eagle
 from draftsmith.trainers.layerskip import spec as layerskip
 from draftsmith.trainers.medusa import spec as medusa
@@ -24,6 +25,7 @@ SPECS = (
     eagle.SPEC,
     eagle.PEAGLE,
     dflash.SPEC,
+    dspark.SPEC,
     bita.SPEC,
     jacobi.SPEC,
     cllm.SPEC,

@@ -108,13 +108,14 @@ def train_draftsmith(out: Path, steps: int, examples: int | None = None, target:
                      recipe: str = "eagle", cache: Path | None = None, overrides: tuple[str, ...] = ()) -> dict:
     """draftsmith's ``recipe`` on the target's config (``dflash``: dflash_tiny.yaml) from the cache under ``cache``
     (default :func:`cache_root`), with the config's ``overrides`` (``key=value``); the Trainer's own runtime and
-    epochs, for its tokens/s."""
+    epochs, for its tokens/s. No held-out evaluation inside the run (vLLM judges the heads; neither peer's rate
+    counts one)."""
     run = out / "draftsmith"
     config = "dflash_tiny.yaml" if recipe == "dflash" else TARGETS[target]
     argv = [str(ROOT / ".venv" / "bin" / "draftsmith"), "train", recipe, "--config",
             str(ROOT / "launch" / "configs" / "recipes" / config), "features=offline",
             f"feature_cache_dir={cache or cache_root(out, target)}", f"output_dir={run}", f"max_steps={steps}",
-            "evaluate=false", "tune=false", "report_to=none", f"save_steps={steps}", f"eval_steps={steps}",
+            "evaluate=false", "tune=false", "report_to=none", f"save_steps={steps}", "eval_strategy=no",
             *(["calibrate_tree=false"] if recipe == "eagle" else []),
             *([f"max_train_examples={examples}"] if examples else []),
             *([f"draft_vocab_prompts={min(examples, 512)}"] if examples and recipe == "eagle" else []), *overrides]

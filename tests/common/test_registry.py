@@ -122,7 +122,8 @@ def test_method_commands_and_export_formats_come_from_the_entries():
     assert method_commands("data_commands") == {"jacobi": "draftsmith.launch.jacobi_cli"}
     eagles = ("eagle", "peagle")
     assert export_formats() == {"vllm-medusa": ("medusa",), "eagle3": eagles, "vllm-eagle": eagles,
-                                "sglang-eagle": eagles, "speculators": eagles, "vllm-dflash": ("dflash",)}
+                                "sglang-eagle": eagles, "speculators": eagles, "vllm-dflash": ("dflash",),
+                                "vllm-dspark": ("dspark",)}
     clash = MethodSpec(name="clash", summary="", proposer=lambda ctx: None, commands={"exit-layer": "elsewhere"})
     with registered(clash), pytest.raises(ConfigError, match="another method adds too"):
         method_commands()
@@ -132,6 +133,7 @@ def test_method_commands_and_export_formats_come_from_the_entries():
 DIFFERENT = {("distillspec", "draft_vocab"): "training: keep or refit the draft's vocabulary; decoding: auto or full",
              ("layerskip", "exit_layer"): "training: 0 = choose after training; decoding: unset = the artefact's",
              ("dflash", "draft_length"): "training: 0 = the whole block; decoding: unset = the artefact's",
+             ("dspark", "draft_length"): "training: 0 = the whole block; decoding: unset = the artefact's",
              ("peagle", "tree"): "EagleConfig's dynamic tree is EAGLE's; a P-EAGLE block decodes as a chain"}
 
 

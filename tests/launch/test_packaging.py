@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SUBPACKAGES = {
     "common": "draftsmith.common",
     "trainers": "draftsmith.trainers",
-    **{f"trainers/{m}": f"draftsmith.trainers.{m}" for m in ("bita", "cllm", "dflash", "distillspec", "eagle",
-                                                               "layerskip", "medusa")},
+    **{f"trainers/{m}": f"draftsmith.trainers.{m}"  # every method's own package (pyproject.toml must list it)
+       for m in sorted(p.parent.name for p in (ROOT / "trainers").glob("*/__init__.py"))},
     "data": "draftsmith.data",
     "inference": "draftsmith.inference",
     "inference/core": "draftsmith.inference.core",

@@ -109,9 +109,9 @@ class DFlashConfig(TargetAnswers, FeatureCache):
         if float(self.loss_gamma) < 0 and float(self.loss_gamma) != -1:
             raise ConfigError(f"loss_gamma={self.loss_gamma} must be >= 0 (0 = no decay), or -1 (the paper's for the "
                               "block size)")
-        if not 0 <= int(self.draft_length) <= int(self.block_size) - 1:
+        if not 0 <= int(self.draft_length) <= self.block_drafts():
             raise ConfigError(f"draft_length={self.draft_length}: a block of {self.block_size} drafts 1 to "
-                              f"{int(self.block_size) - 1} tokens (0 = all of them)")
+                              f"{self.block_drafts()} tokens (0 = all of them)")
         if self.layers != "auto":
             try:
                 [int(x) for x in str(self.layers).split(",")]
@@ -132,8 +132,12 @@ class DFlashConfig(TargetAnswers, FeatureCache):
         g = self.gamma()
         return [math.exp(-(k - 1) / g) if g > 0 else 1.0 for k in range(1, int(self.block_size))]
 
+    def block_drafts(self) -> int:
+        """The tokens one block drafts: its masks, ``block_size - 1``."""
+        return int(self.block_size) - 1
+
     def proposer_settings(self) -> dict[str, Any]:
-        return {"draft_length": int(self.draft_length) or int(self.block_size) - 1}
+        return {"draft_length": int(self.draft_length) or self.block_drafts()}
 
 
 class DFlashTraining(nn.Module):

@@ -1,0 +1,1 @@
+"""DSpark: DFlash's block draft with next-token queries, a Markov head and a confidence head."""
