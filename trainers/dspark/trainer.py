@@ -34,8 +34,15 @@ from draftsmith.inference.drafters.dspark import DSparkDraft
 from draftsmith.inference.drafters.peagle import mask_token
 from draftsmith.kernels.cross_entropy import cross_entropy_rows
 from draftsmith.kernels.head_calls import checkpointed_head_loss, chunked_head_rows
-from draftsmith.trainers.dflash.trainer import (IGNORE, EVAL_SEED, DFlashConfig, DFlashTrainer, DFlashTraining,
-                                                block_inputs, dpace_weights)
+from draftsmith.trainers.dflash.trainer import (
+    EVAL_SEED,
+    IGNORE,
+    DFlashConfig,
+    DFlashTrainer,
+    DFlashTraining,
+    block_inputs,
+    dpace_weights,
+)
 from draftsmith.trainers.mixins import help_text as _help
 
 
