@@ -209,6 +209,10 @@ KNOWN_LIMITS = (
      f"vLLM {VLLM_VERSION}'s model of this target exposes no auxiliary hidden states (its SupportsEagle3 interface; "
      "Gemma 3's lacks it), which EAGLE-3, P-EAGLE and DFlash drafts read, so vLLM cannot serve such a draft for this "
      "target family: evaluate it in draftsmith's loop (`draftsmith eval --artefact DIR`)"),
+    ("Model Runner V1 does not support: dspark",
+     f"vLLM {VLLM_VERSION} serves dspark on its V2 model runner only, which needs Triton with an active backend (a "
+     "GPU, or triton-cpu on a CPU build; the triton wheel has no CPU backend): serve the export on a GPU, or evaluate "
+     "the draft in draftsmith's loop (`draftsmith eval --artefact DIR`)"),
 )
 
 

@@ -54,6 +54,10 @@ def test_runner_protocol_round_trip_and_failure(tmp_path, tiny_target, monkeypat
     with pytest.raises(EngineError, match="auxiliary hidden states.*draftsmith eval --artefact") as err:
         run_engine(request, fake)
     assert "\n" not in str(err.value)
+    monkeypatch.setenv("FAKE_ENGINE_SAYS", "Value error, Model Runner V1 does not support: dspark speculative decoding")
+    with pytest.raises(EngineError, match="V2 model runner only.*draftsmith eval --artefact") as err:
+        run_engine(request, fake)  # vLLM 0.32's CPU build, its triton wheel without a CPU backend
+    assert "\n" not in str(err.value)
 
 
 def test_local_model_paths_are_made_absolute_for_the_engines_own_folder(tmp_path, monkeypatch):
