@@ -91,6 +91,10 @@ GPU_CHUNK_BYTES = 2**30  # on a GPU a [C, V] float32 chunk may take up to 1 GiB 
 # C x V x H products: below ~128 rows that cost dominates. SmolLM2's shape, 1,024 tokens, one thread, bfloat16
 # autocast: 15.7 s a step in the heuristic's 16-row chunks, 7.6 s in 128-row ones, 6.8 s in one chunk.
 CPU_MIN_CHUNK_ROWS = 128
+# ... and as many more rows as a 16 MiB float32 [C, V] chunk holds, where the vocabulary is small (a reduced draft
+# vocabulary): EAGLE-3 on the tiny zoo (Vd 2,048) then computes a step's rows in one chunk instead of three, while a
+# vocabulary of 32k or more keeps the 128-row chunks measured above.
+CPU_CHUNK_BYTES = 16 * 2**20
 
 
 def default_chunk_size(n_tokens: int, vocab: int, hidden: int, budget_bytes: int | None = None) -> int:
@@ -109,10 +113,10 @@ def default_chunk_size(n_tokens: int, vocab: int, hidden: int, budget_bytes: int
 
 
 def resolve_chunk_size(chunk_size: int | None, n: int, vocab: int, hidden: int, device: torch.device) -> int:
-    """``chunk_size``, or :func:`default_chunk_size` (with the GPU budget on CUDA, at least
-    :data:`CPU_MIN_CHUNK_ROWS` rows elsewhere); refuses a size below 1."""
+    """``chunk_size``, or :func:`default_chunk_size` (with the GPU budget on CUDA; elsewhere the CPU's, and at least
+    :data:`CPU_MIN_CHUNK_ROWS` rows); refuses a size below 1."""
     if chunk_size is None:
-        budget = GPU_CHUNK_BYTES if device.type == "cuda" else None
+        budget = GPU_CHUNK_BYTES if device.type == "cuda" else CPU_CHUNK_BYTES
         chunk_size = default_chunk_size(n, vocab, hidden, budget)
         if device.type != "cuda":
             chunk_size = max(chunk_size, min(CPU_MIN_CHUNK_ROWS, max(n, 1)))

@@ -217,13 +217,15 @@ def test_under_autocast_the_chunked_loss_runs_in_its_dtype_and_keeps_the_master_
     assert_grads_close(got, grads_of(want, [inputs["hidden"], inputs["weight"]]), torch.bfloat16)
 
 
-def test_the_cpu_takes_at_least_128_rows_a_chunk_and_cuda_keeps_its_budget():
+def test_the_cpu_takes_at_least_128_rows_or_16_mib_a_chunk_and_cuda_keeps_its_budget():
     from draftsmith.kernels.reference import CPU_MIN_CHUNK_ROWS, resolve_chunk_size
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert default_chunk_size(1024, 49152, 576) == 16  # the heuristic alone: a fixed [V, H] cost every 16 rows
     assert resolve_chunk_size(None, 1024, 49152, 576, cpu) == CPU_MIN_CHUNK_ROWS == 128
     assert resolve_chunk_size(None, 40, 49152, 576, cpu) == 40  # never more than the tokens
-    assert resolve_chunk_size(None, 4096, 512, 64, cpu) == 512  # the heuristic's own, when larger
+    assert resolve_chunk_size(None, 4096, 512, 64, cpu) == 4096  # a small vocabulary: as many rows as 16 MiB hold
+    assert resolve_chunk_size(None, 4096, 8192, 576, cpu) == 512  # 512 x 8,192 x 4 bytes = 16 MiB
+    assert resolve_chunk_size(None, 900, 2048, 256, cpu) == 900  # EAGLE-3's tiny draft vocabulary: one chunk
     assert resolve_chunk_size(None, 1024, 49152, 576, cuda) == 1024  # the GPU's budget: 1 GiB
     assert resolve_chunk_size(8, 1024, 49152, 576, cpu) == 8  # an explicit size is kept
