@@ -87,20 +87,25 @@ class DFlashProposer:
         if feedback.committed:  # the pending token and the accepted drafts are processed now
             self._add_context(feedback.hidden_states, len(feedback.committed))
 
+    def _block_states(self, tokens: torch.Tensor, q_len: int) -> torch.Tensor:  # -> [Q, H]
+        """One draft forward over the block ``[x_p, MASK x (q_len - 1)]`` at positions ``p ..`` seeing all the
+        context and the whole block; its keys are cropped from the cache at once."""
+        ids = torch.full((q_len,), self.draft.mask_token_id, dtype=torch.long, device=tokens.device)
+        ids[0] = tokens[-1]
+        pos = torch.arange(self._true, self._true + q_len, device=tokens.device)[None]  # [1, Q]
+        visible = torch.ones(q_len, self._true + q_len, dtype=torch.bool, device=tokens.device)  # all context, block
+        states = self.draft(self.embed(ids)[None], pos, self._cache, visible)[0]  # [Q, H]
+        self._cache.crop(self._true)
+        self.stats["draft_forwards"] += 1
+        return states
+
     @torch.inference_mode()
     def propose(self, tokens: torch.Tensor, max_tokens: int, sampling: SamplingParams,
                 generator: torch.Generator | None = None) -> Draft:
         k = min(self.length, max_tokens)
         if self._cache is None or k <= 0 or tokens.numel() - 1 != self._true:
             return Draft.empty()
-        q_len = 1 + self.length  # the block as trained and as vLLM runs it: the pending token and the masks
-        ids = torch.full((q_len,), self.draft.mask_token_id, dtype=torch.long, device=tokens.device)
-        ids[0] = tokens[-1]
-        pos = torch.arange(self._true, self._true + q_len, device=tokens.device)[None]  # [1, Q]
-        visible = torch.ones(q_len, self._true + q_len, dtype=torch.bool, device=tokens.device)  # all context, block
-        states = self.draft(self.embed(ids)[None], pos, self._cache, visible)[0, 1: 1 + k]  # [k, H]
-        self._cache.crop(self._true)
-        self.stats["draft_forwards"] += 1
+        states = self._block_states(tokens, 1 + self.length)[1: 1 + k]  # [k, H]: the block as trained and as vLLM
         logits = self.lm_head(states).float()  # [k, V]
         self.last_draft_logits = logits
         if self.tree is not None:  # each slot's top-k (deterministic nodes: exact under sampling too)

@@ -53,14 +53,7 @@ class DSparkProposer(DFlashProposer):
         k = min(self.length, max_tokens)
         if self._cache is None or k <= 0 or tokens.numel() - 1 != self._true:
             return Draft.empty()
-        q_len = self.length  # the block as vLLM runs it: the pending token and length - 1 masks
-        ids = torch.full((q_len,), self.draft.mask_token_id, dtype=torch.long, device=tokens.device)
-        ids[0] = tokens[-1]
-        pos = torch.arange(self._true, self._true + q_len, device=tokens.device)[None]  # [1, Q]
-        visible = torch.ones(q_len, self._true + q_len, dtype=torch.bool, device=tokens.device)  # all context, block
-        states = self.draft(self.embed(ids)[None], pos, self._cache, visible)[0, :k]  # [k, H]
-        self._cache.crop(self._true)
-        self.stats["draft_forwards"] += 1
+        states = self._block_states(tokens, self.length)[:k]  # [k, H]: length next-token queries, as vLLM
         base = self.lm_head(states).float()  # [k, V]
         drafted, conditionals, rows = [], [], []
         prev, survival = tokens[-1], 1.0
