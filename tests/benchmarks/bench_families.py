@@ -29,6 +29,9 @@ def train(family: str, method: str, steps: int, examples: int, out: Path) -> str
     from draftsmith.launch.recipe import run_recipe
     from draftsmith.launch.recipe_args import config_path
 
+    done = out / "run" / "artefact"
+    if (done / "manifest.json").is_file():  # trained by an earlier run of the bench
+        return str(done)
     recipe, config = METHODS[method]
     extra = [f"draft_vocab_prompts={min(examples, 512)}", "calibrate_tree=false"] if recipe != "dflash" else []
     result = run_recipe(recipe, ["data_mode=fixed", f"zoo_size={family_size('tiny', family)}", "--output_dir",
@@ -39,8 +42,10 @@ def train(family: str, method: str, steps: int, examples: int, out: Path) -> str
 
 
 def round_trip(family: str, method: str, *, steps: int, examples: int, limit: int, max_new_tokens: int, out: Path,
-               engine_python: str | None = None) -> dict:
-    """Train, export and serve ``method`` on ``family``'s tiny zoo; the engine report's figures (kept in ``out``)."""
+               engine_python: str | None = None, dtype: str = "float32") -> dict:
+    """Train, export and serve ``method`` on ``family``'s tiny zoo; the engine report's figures (kept in ``out``).
+    Both sides run in ``dtype``: float32 by default, where vLLM's kernels and draftsmith's agree to rounding, so that
+    a difference in acceptance is the export's and not a bfloat16 near tie decided two ways."""
     from draftsmith.data.zoo import family_size
     from draftsmith.launch.cli import main
     from draftsmith.trainers.zoo import ensure_zoo
@@ -53,7 +58,7 @@ def round_trip(family: str, method: str, *, steps: int, examples: int, limit: in
     artefact = train(family, method, steps, examples, run)
     report_path = run / "report.json"
     args = ["eval", "--engine", "both", "--artefact", artefact, "--target", str(zoo / "target"), "--limit",
-            str(limit), "--max-new-tokens", str(max_new_tokens), "--warmup", "0", "--threads", "1", "--no-progress",
+            str(limit), "--max-new-tokens", str(max_new_tokens), "--warmup", "0", "--threads", "1", "--no-progress", "--dtype", dtype,
             "--out", str(report_path), *(["--engine-python", engine_python] if engine_python else [])]
     if main(args) != 0:
         raise SystemExit(f"draftsmith eval failed for {family} {method}: see {run}")
@@ -63,7 +68,7 @@ def round_trip(family: str, method: str, *, steps: int, examples: int, limit: in
               "max_abs_difference": report["parity"]["max_abs_difference"],
               "identical_to_engine_ar": report["summary"]["identical_to_engine_ar"],
               "differs_from_draftsmith_ar": report["differences"]["speculative_vs_draftsmith_ar"]["differs"],
-              "questions": limit, "tau_vllm": report["summary"]["mean_acceptance_length"]}
+              "questions": limit, "dtype": dtype, "tau_vllm": report["summary"]["mean_acceptance_length"]}
     done.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
@@ -91,10 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=40, help="held-out dev questions (default 40)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--engine-python", default=None, help="the vLLM environment's interpreter (default: its own)")
+    p.add_argument("--dtype", default="float32", help="target and heads on both sides (default float32)")
     p.add_argument("--out", default="runs/bench/families")
     args = p.parse_args(argv)
     results = [round_trip(f, m, steps=args.steps, examples=args.examples, limit=args.limit,
-                          max_new_tokens=args.max_new_tokens, out=Path(args.out), engine_python=args.engine_python)
+                          max_new_tokens=args.max_new_tokens, out=Path(args.out), engine_python=args.engine_python,
+                          dtype=args.dtype)
                for f in args.families.split(",") for m in args.methods.split(",")]
     text = table(results)
     (Path(args.out) / "table.md").write_text(text + "\n")
