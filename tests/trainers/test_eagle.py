@@ -636,6 +636,38 @@ def test_peagle_trains_its_placeholder_with_the_depth_weights_of_the_reference(t
     assert torch.isfinite(loss) and module.head.mask_hidden.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("variant", ["eagle3", "peagle"])
+def test_a_frozen_draft_lm_head_keeps_the_targets_rows_while_the_layer_trains(tokenizer, tmp_path, variant):
+    """``train_lm_head=false`` (speculators' head): the draft vocabulary's LM head starts at the target's rows and
+    gets no gradient, so the Trainer's optimizer never updates it; the layer still trains. EAGLE-1 has no such head."""
+    import transformers
+
+    from draftsmith.trainers.eagle.trainer import EagleTrainer, build_eagle_head
+
+    target = random_model("llama", seed=0, layers=4)
+    config = EagleConfig(variant=variant, data_mode="fixed", draft_vocab_size=64, ttt_steps=3, draft_length=3,
+                         train_lm_head=False)
+    module = build_eagle_head({"target": target}, config, train_dataset=[{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}],
+                              tokenizer=tokenizer)
+    head = module.head
+    assert torch.equal(head.lm_head.weight, target.lm_head.weight[head.d2t + torch.arange(head.d2t.numel())])
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no",
+                                          disable_tqdm=True)
+    trainer = EagleTrainer(model=module, teacher_model=target, args=args, processing_class=tokenizer,
+                           method_config=config)
+    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[:, :3] = -100
+    loss, _ = trainer.loss_sum(module, {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)})
+    loss.backward()
+    assert head.lm_head.weight.grad is None and head.fc.weight.grad.abs().sum() > 0
+    trainer.create_optimizer()
+    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert id(head.lm_head.weight) not in optimized and id(head.fc.weight) in optimized
+    with pytest.raises(ConfigError, match="train_lm_head=false are EAGLE-3"):
+        EagleConfig(variant="eagle1", train_lm_head=False)
+
+
 def test_peagle_draft_length_is_capped_by_its_trained_depths():
     with pytest.raises(ConfigError, match="P-EAGLE drafts at most its trained depths"):
         EagleConfig(variant="peagle", ttt_steps=3, draft_length=5)

@@ -64,6 +64,9 @@ class EagleConfig(TargetAnswers, FeatureCache):
     norm_before_residual: bool = field(default=False, metadata=_help(
         "EAGLE-3 / P-EAGLE: the layer's residual is its normed input hidden_norm(g) instead of g (speculators' "
         "default; vLLM reads it from the export, SGLang does not)."))
+    train_lm_head: bool = field(default=True, metadata=_help(
+        "EAGLE-3 / P-EAGLE: train the draft vocabulary's LM head from the target's rows (EAGLE-3's reference code), "
+        "or keep it frozen at them (false: speculators' head)."))
     token_loss: str = field(default="ce", metadata=_help("EAGLE-3 / P-EAGLE: each unrolled step's loss against the "
                                                          "target's distribution over the draft vocabulary. ce = its "
                                                          "cross-entropy (the reference's); nla or lk_hybrid = the LK "
@@ -108,9 +111,10 @@ class EagleConfig(TargetAnswers, FeatureCache):
         if self.variant == "peagle" and int(self.draft_length) > int(self.ttt_steps):
             raise ConfigError(f"P-EAGLE drafts at most its trained depths: draft_length={self.draft_length} > "
                               f"ttt_steps={self.ttt_steps}; raise ttt_steps or lower draft_length")
-        if not self.unrolled and (self.fc_norm or self.norm_output or self.norm_before_residual):
-            raise ConfigError("fc_norm, norm_output and norm_before_residual are EAGLE-3 / P-EAGLE options: set "
-                              "variant=eagle3 or peagle, or turn them off")
+        if not self.unrolled and (self.fc_norm or self.norm_output or self.norm_before_residual
+                                  or not self.train_lm_head):
+            raise ConfigError("fc_norm, norm_output, norm_before_residual and train_lm_head=false are EAGLE-3 / "
+                              "P-EAGLE options: set variant=eagle3 or peagle, or leave them at their defaults")
         if self.token_loss != "ce" and self.token_loss not in DIVERGENCES:
             raise ConfigError(f"token_loss={self.token_loss!r} is unknown: choose ce or one of {', '.join(DIVERGENCES)}")
         if not 0.0 < float(self.depth_r) <= 1.0 or not 0.0 <= float(self.depth_r_min) <= 1.0:

@@ -161,6 +161,7 @@ def build_eagle_head(models: dict, config: EagleConfig, train_dataset=None,
         head = PEagleHead.for_target(target, d2t, t2d, layers, mask_token_id=mask, **v31)
     else:
         head = Eagle3Head.for_target(target, d2t, t2d, layers, **v31)
+    head.lm_head.weight.requires_grad_(bool(config.train_lm_head))  # frozen: the optimizer never sees it
     return Eagle3Training(head, recompute=config.ttt_recompute).float()
 
 
