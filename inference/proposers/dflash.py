@@ -99,13 +99,22 @@ class DFlashProposer:
         self.stats["draft_forwards"] += 1
         return states
 
+    def _drafted_states(self, tokens: torch.Tensor, max_tokens: int, queries: int,
+                        first: int) -> torch.Tensor | None:  # -> [k, H]
+        """The states of the ``k = min(length, max_tokens)`` drafted rows, from row ``first`` of a ``queries``-row block
+        forward; None when there is nothing to draft (no prefill yet, no room, or a sequence the cache does not hold)."""
+        k = min(self.length, max_tokens)
+        if self._cache is None or k <= 0 or tokens.numel() - 1 != self._true:
+            return None
+        return self._block_states(tokens, queries)[first: first + k]
+
     @torch.inference_mode()
     def propose(self, tokens: torch.Tensor, max_tokens: int, sampling: SamplingParams,
                 generator: torch.Generator | None = None) -> Draft:
-        k = min(self.length, max_tokens)
-        if self._cache is None or k <= 0 or tokens.numel() - 1 != self._true:
+        states = self._drafted_states(tokens, max_tokens, 1 + self.length, 1)  # [k, H]: the block as trained and as vLLM
+        if states is None:
             return Draft.empty()
-        states = self._block_states(tokens, 1 + self.length)[1: 1 + k]  # [k, H]: the block as trained and as vLLM
+        k = states.shape[0]
         logits = self.lm_head(states).float()  # [k, V]
         self.last_draft_logits = logits
         if self.tree is not None:  # each slot's top-k (deterministic nodes: exact under sampling too)

@@ -50,10 +50,10 @@ class DSparkProposer(DFlashProposer):
     @torch.inference_mode()
     def propose(self, tokens: torch.Tensor, max_tokens: int, sampling: SamplingParams,
                 generator: torch.Generator | None = None) -> Draft:
-        k = min(self.length, max_tokens)
-        if self._cache is None or k <= 0 or tokens.numel() - 1 != self._true:
+        states = self._drafted_states(tokens, max_tokens, self.length, 0)  # [k, H]: length next-token queries, as vLLM
+        if states is None:
             return Draft.empty()
-        states = self._block_states(tokens, self.length)[:k]  # [k, H]: length next-token queries, as vLLM
+        k = states.shape[0]
         base = self.lm_head(states).float()  # [k, V]
         drafted, conditionals, rows = [], [], []
         prev, survival = tokens[-1], 1.0
