@@ -609,13 +609,30 @@ def test_a_head_for_a_bfloat16_target_trains_in_float32_master_weights(variant):
     assert all(not b.is_floating_point() for n, b in module.named_buffers() if "d2t" in n or "t2d" in n)
 
 
+def trainer_and_backward(module, target, tokenizer, config: EagleConfig, tmp_path):
+    """An EagleTrainer over ``module`` and one training loss on two random 12-token rows (the first 3 tokens
+    unlabelled), backpropagated: ``(trainer, loss)``."""
+    import transformers
+
+    from draftsmith.trainers.eagle.trainer import EagleTrainer
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no",
+                                          disable_tqdm=True)
+    trainer = EagleTrainer(model=module, teacher_model=target, args=args, processing_class=tokenizer,
+                           method_config=config)
+    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[:, :3] = -100
+    loss, _ = trainer.loss_sum(module, {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)})
+    loss.backward()
+    return trainer, loss
+
+
 def test_peagle_trains_its_placeholder_with_the_depth_weights_of_the_reference(tokenizer, tmp_path):
     """The recipe builds a P-EAGLE head (float32, the tokenizer's placeholder token); one loss of the trainer is the
     unrolled placeholder steps' CE weighted max(0.7**j, 0.2), and its gradient reaches mask_hidden."""
-    import transformers
-
     from draftsmith.inference.drafters.peagle import PEagleHead
-    from draftsmith.trainers.eagle.trainer import EagleTrainer, build_eagle_head
+    from draftsmith.trainers.eagle.trainer import build_eagle_head
 
     target = random_model("llama", seed=0, layers=4)
     config = EagleConfig(variant="peagle", data_mode="fixed", draft_vocab_size=64, ttt_steps=5, draft_length=5)
@@ -624,15 +641,7 @@ def test_peagle_trains_its_placeholder_with_the_depth_weights_of_the_reference(t
     module = build_eagle_head({"target": target}, config, train_dataset=[{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}],
                               tokenizer=tokenizer)
     assert isinstance(module.head, PEagleHead) and module.head.mask_token_id == tokenizer.pad_token_id
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no",
-                                          disable_tqdm=True)
-    trainer = EagleTrainer(model=module, teacher_model=target, args=args, processing_class=tokenizer,
-                           method_config=config)
-    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(0))
-    labels = ids.clone()
-    labels[:, :3] = -100
-    loss, _ = trainer.loss_sum(module, {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)})
-    loss.backward()
+    _, loss = trainer_and_backward(module, target, tokenizer, config, tmp_path)
     assert torch.isfinite(loss) and module.head.mask_hidden.grad.abs().sum() > 0
 
 
@@ -640,9 +649,7 @@ def test_peagle_trains_its_placeholder_with_the_depth_weights_of_the_reference(t
 def test_a_frozen_draft_lm_head_keeps_the_targets_rows_while_the_layer_trains(tokenizer, tmp_path, variant):
     """``train_lm_head=false`` (speculators' head): the draft vocabulary's LM head starts at the target's rows and
     gets no gradient, so the Trainer's optimizer never updates it; the layer still trains. EAGLE-1 has no such head."""
-    import transformers
-
-    from draftsmith.trainers.eagle.trainer import EagleTrainer, build_eagle_head
+    from draftsmith.trainers.eagle.trainer import build_eagle_head
 
     target = random_model("llama", seed=0, layers=4)
     config = EagleConfig(variant=variant, data_mode="fixed", draft_vocab_size=64, ttt_steps=3, draft_length=3,
@@ -651,15 +658,7 @@ def test_a_frozen_draft_lm_head_keeps_the_targets_rows_while_the_layer_trains(to
                               tokenizer=tokenizer)
     head = module.head
     assert torch.equal(head.lm_head.weight, target.lm_head.weight[head.d2t + torch.arange(head.d2t.numel())])
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no",
-                                          disable_tqdm=True)
-    trainer = EagleTrainer(model=module, teacher_model=target, args=args, processing_class=tokenizer,
-                           method_config=config)
-    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(0))
-    labels = ids.clone()
-    labels[:, :3] = -100
-    loss, _ = trainer.loss_sum(module, {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)})
-    loss.backward()
+    trainer, loss = trainer_and_backward(module, target, tokenizer, config, tmp_path)
     assert head.lm_head.weight.grad is None and head.fc.weight.grad.abs().sum() > 0
     trainer.create_optimizer()
     optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
