@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.draftsmith-installed
 TORCH_SPEC ?= torch==2.13.0
+# pytest-xdist workers for the default suite: one per core of the 2-core CI machine (each runs torch on its share)
+TEST_WORKERS ?= 2
 
 .PHONY: help install demo test test-slow test-engine test-gpu gpu-bundle engine lint zoo bench bench-grid bench-peers clean
 
@@ -20,8 +22,8 @@ lint: install ## ruff and import-linter (the layer contract)
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 
-test: install lint ## lint, then the default test suite
-	$(PY) -m pytest -q --timeout=900
+test: install lint ## lint, then the default test suite (TEST_WORKERS pytest-xdist workers)
+	$(PY) -m pytest -q --timeout=900 -n $(TEST_WORKERS)
 
 test-slow: install ## the long tests (@pytest.mark.slow)
 	$(PY) -m pytest -q -m slow --timeout=7200
