@@ -218,7 +218,7 @@ def setup(args: argparse.Namespace):
 
     method = args.method or default_method()
     spec = get_method(method)
-    draft_dir = Path(resolve_model_arg(args.draft, "--draft", "draft")) if args.draft else zoo_draft
+    draft_dir = Path(resolve_model_arg(args.draft, "--draft", "draft")) if args.draft is not None else zoo_draft
     if "draft" in spec.models and draft_dir is None:
         raise ConfigError(f"--method {method} needs --draft PATH when --target is given (a draft sharing its tokenizer)")
     if draft_dir is not None and ("draft" in spec.models or args.compare == "hf"):
@@ -271,7 +271,7 @@ def claim_report(args: argparse.Namespace) -> Iterator[None]:
     models' paths first, so a bad one leaves nothing behind."""
     resolve_device(args.device)
     for value, flag, role in ((args.target, "--target", "target"), (args.draft, "--draft", "draft")):
-        if value:
+        if value is not None:  # an empty one is refused, not taken for "the zoo's"
             resolve_model_arg(value, flag, role, check_hub=False)
     if args.tokenizer:
         tokenizer_source("", args.tokenizer)

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from draftsmith.launch.targets import resolve_model_arg
 
     manifest = check_export(args.artefact, args.format)  # every input checked before anything is written
-    target_name = resolve_model_arg(args.target) if args.target else manifest["target"].get("name_or_path")
+    target_name = resolve_model_arg(args.target) if args.target is not None else manifest["target"].get("name_or_path")
     out = export_dir(args.out, args.artefact, args.format, args.overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)  # the lock sits beside the directory, which the export replaces
     with OutputLock(out, "--out", "file"):

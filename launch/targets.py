@@ -223,7 +223,7 @@ def load_target(target: str | os.PathLike | None = None, tokenizer: str | os.Pat
     ``zoo`` size under ``home``), both resolved (:func:`resolve_model_arg`, :func:`tokenizer_source`) before either
     loads. The model is in eval mode, in ``dtype``, on ``device`` when given, quantized or with another attention as
     :func:`~draftsmith.common.models.load_model` takes them."""
-    target_dir = Path(resolve_model_arg(target)) if target else zoo_model_dir(zoo, "target", home)
+    target_dir = Path(resolve_model_arg(target)) if target is not None else zoo_model_dir(zoo, "target", home)
     source = tokenizer_source(target_dir, tokenizer)
     model = load_model(target_dir, dtype, device, what="target", quantization=quantization,
                        attn_implementation=attn_implementation).eval()

@@ -32,3 +32,27 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--dev-questions", default="36", metavar="N|all",
+                     help="how many bundled dev questions the slow tiny-zoo identity tests decode: N spread evenly over "
+                          "the file (every category; default 36, what fits CI), or `all` (the 324 of the benchmarks)")
+
+
+def spread(items: list, count: str) -> list:
+    """``count`` of ``items`` at even spacing from the first ("all", or a count past the end: every one)."""
+    if count == "all":
+        return list(items)
+    if not count.isdigit() or int(count) < 1:
+        raise pytest.UsageError(f"--dev-questions {count!r}: give a positive number or `all`")
+    n = min(int(count), len(items))
+    return [items[i * len(items) // n] for i in range(n)]
+
+
+@pytest.fixture(scope="session")
+def dev_questions(request) -> list:
+    """The bundled dev questions the zoo identity tests decode (``--dev-questions``)."""
+    from draftsmith.inference.evaluation.questions import read_questions
+
+    return spread(read_questions(), request.config.getoption("--dev-questions"))

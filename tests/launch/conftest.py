@@ -46,40 +46,39 @@ def launcher(tiny_pair):
 
 class ZooIdentity:
     """The slow done-when check of a recipe on the tiny zoo: ``train(recipe, *overrides)`` runs it briefly (40
-    steps); ``check(result, label, **load_kwargs)`` decodes every bundled dev question (64 new tokens) with the
-    artefact's proposer, verified against the artefact's adapted target where it has one, asserts every answer
+    steps); ``check(result, label, **load_kwargs)`` decodes the dev questions (``--dev-questions``, 64 new tokens) with
+    the artefact's proposer, verified against the artefact's adapted target where it has one, asserts every answer
     token-identical to that model's AR, and returns the report."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, questions: list) -> None:
+        self.root, self.questions = root, questions
 
-    def train(self, recipe: str, *overrides: str):
+    def train(self, recipe: str, *overrides: str, name: str | None = None):
         from draftsmith.launch.recipe import run_recipe
 
-        return run_recipe(recipe, ["--output_dir", str(self.root / recipe), "max_steps=40", "eval_steps=40",
+        return run_recipe(recipe, ["--output_dir", str(self.root / (name or recipe)), "max_steps=40", "eval_steps=40",
                                    "save_steps=40", "evaluate=false", "eval_examples=16", *overrides])
 
     def check(self, result, label: str, **load_kwargs) -> dict:
         from draftsmith.data.zoo import load_zoo
         from draftsmith.inference.artefacts.manifest import adapted_target
         from draftsmith.inference.evaluation.evaluator import evaluate
-        from draftsmith.inference.evaluation.questions import read_questions
         from draftsmith.inference.methods import load_artefact
 
         tokenizer, target, _ = load_zoo("tiny")
         verified = adapted_target(result.artefact, result.manifest, target)
         proposer, _ = load_artefact(result.artefact, target, tokenizer, **load_kwargs)
-        rep = evaluate(verified, tokenizer, label, lambda: proposer, read_questions(), max_new_tokens=64, warmup=1,
+        rep = evaluate(verified, tokenizer, label, lambda: proposer, self.questions, max_new_tokens=64, warmup=1,
                        progress=False)
-        assert rep["num_questions"] == 324
+        assert rep["num_questions"] == len(self.questions)
         differing = [(r["question_id"], r["difference"]) for r in rep["questions"] if not r["identical"]]
         assert rep["summary"]["greedy_identical"] == 1.0, (label, load_kwargs, differing[:3])
         return rep
 
 
 @pytest.fixture
-def zoo_identity(tmp_path) -> ZooIdentity:
-    return ZooIdentity(tmp_path)
+def zoo_identity(tmp_path, dev_questions) -> ZooIdentity:
+    return ZooIdentity(tmp_path, dev_questions)
 
 
 @pytest.fixture

@@ -174,6 +174,19 @@ def test_a_missing_target_is_named_not_reported_as_a_tokenizer_or_hub_error(tiny
     assert f"--draft {missing} does not exist" in one_error(capsys)
 
 
+@pytest.mark.parametrize("argv", [["eval", "--method", "ar", "--target", ""], ["eval", "--method", "draft", "--draft", ""],
+                                  ["exit-layer", "--target", ""],
+                                  ["data", "generate", "--target", "", "--prompts", "dev", "--out", "a.jsonl"]],
+                         ids=["eval-target", "eval-draft", "exit-layer", "data-generate"])
+def test_an_empty_model_path_is_refused_not_taken_for_the_zoos(argv, tmp_path, capsys, monkeypatch, no_model_loads):
+    """``--target ''`` (a shell variable left empty) names no model: one line, never the zoo built in its place."""
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("draftsmith.trainers.zoo.build_zoo", lambda *a, **k: pytest.fail("the zoo build started"))
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert "'' is not a model" in one_error(capsys)
+
+
 # ------------------------------------------------------------------------------------- writes failing midway
 
 

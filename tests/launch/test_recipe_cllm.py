@@ -74,8 +74,8 @@ def test_deepspeed_zero2_two_cpu_processes(launcher, tmp_path):
 
 
 @pytest.mark.slow
-def test_zoo_cllm_greedy_identical_on_every_dev_question(zoo_identity):
-    """Issue 17, done-when: Jacobi decoding of the CLLM model token-identical to that model's own AR on every bundled
-    dev question (tiny zoo)."""
+def test_zoo_cllm_greedy_identical_on_the_dev_questions(zoo_identity):
+    """Issue 17, done-when: Jacobi decoding of the CLLM model token-identical to that model's own AR on the bundled
+    dev questions (tiny zoo; ``--dev-questions all`` for every one)."""
     rep = zoo_identity.check(zoo_identity.train("cllm", "max_train_examples=100"), "cllm")
     assert rep["jacobi"]["block"] == 16

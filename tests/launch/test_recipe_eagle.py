@@ -150,25 +150,15 @@ def test_offline_and_online_features_train_to_the_same_loss_curve(tiny_pair, tmp
 
 
 @pytest.mark.slow
-def test_zoo_eagle_greedy_identical_on_every_dev_question(tmp_path):
-    """Issue 13, done-when: token-identical to AR on every bundled dev question (tiny zoo) for the EAGLE-1 chain,
-    the EAGLE-1 dynamic tree and the EAGLE-3 dynamic tree."""
-    from draftsmith.data.zoo import load_zoo
-    from draftsmith.inference.evaluation.evaluator import evaluate
-    from draftsmith.inference.evaluation.questions import read_questions
-
-    tokenizer, target, _ = load_zoo("tiny")
-    short = ["max_steps=30", "eval_steps=30", "save_steps=30", "evaluate=false", "eval_examples=16"]
+def test_zoo_eagle_greedy_identical_on_the_dev_questions(zoo_identity):
+    """Issue 13, done-when: token-identical to AR on the bundled dev questions (tiny zoo; ``--dev-questions all``
+    for every one) for the EAGLE-1 chain, the EAGLE-1 dynamic tree and the EAGLE-3 dynamic tree."""
     for variant, trees in (("eagle1", ("chain", "dynamic")), ("eagle3", ("dynamic",))):
         config = ROOT / "launch" / "configs" / "recipes" / ("eagle_tiny.yaml" if variant == "eagle1" else "eagle3_tiny.yaml")
-        result = run_recipe("eagle", ["--config", str(config), "--output_dir", str(tmp_path / variant), *short])
+        result = zoo_identity.train("eagle", "--config", str(config), "max_steps=30", "eval_steps=30", "save_steps=30",
+                                    name=variant)
         for tree in trees:
-            proposer, _ = load_artefact(result.artefact, target, tokenizer, tree=tree)
-            rep = evaluate(target, tokenizer, "eagle", lambda p=proposer: p, read_questions(), max_new_tokens=64,
-                           warmup=1, progress=False)
-            assert rep["num_questions"] == 324
-            differing = [(r["question_id"], r["difference"]) for r in rep["questions"] if not r["identical"]]
-            assert rep["summary"]["greedy_identical"] == 1.0, (variant, tree, differing[:3])
+            zoo_identity.check(result, "eagle", tree=tree)
 
 
 def test_peagle_trains_by_name_and_decodes_identically(tiny_pair, tmp_path):

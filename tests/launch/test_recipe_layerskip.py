@@ -91,8 +91,8 @@ def test_lora_variant_ships_the_merged_adapted_target(tiny_pair, tmp_path):
 
 
 @pytest.mark.slow
-def test_zoo_layerskip_greedy_identical_on_every_dev_question(zoo_identity):
+def test_zoo_layerskip_greedy_identical_on_the_dev_questions(zoo_identity):
     """Issue 14, done-when: early-exit self-speculation (exit 2 of 4, 4 tokens, the draft's cache reused) token-
-    identical to the adapted model's own AR on every bundled dev question (tiny zoo)."""
+    identical to the adapted model's own AR on the bundled dev questions (tiny zoo; ``--dev-questions all`` for every one)."""
     rep = zoo_identity.check(zoo_identity.train("layerskip", "max_train_examples=400", "exit_layer=2"), "layerskip")
     assert rep["early_exit"]["exit_layer"] == 2

@@ -157,23 +157,12 @@ def test_every_shipped_medusa_config_parses(path, tmp_path):
 
 
 @pytest.mark.slow
-def test_zoo_medusa_greedy_identical_on_every_dev_question(tmp_path):
-    """Issue 12, done-when: Medusa-1 token-identical to AR on every bundled dev question (tiny zoo), with its
-    default tree and with the chain."""
-    from draftsmith.data.zoo import load_zoo
-    from draftsmith.inference.evaluation.evaluator import evaluate
-    from draftsmith.inference.evaluation.questions import read_questions
-
-    result = run_recipe("medusa", ["--output_dir", str(tmp_path / "medusa"), "max_steps=40", "eval_steps=40",
-                                   "save_steps=40", "evaluate=false", "eval_examples=16"])
-    tokenizer, target, _ = load_zoo("tiny")
+def test_zoo_medusa_greedy_identical_on_the_dev_questions(zoo_identity):
+    """Issue 12, done-when: Medusa-1 token-identical to AR on the bundled dev questions (tiny zoo;
+    ``--dev-questions all`` for every one), with its default tree and with the chain."""
+    result = zoo_identity.train("medusa")
     for tree in ("auto", "chain"):
-        proposer, _ = load_artefact(result.artefact, target, tokenizer, tree=tree)
-        rep = evaluate(target, tokenizer, "medusa", lambda p=proposer: p, read_questions(), max_new_tokens=64,
-                       warmup=1, progress=False)
-        assert rep["num_questions"] == 324
-        differing = [(r["question_id"], r["difference"]) for r in rep["questions"] if not r["identical"]]
-        assert rep["summary"]["greedy_identical"] == 1.0, (tree, differing[:3])
+        zoo_identity.check(result, "medusa", tree=tree)
 
 
 def test_accelerate_two_cpu_processes(tiny_pair, tmp_path):

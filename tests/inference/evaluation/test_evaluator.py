@@ -158,8 +158,9 @@ def test_tensorboard_logging(lm_pair, chat_tokenizer, questions_file, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["draft", "draft-confident", "pld", "draft-verify"])
-def test_zoo_greedy_identical_on_every_dev_question(method):
-    """Issues 3 and 15, done-when: token-identical to AR on every bundled dev question with the tiny zoo (Draft &
+def test_zoo_greedy_identical_on_the_dev_questions(method, dev_questions):
+    """Issues 3 and 15, done-when: token-identical to AR on the bundled dev questions with the tiny zoo
+    (``--dev-questions all`` for every one; Draft &
     Verify: the skip set the first tiny-zoo study chose, both sublayers of layers 1-2, with adaptive draft-exiting)."""
     from draftsmith.data.zoo import load_zoo
     from draftsmith.trainers.zoo import ensure_zoo
@@ -175,7 +176,7 @@ def test_zoo_greedy_identical_on_every_dev_question(method):
                                                   policy=DraftLengthPolicy(length=8, max_length=16),
                                                   stop=AdaptiveThreshold()),
     }[method]
-    rep = evaluate(target, tokenizer, method, factory, read_questions(), max_new_tokens=64, warmup=1, progress=False)
-    assert rep["num_questions"] == 324
+    rep = evaluate(target, tokenizer, method, factory, dev_questions, max_new_tokens=64, warmup=1, progress=False)
+    assert rep["num_questions"] == len(dev_questions)
     differing = [(r["question_id"], r["difference"]) for r in rep["questions"] if not r["identical"]]
     assert rep["summary"]["greedy_identical"] == 1.0, differing[:3]
