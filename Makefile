@@ -25,8 +25,8 @@ lint: install ## ruff and import-linter (the layer contract)
 test: install lint ## lint, then the default test suite (TEST_WORKERS pytest-xdist workers)
 	$(PY) -m pytest -q --timeout=900 -n $(TEST_WORKERS)
 
-test-slow: install ## the long tests (@pytest.mark.slow)
-	$(PY) -m pytest -q -m slow --timeout=7200
+test-slow: zoo ## the long tests (@pytest.mark.slow), on TEST_WORKERS workers, the tiny zoo built first on every core
+	$(PY) -m pytest -q -m slow --timeout=3600 -n $(TEST_WORKERS)
 
 engine: install ## the vLLM environment `draftsmith eval --engine` runs in (DRAFTSMITH_HOME/engines/vllm)
 	$(VENV)/bin/draftsmith engine setup

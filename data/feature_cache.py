@@ -58,6 +58,7 @@ from draftsmith.data.feature_shards import (
     add_answered_source,
     check_manifest,
     finish_feature_cache,
+    read_offsets,
     read_shard,
     save_shard,
     shard_name,
@@ -359,10 +360,7 @@ class FeatureDataset(torch.utils.data.Dataset):
         """The token counts of shard ``k``'s rows, from its offsets alone (read once; the rows themselves are checked
         when the shard is read)."""
         if k not in self._lengths:
-            from safetensors import safe_open
-
-            with safe_open(str(self.directory / self._files[k]), "pt") as f:
-                self._lengths[k] = f.get_tensor("offsets").diff().tolist()
+            self._lengths[k] = read_offsets(self.directory / self._files[k], self._rows[k]).diff().tolist()
         return self._lengths[k]
 
     def _shard(self, k: int) -> dict[str, torch.Tensor]:

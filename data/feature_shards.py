@@ -148,5 +148,22 @@ def read_shard(path: Path, sha256: str, rows: int, layers: Sequence[int]) -> dic
     return shard
 
 
-__all__ = ["DTYPES", "FORMAT", "check_manifest", "finish_feature_cache", "read_shard", "save_shard", "shard_name",
+def read_offsets(path: Path, rows: int) -> torch.Tensor:
+    """The ``[rows + 1]`` row offsets of the shard at ``path``, read without the rest of the file (its hash is checked
+    when :func:`read_shard` reads it whole); a damaged file is a one-line DataError naming the shard and the fix."""
+    from safetensors import SafetensorError, safe_open
+
+    fix = f"delete {path.parent} and rerun (the recipe rebuilds it)"
+    try:
+        with safe_open(str(path), "pt") as f:
+            offsets = f.get_tensor("offsets")
+    except (OSError, SafetensorError, KeyError, RuntimeError, ValueError) as err:
+        raise DataError(f"feature cache shard {path} cannot be read ({str(err).splitlines()[0][:120]}); {fix}") from None
+    if offsets.shape != (rows + 1,) or bool((offsets.diff() < 0).any()):
+        raise DataError(f"feature cache shard {path} does not hold the offsets of the {rows} rows its manifest names; "
+                        f"{fix}")
+    return offsets
+
+
+__all__ = ["DTYPES", "FORMAT", "check_manifest", "finish_feature_cache", "read_offsets", "read_shard", "save_shard", "shard_name",
            "shard_sum"]

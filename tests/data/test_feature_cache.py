@@ -228,6 +228,20 @@ def test_a_flipped_bit_in_a_shard_is_refused_when_the_shard_is_read(tmp_path):
         data[4]
 
 
+@pytest.mark.parametrize("at, byte", [(0, 0x00), (12, 0xff)], ids=["header length", "header text"])
+def test_a_damaged_shard_header_is_one_line_when_its_row_lengths_are_read(tmp_path, at, byte):
+    """Length grouping reads each shard's offsets alone, before the shard is read and hashed whole: a garbled
+    safetensors header there is the same one-line DataError, not the reader's traceback."""
+    directory, _, _ = built(tmp_path)
+    path = directory / "shard-00001.safetensors"
+    data = bytearray(path.read_bytes())
+    data[at] = byte
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"shard-00001\.safetensors cannot be read") as err:
+        FeatureDataset(directory).row_lengths(1)
+    assert "\n" not in str(err.value) and f"delete {directory}" in str(err.value)
+
+
 def test_a_killed_build_rewrites_a_shard_that_differs_from_its_sum(tmp_path):
     """A shard changed after it was written (and before the cache was complete) is written again by the rerun;
     the finished cache equals one that was never interrupted."""
