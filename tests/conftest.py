@@ -9,6 +9,8 @@ import torch
 
 from draftsmith.data.tiny_models import FAMILIES
 
+pytest_plugins = ["reliability_ledger"]  # the reliability suite's counts, summed over pytest-xdist's workers
+
 # pytest-xdist's workers share the cores: each gets its share of threads, and so do the commands it launches.
 _THREADS = max(1, min(2, os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 torch.set_num_threads(_THREADS)

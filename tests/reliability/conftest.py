@@ -18,14 +18,13 @@ and the inputs the fuzzers mutate: the tiny pair, a real artefact and a tiny GGU
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from reliability_ledger import LEDGER, Ledger
 
 HERE = Path(__file__).parent
 
@@ -41,14 +40,12 @@ def _helper(name: str):
 
 H = _helper("harness")
 S = _helper("scenarios")
-_LEDGER = pytest.StashKey[H.Ledger]()
 
 
 # --------------------------------------------------------------------------------------------------- fixtures
 
 
 def pytest_configure(config) -> None:
-    config.stash[_LEDGER] = H.Ledger(survey=os.environ.get("DRAFTSMITH_RELIABILITY_SURVEY") == "1")
     config.addinivalue_line("markers", "fuzz(fast, slow): a fuzz test taking `examples`, run with `fast` inputs by "
                                        "`make test` and with `slow` inputs (marked slow) by `make test-slow`")
 
@@ -61,21 +58,9 @@ def pytest_generate_tests(metafunc) -> None:
                                           pytest.param(slow, id="slow", marks=pytest.mark.slow)])
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    ledger = config.stash.get(_LEDGER, None)
-    if ledger is None or not ledger.ran:
-        return
-    terminalreporter.section("reliability")
-    for line in ledger.summary_lines():
-        terminalreporter.write_line(line)
-    target = os.environ.get("DRAFTSMITH_RELIABILITY_SUMMARY")
-    if target:
-        Path(target).write_text(json.dumps(ledger.to_dict(), indent=1) + "\n")
-
-
 @pytest.fixture(scope="session")
-def ledger(request) -> H.Ledger:
-    return request.config.stash[_LEDGER]
+def ledger(request) -> Ledger:
+    return request.config.stash[LEDGER]
 
 
 @pytest.fixture(scope="session")

@@ -17,9 +17,10 @@ import sys
 import tempfile
 import time
 import traceback
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from reliability_ledger import Ledger, Violation
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCEPTED = "accepted"  # the command took the input and reached the (stubbed) expensive work
@@ -34,82 +35,6 @@ class Accepted(BaseException):
 
 class Hang(BaseException):
     """Raised by the alarm when one in-process command runs past :data:`COMMAND_SECONDS`."""
-
-
-# ---------------------------------------------------------------------------------------------------- ledger
-
-
-@dataclass
-class Violation:
-    area: str
-    kind: str  # traceback, hang, exit code, error lines, usage dump, half-written file, file mode, lost rows, ...
-    detail: str
-    reproducer: str
-
-
-@dataclass
-class Ledger:
-    """What the pytest run tried and what broke; printed at the end (``pytest_terminal_summary``)."""
-
-    survey: bool = False
-    inputs: Counter = field(default_factory=Counter)  # by area
-    faults: Counter = field(default_factory=Counter)  # by kind
-    outcomes: Counter = field(default_factory=Counter)  # exit 0 / exit 2 / accepted / other
-    seconds: Counter = field(default_factory=Counter)  # command time by area
-    slowest: dict[str, tuple[float, str]] = field(default_factory=dict)  # by area: the slowest input
-    rows_lost: int = 0
-    steps_lost: int = 0
-    violations: dict[tuple[str, str, str], Violation] = field(default_factory=dict)
-    seen: Counter = field(default_factory=Counter)  # violations by signature, with repeats
-
-    @property
-    def ran(self) -> bool:
-        return bool(self.inputs or self.faults)
-
-    def record(self, v: Violation) -> None:
-        key = (v.area, v.kind, _signature(v.detail))
-        self.seen[key] += 1
-        old = self.violations.get(key)
-        if old is None or len(v.reproducer) < len(old.reproducer):
-            self.violations[key] = v
-
-    def tracebacks(self) -> int:
-        return sum(n for (_, kind, _), n in self.seen.items() if kind in ("traceback", "hang"))
-
-    def to_dict(self) -> dict:
-        return {"inputs": dict(self.inputs), "inputs_total": sum(self.inputs.values()),
-                "faults": dict(self.faults), "faults_total": sum(self.faults.values()),
-                "outcomes": dict(self.outcomes), "tracebacks": self.tracebacks(), "rows_lost": self.rows_lost,
-                "steps_lost": self.steps_lost, "violations": sum(self.seen.values()),
-                "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
-                "classes": [{"area": v.area, "kind": v.kind, "detail": v.detail, "count": self.seen[k],
-                             "reproducer": v.reproducer} for k, v in sorted(self.violations.items())]}
-
-    def summary_lines(self) -> list[str]:
-        d = self.to_dict()
-        lines = [f"inputs tried: {d['inputs_total']} ({_counts(self.inputs)})",
-                 f"faults injected: {d['faults_total']} ({_counts(self.faults)})",
-                 f"outcomes: {_counts(self.outcomes)}",
-                 f"tracebacks: {d['tracebacks']}; rows lost: {self.rows_lost}; steps lost: {self.steps_lost}; "
-                 f"broken promises: {d['violations']} in {len(self.violations)} classes"]
-        if os.environ.get("DRAFTSMITH_RELIABILITY_TIMES") == "1":  # where the time goes, to size the tiers
-            lines += [f"  {area}: {self.seconds[area]:.1f} s; slowest {t:.1f} s: {repro}"
-                      for area, (t, repro) in sorted(self.slowest.items())]
-        for c in d["classes"]:
-            lines += [f"  [{c['area']}] {c['kind']} x{c['count']}: {c['detail'][:300]}", f"      {c['reproducer'][:900]}"]
-        return lines
-
-
-def _counts(counter: Counter) -> str:
-    return ", ".join(f"{k} {n}" for k, n in sorted(counter.items())) or "none"
-
-
-def _signature(detail: str) -> str:
-    """A violation's class: its text from ``error:`` on, with flags, paths, numbers and quoted values blanked out."""
-    text = detail[detail.find("error:"):] if "error:" in detail else detail
-    text = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", text)
-    text = re.sub(r"--[\w.-]+", "--FLAG", re.sub(r"/[\w./+-]+", "PATH", text))
-    return re.sub(r"\d+", "N", text)[:160]
 
 
 @dataclass
