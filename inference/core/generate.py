@@ -28,7 +28,7 @@ import torch
 from draftsmith.common.errors import ProposerError
 from draftsmith.inference.core.adapter import AdapterOutput, ModelAdapter
 from draftsmith.inference.core.kv_cache import KVCache, KVPrefix
-from draftsmith.inference.core.proposer import Proposer, SelfDrafting, StepFeedback, TargetView
+from draftsmith.inference.core.proposer import OwnsAcceptanceRule, Proposer, SelfDrafting, StepFeedback, TargetView
 from draftsmith.inference.core.sampling import SamplingParams, process_logits
 from draftsmith.inference.core.stops import find_stop, stop_lookback, truncate
 from draftsmith.inference.core.timing import sync_device
@@ -314,8 +314,8 @@ def generate(
     verifier: Verifier | None = None,
 ) -> GenerationResult:
     """Decode up to ``config.max_new_tokens`` new tokens; ``proposer=None`` is plain AR decoding. ``verifier``
-    replaces the acceptance rule; otherwise a proposer's own ``verifier`` attribute (a lossy rule such as Medusa's
-    typical acceptance, on a proposer with ``lossless = False``) does, else the exact rules."""
+    replaces the acceptance rule; otherwise a proposer's own (:class:`OwnsAcceptanceRule`: a lossy rule such as
+    Medusa's typical acceptance, on a proposer with ``lossless = False``) does, else the exact rules."""
     device = target.device
     prompt_ids = prompt_ids.to(device).reshape(-1)
     if prompt_ids.numel() == 0:
@@ -325,7 +325,8 @@ def generate(
     t0 = time.perf_counter()
     cache = target.new_cache(capacity=prompt_ids.numel() + max_new + 64)
     hidden_layers = tuple(getattr(proposer, "hidden_layers", ()) or ())
-    rule = verifier if verifier is not None else getattr(proposer, "verifier", None)  # a lossy proposer's own rule
+    if verifier is None and isinstance(proposer, OwnsAcceptanceRule):  # a lossy proposer's own rule
+        verifier = proposer.verifier
     prompt_hidden = prefill(target, cache, prompt_ids, hidden_layers)
     if proposer is not None:
         start_sequence(proposer, target, cache, prompt_ids, prompt_hidden)
@@ -356,7 +357,7 @@ def generate(
         t_verify = time.perf_counter()
         want = hidden_layers + (draft.extra_inputs.hidden_layers if draft.extra_inputs is not None else ())
         out = verify_forward(target, cache, past, tokens[-1:], draft, want, pad_rows(padding, draft))
-        verdict = accept(out.logits[0, : 1 + len(draft)], draft, config.sampling, generator, rule)
+        verdict = accept(out.logits[0, : 1 + len(draft)], draft, config.sampling, generator, verifier)
         index = accepted_index(verdict, device)  # [a] on the device: the cache and the proposer's rows need no upload
         commit_cache(cache, past, verdict, index)
         if config.timing:

@@ -18,7 +18,7 @@ blocks), whose logits and hidden states come back in :class:`StepFeedback`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -29,7 +29,8 @@ from draftsmith.inference.core.kv_cache import KVCache
 from draftsmith.inference.core.sampling import SamplingParams
 from draftsmith.inference.core.verify import Draft
 
-__all__ = ["Draft", "Proposer", "ReportsSection", "ResetsStats", "RunsDraftModel", "SelfDrafting", "StepFeedback",
+__all__ = ["Draft", "OwnsAcceptanceRule", "Proposer", "ReportsSection", "ResetsStats", "RunsDraftModel", "SelfDrafting",
+           "StepFeedback",
            "TargetView", "common_prefix_length"]
 
 
@@ -76,7 +77,7 @@ class StepFeedback:
 @runtime_checkable
 class Proposer(Protocol):
     """Required members. The optional hooks are declared below (:class:`SelfDrafting`, :class:`ResetsStats`,
-    :class:`ReportsSection`, :class:`RunsDraftModel`): a proposer offers one by defining its member, and the loop and
+    :class:`ReportsSection`, :class:`OwnsAcceptanceRule`, :class:`RunsDraftModel`): a proposer offers one by defining its member, and the loop and
     the evaluator test for it with ``isinstance``. ``prefill_hidden`` is called when ``hidden_layers`` is non-empty."""
 
     name: str
@@ -128,6 +129,14 @@ class ReportsSection(Protocol):
     """Adds ``(key, figures)`` to the evaluation report (Jacobi's fast-forwarded and stationary tokens, ...)."""
 
     def report_section(self) -> tuple[str, dict]: ...
+
+
+@runtime_checkable
+class OwnsAcceptanceRule(Protocol):
+    """Verifies its drafts by a rule of its own (Medusa's typical acceptance: lossy, and reported so), which the loop
+    uses unless its caller passes one: ``verifier(processed target logits, draft, generator) -> Verdict``."""
+
+    verifier: Callable
 
 
 @runtime_checkable
