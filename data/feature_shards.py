@@ -125,14 +125,19 @@ def check_manifest(directory: str | os.PathLike) -> dict:
     manifest = read_json(directory / "manifest.json")
     problem = _manifest_problem(manifest, directory)
     if problem is not None:
-        raise DataError(f"feature cache {directory}: {problem}; delete {directory} and rerun (the recipe rebuilds it)")
+        raise DataError(f"feature cache {directory}: {problem}; {rebuild_hint(directory)}")
     return manifest
+
+
+def rebuild_hint(directory: Path) -> str:
+    """What to do about a damaged feature cache: rebuild it from scratch."""
+    return f"delete {directory} and rerun (the recipe rebuilds it)"
 
 
 def read_shard(path: Path, sha256: str, rows: int, layers: Sequence[int]) -> dict[str, torch.Tensor]:
     """The shard at ``path``, checked against the ``sha256`` its manifest records and for the tensors its ``rows`` of
     ``layers`` need (a one-line DataError naming the shard and the fix else)."""
-    fix = f"delete {path.parent} and rerun (the recipe rebuilds it)"
+    fix = rebuild_hint(path.parent)
     try:
         data = path.read_bytes()
     except OSError as err:
@@ -153,7 +158,7 @@ def read_offsets(path: Path, rows: int) -> torch.Tensor:
     when :func:`read_shard` reads it whole); a damaged file is a one-line DataError naming the shard and the fix."""
     from safetensors import SafetensorError, safe_open
 
-    fix = f"delete {path.parent} and rerun (the recipe rebuilds it)"
+    fix = rebuild_hint(path.parent)
     try:
         with safe_open(str(path), "pt") as f:
             offsets = f.get_tensor("offsets")
@@ -165,5 +170,5 @@ def read_offsets(path: Path, rows: int) -> torch.Tensor:
     return offsets
 
 
-__all__ = ["DTYPES", "FORMAT", "check_manifest", "finish_feature_cache", "read_offsets", "read_shard", "save_shard", "shard_name",
-           "shard_sum"]
+__all__ = ["DTYPES", "FORMAT", "check_manifest", "finish_feature_cache", "read_offsets", "read_shard", "save_shard",
+           "shard_name", "shard_sum"]

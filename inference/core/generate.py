@@ -28,7 +28,7 @@ import torch
 from draftsmith.common.errors import ProposerError
 from draftsmith.inference.core.adapter import AdapterOutput, ModelAdapter
 from draftsmith.inference.core.kv_cache import KVCache, KVPrefix
-from draftsmith.inference.core.proposer import OwnsAcceptanceRule, Proposer, SelfDrafting, StepFeedback, TargetView
+from draftsmith.inference.core.proposer import Proposer, SelfDrafting, StepFeedback, TargetView, acceptance_rule
 from draftsmith.inference.core.sampling import SamplingParams, process_logits
 from draftsmith.inference.core.stops import find_stop, stop_lookback, truncate
 from draftsmith.inference.core.timing import sync_device
@@ -325,8 +325,7 @@ def generate(
     t0 = time.perf_counter()
     cache = target.new_cache(capacity=prompt_ids.numel() + max_new + 64)
     hidden_layers = tuple(getattr(proposer, "hidden_layers", ()) or ())
-    if verifier is None and isinstance(proposer, OwnsAcceptanceRule):  # a lossy proposer's own rule
-        verifier = proposer.verifier
+    verifier = acceptance_rule(proposer, verifier)  # a lossy proposer's own rule unless one is given
     prompt_hidden = prefill(target, cache, prompt_ids, hidden_layers)
     if proposer is not None:
         start_sequence(proposer, target, cache, prompt_ids, prompt_hidden)

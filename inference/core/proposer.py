@@ -29,9 +29,8 @@ from draftsmith.inference.core.kv_cache import KVCache
 from draftsmith.inference.core.sampling import SamplingParams
 from draftsmith.inference.core.verify import Draft
 
-__all__ = ["Draft", "OwnsAcceptanceRule", "Proposer", "ReportsSection", "ResetsStats", "RunsDraftModel", "SelfDrafting",
-           "StepFeedback",
-           "TargetView", "common_prefix_length"]
+__all__ = ["Draft", "OwnsAcceptanceRule", "Proposer", "ReportsSection", "ResetsStats", "RunsDraftModel",
+           "SelfDrafting", "StepFeedback", "TargetView", "acceptance_rule", "common_prefix_length"]
 
 
 @dataclass(frozen=True)
@@ -77,8 +76,8 @@ class StepFeedback:
 @runtime_checkable
 class Proposer(Protocol):
     """Required members. The optional hooks are declared below (:class:`SelfDrafting`, :class:`ResetsStats`,
-    :class:`ReportsSection`, :class:`OwnsAcceptanceRule`, :class:`RunsDraftModel`): a proposer offers one by defining its member, and the loop and
-    the evaluator test for it with ``isinstance``. ``prefill_hidden`` is called when ``hidden_layers`` is non-empty."""
+    :class:`ReportsSection`, :class:`OwnsAcceptanceRule`, :class:`RunsDraftModel`): a proposer offers one by defining
+    its member, and the loop and the evaluator test for it with ``isinstance``. ``prefill_hidden`` is called when ``hidden_layers`` is non-empty."""
 
     name: str
     lossless: bool  # False for rules that change the output distribution (must be reported)
@@ -137,6 +136,14 @@ class OwnsAcceptanceRule(Protocol):
     uses unless its caller passes one: ``verifier(processed target logits, draft, generator) -> Verdict``."""
 
     verifier: Callable
+
+
+def acceptance_rule(proposer: object, verifier: Callable | None = None) -> Callable | None:
+    """The rule that verifies ``proposer``'s drafts: ``verifier`` when given, else the proposer's own
+    (:class:`OwnsAcceptanceRule`), else None (the exact rules)."""
+    if verifier is None and isinstance(proposer, OwnsAcceptanceRule):
+        return proposer.verifier
+    return verifier
 
 
 @runtime_checkable

@@ -26,7 +26,7 @@ import torch
 from draftsmith.common.errors import ConfigError
 from draftsmith.inference.core.adapter import ModelAdapter
 from draftsmith.inference.core.generate import GenerationConfig, Verifier, generate
-from draftsmith.inference.core.proposer import OwnsAcceptanceRule
+from draftsmith.inference.core.proposer import acceptance_rule
 from draftsmith.inference.core.sampling import SamplingParams, process_logits
 
 ENDED = -1  # category of a position after the answer ended (EOS)
@@ -283,8 +283,7 @@ def check_distribution(
         sampling={"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p},
         method=getattr(proposer, "name", "ar") if proposer is not None else "ar",
         test=TEST_NAME.format(min_expected=min_expected, m=m, threshold=threshold),
-        verifier=_rule_name(verifier if verifier is not None or not isinstance(proposer, OwnsAcceptanceRule)
-                            else proposer.verifier),
+        verifier=_rule_name(acceptance_rule(proposer, verifier)),
     )
 
 

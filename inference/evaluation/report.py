@@ -22,7 +22,7 @@ import torch
 from draftsmith.common import __version__
 from draftsmith.common.io import atomic_write_text, environment
 from draftsmith.inference.core.adapter import ModelAdapter
-from draftsmith.inference.core.proposer import OwnsAcceptanceRule
+from draftsmith.inference.core.proposer import acceptance_rule
 from draftsmith.inference.core.sampling import SamplingParams
 from draftsmith.inference.evaluation.baselines import HF_PROMPT_LOOKUP_TOKENS, summarize_hf
 from draftsmith.inference.evaluation.metrics import question_record, summarize
@@ -149,8 +149,8 @@ def _baselines(runs: Sequence[QuestionRun], summary: dict) -> dict[str, dict]:
 def _verification(proposer, greedy: bool) -> str:
     """The acceptance rule the run used: a lossy proposer's own (e.g. Medusa's typical acceptance), else the exact
     rule of the decoding mode."""
-    if isinstance(proposer, OwnsAcceptanceRule):
-        rule = proposer.verifier
+    rule = acceptance_rule(proposer)
+    if rule is not None:
         return getattr(rule, "__name__", "custom") + ("" if getattr(proposer, "lossless", True) else " (LOSSY)")
     return "greedy (exact match)" if greedy else "speculative sampling"
 

@@ -44,12 +44,18 @@ class Ledger:
     def ran(self) -> bool:
         return bool(self.inputs or self.faults)
 
-    def record(self, v: Violation) -> None:
+    def record(self, v: Violation, count: int = 1) -> None:
+        """``count`` sightings of ``v``'s class, which keeps its shortest reproducer."""
         key = (v.area, v.kind, _signature(v.detail))
-        self.seen[key] += 1
+        self.seen[key] += count
         old = self.violations.get(key)
         if old is None or len(v.reproducer) < len(old.reproducer):
             self.violations[key] = v
+
+    def note_time(self, area: str, seconds: float, reproducer: str) -> None:
+        """``area``'s slowest input so far."""
+        if seconds > self.slowest.get(area, (0.0, ""))[0]:
+            self.slowest[area] = (seconds, reproducer)
 
     def tracebacks(self) -> int:
         return sum(n for (_, kind, _), n in self.seen.items() if kind in ("traceback", "hang"))
@@ -59,23 +65,19 @@ class Ledger:
         return {"inputs": dict(self.inputs), "faults": dict(self.faults), "outcomes": dict(self.outcomes),
                 "seconds": dict(self.seconds), "slowest": {k: list(v) for k, v in self.slowest.items()},
                 "lost": [self.rows_lost, self.steps_lost],
-                "violations": [[list(k), [v.area, v.kind, v.detail, v.reproducer], self.seen[k]]
+                "violations": [[[v.area, v.kind, v.detail, v.reproducer], self.seen[k]]
                                for k, v in self.violations.items()]}
 
     def absorb(self, state: dict) -> None:
         """Add another ledger's :meth:`state` (a worker's) to this one."""
         for name in ("inputs", "faults", "outcomes", "seconds"):
             getattr(self, name).update(state[name])
-        for area, (t, repro) in state["slowest"].items():
-            if t > self.slowest.get(area, (0.0, ""))[0]:
-                self.slowest[area] = (t, repro)
+        for area, (seconds, reproducer) in state["slowest"].items():
+            self.note_time(area, seconds, reproducer)
         self.rows_lost += state["lost"][0]
         self.steps_lost += state["lost"][1]
-        for key, fields, count in state["violations"]:
-            key, v = tuple(key), Violation(*fields)
-            self.seen[key] += count
-            if key not in self.violations or len(v.reproducer) < len(self.violations[key].reproducer):
-                self.violations[key] = v
+        for fields, count in state["violations"]:
+            self.record(Violation(*fields), count)
 
     def to_dict(self) -> dict:
         return {"inputs": dict(self.inputs), "inputs_total": sum(self.inputs.values()),

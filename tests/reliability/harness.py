@@ -307,8 +307,7 @@ class Harness:
         """Count the input, and record (survey) or raise (default) every broken promise of its outcome."""
         self.ledger.inputs[area] += 1
         self.ledger.seconds[area] += outcome.seconds
-        if outcome.seconds > self.ledger.slowest.get(area, (0.0, ""))[0]:
-            self.ledger.slowest[area] = (outcome.seconds, reproducer[:300])
+        self.ledger.note_time(area, outcome.seconds, reproducer[:300])
         self.ledger.outcomes[str(outcome.code) if outcome.escaped is None else "escaped"] += 1
         found = problems(outcome, out_dir, may_succeed=may_succeed)
         if modes and out_dir is not None and outcome.code in (0, ACCEPTED):
